@@ -1,0 +1,86 @@
+"""One error tree for the whole proxy.
+
+Code raises these with a message that says what to fix; each dialect renders them in its
+own error shape (see `render_error` in every dialect module), so the mapping from kind to
+native status and type lives in one table per dialect.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+ErrorKind = Literal[
+    "invalid_request",
+    "authentication",
+    "permission",
+    "not_found",
+    "too_large",
+    "rate_limit",
+    "engine_error",
+    "engine_unavailable",
+    "timeout",
+    "internal",
+]
+
+
+class HarnessRLError(Exception):
+    """Base of every error the proxy reports to a client."""
+
+    kind: ErrorKind = "internal"
+    status: int = 500
+
+    def __init__(self, message: str, *, param: str | None = None, status: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if status is not None:
+            self.status = status
+
+
+class InvalidRequest(HarnessRLError):
+    kind = "invalid_request"
+    status = 400
+
+
+class AuthenticationFailed(HarnessRLError):
+    kind = "authentication"
+    status = 401
+
+
+class PermissionDenied(HarnessRLError):
+    kind = "permission"
+    status = 403
+
+
+class NotFound(HarnessRLError):
+    kind = "not_found"
+    status = 404
+
+
+class TooLarge(HarnessRLError):
+    kind = "too_large"
+    status = 413
+
+
+class EngineError(HarnessRLError):
+    """The engine answered with an error of its own; `status` is the engine's (4xx passes)."""
+
+    kind = "engine_error"
+    status = 502
+
+
+class EngineUnavailable(HarnessRLError):
+    kind = "engine_unavailable"
+    status = 503
+
+
+class EngineTimeout(HarnessRLError):
+    kind = "timeout"
+    status = 504
+
+
+class StoreFailed(HarnessRLError):
+    """The trace store could not commit a turn (a full disk, say): the call is not done."""
+
+    kind = "internal"
+    status = 500

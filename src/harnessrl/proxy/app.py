@@ -1,0 +1,356 @@
+"""The capture proxy: an ASGI app that serves every dialect at `/r/<key>/...` (and at the
+root, with the key as the API key), forwards to the engine, and records every call.
+
+A turn is committed to the store *before* the last bytes of its reply leave, so a call
+the client saw finish is never missing from the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import anyio
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from harnessrl.errors import (
+    AuthenticationFailed,
+    HarnessRLError,
+    InvalidRequest,
+    NotFound,
+    StoreFailed,
+    TooLarge,
+)
+from harnessrl.proxy.accumulate import Accumulator
+from harnessrl.proxy.dialects import openai_chat
+from harnessrl.proxy.dialects.base import ReplyContext
+from harnessrl.proxy.engines.base import Engine
+from harnessrl.proxy.sessions import OpenRollout, Sessions
+from harnessrl.types import ChatRequest, Chunk, Finished, Sampling, Timings, Turn
+
+_encode = msgspec.json.Encoder().encode
+_JSON = "application/json"
+
+# Every dialect route: (path under the root or under /r/<key>, dialect, handler name).
+DIALECT_ROUTES: list[tuple[str, ModuleType, str]] = [
+    ("/v1/chat/completions", openai_chat, "call"),
+    ("/chat/completions", openai_chat, "call"),
+    ("/v1/models", openai_chat, "models"),
+    ("/models", openai_chat, "models"),
+]
+_KEY_HEADERS = ("x-api-key", "x-goog-api-key")
+
+
+@dataclass
+class ProxyConfig:
+    max_body_bytes: int = 32 * 1024 * 1024
+    strict_model: bool = False  # reject model names the engine does not serve
+    admin_token: str | None = None  # required on /rollouts endpoints when set
+
+
+@dataclass
+class _Call:
+    """The state of one model call while it runs."""
+
+    rollout: OpenRollout
+    dialect: ModuleType
+    index: int
+    received: float
+    raw: bytes
+    request: ChatRequest
+    used: Sampling
+    ctx: ReplyContext
+    first_token: float | None = None
+    sent: list[bytes] = field(default_factory=list)
+    recorded: bool = False
+
+
+class Proxy:
+    def __init__(self, engine: Engine, sessions: Sessions, config: ProxyConfig | None = None):
+        self.engine = engine
+        self.sessions = sessions
+        self.store = sessions.store
+        self.config = config or ProxyConfig()
+        self.served: list[str] = []
+
+    # ---------------------------------------------------------------- lifecycle
+    async def startup(self) -> None:
+        await self.engine.start()
+        self.served = await self.engine.models()
+        if not self.served:
+            raise RuntimeError("the engine serves no model")
+
+    async def shutdown(self) -> None:
+        await self.engine.close()
+
+    def app(self) -> Starlette:
+        routes = [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/rollouts", self.create_rollout, methods=["POST"]),
+            Route("/rollouts/{key}", self.get_rollout, methods=["GET"]),
+            Route("/rollouts/{key}", self.delete_rollout, methods=["DELETE"]),
+        ]
+        for path, dialect, kind in DIALECT_ROUTES:
+            handler = self._handler(dialect, kind)
+            method = "POST" if kind == "call" else "GET"
+            routes.append(Route(f"/r/{{key}}{path}", handler, methods=[method]))
+            routes.append(Route(path, handler, methods=[method]))
+
+        @contextlib.asynccontextmanager
+        async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+            await self.startup()
+            try:
+                yield
+            finally:
+                await self.shutdown()
+
+        return Starlette(routes=routes, lifespan=lifespan)
+
+    def _handler(self, dialect: ModuleType, kind: str) -> Any:
+        async def handle(request: Request) -> Response:
+            try:
+                if kind == "models":
+                    return await self._models(request, dialect)
+                return await self._call(request, dialect)
+            except HarnessRLError as err:
+                return _error(dialect, err)
+        return handle
+
+    # ---------------------------------------------------------------- admin
+    async def health(self, _request: Request) -> Response:
+        return Response(_encode({"status": "ok", "models": self.served,
+                                 "open_rollouts": len(self.sessions)}), media_type=_JSON)
+
+    def _admin(self, request: Request) -> None:
+        token = self.config.admin_token
+        if token is not None and _bearer(request) != token:
+            raise AuthenticationFailed("this endpoint needs the admin token as the bearer token")
+
+    async def create_rollout(self, request: Request) -> Response:
+        try:
+            self._admin(request)
+            options = await _json_body(request, self.config.max_body_bytes, allow_empty=True)
+            options = options or {}
+            sampling = None
+            if options.get("sampling") is not None:
+                sampling = msgspec.convert(options["sampling"], Sampling)
+            record = await self.sessions.create(
+                sampling=sampling, unset_sampling=options.get("unset_sampling"),
+                metadata=options.get("metadata"))
+        except msgspec.ValidationError as exc:
+            return _error(openai_chat, InvalidRequest(f"bad rollout options: {exc}"))
+        except HarnessRLError as err:
+            return _error(openai_chat, err)
+        root = f"{str(request.base_url).rstrip('/')}/r/{record.key}"
+        body = {"key": record.key, "base_url": root,
+                "base_urls": {"openai": f"{root}/v1", "anthropic": root, "gemini": root}}
+        return Response(_encode(body), status_code=201, media_type=_JSON)
+
+    async def get_rollout(self, request: Request) -> Response:
+        key = request.path_params["key"]
+        try:
+            if _request_key(request) != key:
+                self._admin(request)
+            record = await asyncio.to_thread(self.store.rollout, key)
+            if record is None:
+                raise NotFound("no rollout with that key")
+            offset = int(request.query_params.get("offset", 0))
+            limit = int(request.query_params.get("limit", 100))
+            turns = await asyncio.to_thread(self.store.turns, key, offset, limit)
+        except ValueError:
+            return _error(openai_chat, InvalidRequest("offset and limit must be integers"))
+        except HarnessRLError as err:
+            return _error(openai_chat, err)
+        return Response(_encode({"rollout": record, "turns": turns}), media_type=_JSON)
+
+    async def delete_rollout(self, request: Request) -> Response:
+        key = request.path_params["key"]
+        try:
+            if _request_key(request) != key:
+                self._admin(request)
+            record = await self.sessions.close(key)
+        except HarnessRLError as err:
+            return _error(openai_chat, err)
+        return Response(_encode(record), media_type=_JSON)
+
+    # ---------------------------------------------------------------- model calls
+    async def _models(self, request: Request, dialect: ModuleType) -> Response:
+        await self.sessions.resolve(_request_key(request))
+        return Response(dialect.render_models(self.served), media_type=_JSON)
+
+    def _model_for(self, requested: str) -> str:
+        if requested in self.served:
+            return requested
+        if self.config.strict_model:
+            raise NotFound(f"model {requested!r} is not served here; use one of {self.served}",
+                           param="model")
+        return self.served[0]
+
+    async def _call(self, request: Request, dialect: ModuleType) -> Response:
+        received = time.time()
+        rollout = await self.sessions.resolve(_request_key(request))
+        raw = b""
+        try:
+            raw = await _read_body(request, self.config.max_body_bytes)
+            parsed = dialect.parse_request(_decode_json(raw),
+                                           model=request.path_params.get("model"))
+            engine_model = self._model_for(parsed.model)
+        except HarnessRLError as err:
+            with contextlib.suppress(StoreFailed):
+                await self._record_rejected(rollout, dialect, received, raw, err)
+            return _error(dialect, err)
+        used = self.sessions.policy(rollout, parsed.sampling)
+        call = _Call(
+            rollout=rollout, dialect=dialect, index=rollout.take_index(), received=received,
+            raw=raw, request=parsed, used=used,
+            ctx=ReplyContext(f"{dialect.id_prefix}{uuid.uuid4().hex}", int(received),
+                             parsed.model or engine_model))
+        engine_request = msgspec.structs.replace(parsed, model=engine_model, sampling=used)
+        if parsed.stream:
+            return StreamingResponse(self._stream(call, engine_request),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await self._complete(call, engine_request)
+
+    async def _complete(self, call: _Call, engine_request: ChatRequest) -> Response:
+        acc = Accumulator()
+        try:
+            for event in await self.engine.complete(engine_request):
+                acc.feed(event)
+            call.first_token = time.time()
+            body = call.dialect.render_completion(acc.completion(), call.ctx)
+            await self._record(call, acc, body)
+        except HarnessRLError as err:
+            status, body = call.dialect.render_error(err)
+            with contextlib.suppress(StoreFailed):
+                await self._record(call, acc, body, err)
+            return Response(body, status_code=status, media_type=_JSON)
+        return Response(body, media_type=_JSON)
+
+    async def _stream(self, call: _Call, engine_request: ChatRequest) -> AsyncIterator[bytes]:
+        encoder = call.dialect.stream_encoder(call.request, call.ctx)
+        acc = Accumulator()
+        try:
+            async with contextlib.aclosing(self.engine.stream(engine_request)) as events:
+                async for event in events:
+                    acc.feed(event)
+                    out = encoder.feed(event)
+                    call.sent.append(out)
+                    if isinstance(event, Finished):
+                        # Commit before the final event leaves: a finished stream is stored.
+                        await self._record(call, acc, b"".join(call.sent))
+                    elif call.first_token is None and isinstance(event, Chunk):
+                        call.first_token = time.time()
+                    if out:
+                        yield out
+        except HarnessRLError as err:
+            out = encoder.error(err)
+            call.sent.append(out)
+            with contextlib.suppress(StoreFailed):
+                await self._record(call, acc, b"".join(call.sent), err)
+            yield out
+        except BaseException:
+            # The client went away (or we are shutting down): keep what was sampled.
+            with anyio.CancelScope(shield=True):
+                await self._record(call, acc, b"".join(call.sent), cancelled=True)
+            raise
+
+    # ---------------------------------------------------------------- recording
+    async def _record(self, call: _Call, acc: Accumulator, response: bytes,
+                      error: HarnessRLError | None = None, *, cancelled: bool = False) -> None:
+        """Store the call's turn, once: later attempts (after a failure) do nothing."""
+        if call.recorded:
+            return
+        call.recorded = True
+        completion = acc.completion() if acc.model is not None else None
+        status = "cancelled" if cancelled else ("failed" if error is not None else "ok")
+        flags = tuple(acc.flags()) if completion is not None else ()
+        turn = Turn(
+            rollout=call.rollout.record.key, index=call.index, dialect=call.dialect.name,
+            status=status, timings=Timings(call.received, call.first_token, time.time()),
+            raw_request=call.raw, raw_response=response, request=call.request,
+            completion=completion, requested_sampling=call.request.sampling,
+            used_sampling=call.used, engine=self.engine.name,
+            model=acc.model, weight_version=self.engine.weight_version,
+            error=None if error is None else f"{error.kind}: {error.message}", flags=flags)
+        await self._add(turn)
+
+    async def _add(self, turn: Turn) -> None:
+        try:
+            await self.store.add_turn(turn)
+        except sqlite3.Error as exc:
+            raise StoreFailed(f"the trace store could not record this call ({exc}); it was "
+                              "not counted") from exc
+
+    async def _record_rejected(self, rollout: OpenRollout, dialect: ModuleType, received: float,
+                               raw: bytes, err: HarnessRLError) -> None:
+        """A call refused before it reached the engine is still a recorded turn."""
+        _, body = dialect.render_error(err)
+        await self._add(Turn(
+            rollout=rollout.record.key, index=rollout.take_index(), dialect=dialect.name,
+            status="failed", timings=Timings(received, None, time.time()), raw_request=raw,
+            raw_response=body, engine=self.engine.name, error=f"{err.kind}: {err.message}"))
+
+
+# -------------------------------------------------------------------- helpers
+def _error(dialect: ModuleType, err: HarnessRLError) -> Response:
+    status, body = dialect.render_error(err)
+    return Response(body, status_code=status, media_type=_JSON)
+
+
+def _bearer(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _request_key(request: Request) -> str | None:
+    """The rollout key: from the path, else from whichever API-key header the client uses."""
+    key = request.path_params.get("key")
+    if key:
+        return key
+    for header in _KEY_HEADERS:
+        if value := request.headers.get(header):
+            return value
+    return _bearer(request) or request.query_params.get("key")
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise TooLarge(f"the body has {int(declared)} bytes; this proxy accepts at most {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"the body is larger than this proxy's limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _decode_json(raw: bytes) -> Any:
+    if not raw:
+        raise InvalidRequest("the body is empty; send a JSON object")
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
+
+
+async def _json_body(request: Request, limit: int, *, allow_empty: bool = False) -> Any:
+    raw = await _read_body(request, limit)
+    if not raw and allow_empty:
+        return None
+    return _decode_json(raw)

@@ -1,0 +1,159 @@
+"""Start vLLM as a child process with the flags a model needs, and stop it again."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Tool-call parser by model family, for models whose chat template does not say.
+# Checked in order against the model's `model_type` and its name.
+_TOOL_PARSERS: list[tuple[str, str]] = [
+    ("qwen3_coder", "qwen3_coder"),
+    ("qwen3-coder", "qwen3_coder"),
+    ("qwen", "hermes"),
+    ("hermes", "hermes"),
+    ("llama", "llama3_json"),
+    ("mistral", "mistral"),
+    ("deepseek", "deepseek_v3"),
+]
+_REASONING_PARSERS: list[tuple[str, str]] = [("qwen3", "qwen3"), ("deepseek-r1", "deepseek_r1")]
+
+
+@dataclass
+class VLLMServer:
+    """A vLLM OpenAI-compatible server run as a child in its own process group."""
+
+    model: str
+    served_name: str | None = None
+    port: int | None = None
+    host: str = "127.0.0.1"
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    max_model_len: int | None = None
+    dtype: str | None = None
+    extra_args: list[str] = field(default_factory=list)
+    python: str = sys.executable
+    log_path: Path | None = None
+    startup_timeout: float = 900.0
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        parser = self.tool_call_parser or tool_call_parser_for(self.model)
+        cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+               "--host", self.host, "--port", str(self.port)]
+        if self.served_name:
+            cmd += ["--served-model-name", self.served_name]
+        if parser:
+            cmd += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
+        reasoning = self.reasoning_parser or _match(self.model, _REASONING_PARSERS)
+        if reasoning:
+            cmd += ["--reasoning-parser", reasoning]
+        if self.max_model_len:
+            cmd += ["--max-model-len", str(self.max_model_len)]
+        if self.dtype:
+            cmd += ["--dtype", self.dtype]
+        if _cpu_build():
+            cmd += ["--enforce-eager"]  # torch.compile costs a minute of start-up on CPU
+        return cmd + self.extra_args
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("HF_HUB_OFFLINE", "1" if Path(self.model).exists() else "0")
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env.setdefault("VLLM_SERVER_DEV_MODE", "1")  # /weight_info and weight reloads
+        if _cpu_build():
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        return env
+
+    def start(self) -> str:
+        if self.port is None:
+            self.port = free_port(self.host)
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(self.command(), env=self.environment(), stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        self.wait_healthy()
+        return self.url
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"vLLM exited with code {self.process.returncode} while "
+                                   f"starting; see {self.log_path or 'its output'}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"vLLM was not healthy after {self.startup_timeout:.0f} s")
+
+    def stop(self, grace: float = 15.0) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def __enter__(self) -> VLLMServer:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+def tool_call_parser_for(model: str) -> str | None:
+    """A local model whose template emits `<tool_call>` JSON is Hermes-style; otherwise
+    the family decides."""
+    path = Path(model)
+    template = ""
+    config = path / "tokenizer_config.json"
+    if config.is_file():
+        template += str(json.loads(config.read_text()).get("chat_template") or "")
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        template += jinja.read_text(errors="replace")
+    if "<tool_call>" in template:
+        return "hermes"
+    model_type = ""
+    if (path / "config.json").is_file():
+        model_type = json.loads((path / "config.json").read_text()).get("model_type", "")
+    return _match(f"{model_type} {model}", _TOOL_PARSERS)
+
+
+def _match(text: str, table: list[tuple[str, str]]) -> str | None:
+    lowered = text.lower()
+    return next((value for needle, value in table if needle in lowered), None)
+
+
+def _cpu_build() -> bool:
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

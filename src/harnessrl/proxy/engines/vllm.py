@@ -1,0 +1,231 @@
+"""vLLM in chat mode: canonical requests go to `/v1/chat/completions` with
+`return_token_ids` and `logprobs`, streamed when the client streams, so every token chunk
+is passed on as vLLM produces it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from harnessrl.errors import EngineError, EngineTimeout, EngineUnavailable, InvalidRequest
+from harnessrl.proxy.engines import openai_wire
+from harnessrl.proxy.sse import SSEDecoder
+from harnessrl.types import (
+    ChatRequest,
+    Chunk,
+    Delta,
+    EngineEvent,
+    Finished,
+    FinishReason,
+    ReasoningDelta,
+    Started,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
+
+_FINISH: dict[str | None, FinishReason] = {
+    "stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls",
+    "content_filter": "content_filter", "abort": "error", None: "stop",
+}
+_decode = msgspec.json.decode
+_encode = msgspec.json.encode
+
+
+class VLLMEngine:
+    name = "vllm"
+
+    def __init__(self, base_url: str, *, read_timeout: float = 600.0,
+                 connect_timeout: float = 10.0, api_key: str | None = None) -> None:
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.weight_version: str | None = None
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout, sock_read=read_timeout)
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=self._timeout, headers=self._headers)
+        await self.refresh_weight_version()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def refresh_weight_version(self) -> None:
+        """vLLM reports it only in dev mode (`/weight_info`); otherwise it stays unknown."""
+        try:
+            async with self._http.get(f"{self.base_url}/weight_info") as resp:
+                if resp.status == 200:
+                    version = (await resp.json()).get("weight_version")
+                    self.weight_version = None if version is None else str(version)
+        except (aiohttp.ClientError, ValueError, TimeoutError):
+            self.weight_version = None
+
+    @property
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("VLLMEngine.start() was not awaited")
+        return self._session
+
+    async def models(self) -> list[str]:
+        try:
+            async with self._http.get(f"{self.base_url}/v1/models") as resp:
+                body = await _json_or_error(resp)
+        except aiohttp.ClientError as exc:
+            raise EngineUnavailable(f"the engine at {self.base_url} is unreachable: {exc}") from exc
+        return [m["id"] for m in body.get("data", [])]
+
+    async def complete(self, request: ChatRequest) -> list[EngineEvent]:
+        payload = _encode(openai_wire.chat_body(request, stream=False))
+        try:
+            async with self._http.post(f"{self.base_url}/v1/chat/completions",
+                                       data=payload) as resp:
+                body = await _json_or_error(resp)
+        except aiohttp.ClientError as exc:
+            raise EngineUnavailable(f"the engine at {self.base_url} is unreachable: {exc}") from exc
+        except TimeoutError as exc:
+            raise EngineTimeout("the engine did not answer in time") from exc
+        return _events_from_completion(body)
+
+    async def stream(self, request: ChatRequest) -> AsyncIterator[EngineEvent]:
+        payload = _encode(openai_wire.chat_body(request, stream=True))
+        parser = _StreamParser()
+        try:
+            async with self._http.post(f"{self.base_url}/v1/chat/completions",
+                                       data=payload) as resp:
+                if resp.status != 200:
+                    await _json_or_error(resp)
+                decoder = SSEDecoder()
+                async for piece in resp.content.iter_any():
+                    for sse_event in decoder.feed(piece):
+                        for event in parser.feed(sse_event.data):
+                            yield event
+                for sse_event in decoder.finish():
+                    for event in parser.feed(sse_event.data):
+                        yield event
+        except aiohttp.ClientError as exc:
+            raise EngineUnavailable(f"the engine stream broke: {exc}") from exc
+        except TimeoutError as exc:
+            raise EngineTimeout("the engine stopped sending tokens in time") from exc
+        yield parser.finish()
+
+
+async def _json_or_error(resp: aiohttp.ClientResponse) -> dict[str, Any]:
+    raw = await resp.read()
+    try:
+        body = _decode(raw) if raw else {}
+    except msgspec.DecodeError:
+        body = None
+    if resp.status >= 400 or not isinstance(body, dict):
+        raise _engine_error(resp.status, body, raw)
+    return body
+
+
+def _engine_error(status: int, body: Any, raw: bytes) -> Exception:
+    message = raw[:500].decode("utf-8", "replace")
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict):
+            message = str(err.get("message", message))
+        elif isinstance(body.get("message"), str):
+            message = body["message"]
+    if status == 200:
+        return EngineError(f"the engine answered with something that is not a JSON object: "
+                           f"{message[:200]!r}")
+    if 400 <= status < 500 and status not in (401, 403, 404, 429):
+        # The engine refused this request (too long a prompt, a bad value): the client can
+        # fix it, so it must not look like a server fault that invites retries.
+        return InvalidRequest(f"the engine rejected the request: {message}")
+    return EngineError(f"the engine failed with HTTP {status}: {message}")
+
+
+def _tokens(choice: dict[str, Any]) -> tuple[tuple[int, ...] | None, tuple[float, ...] | None]:
+    ids = choice.get("token_ids")
+    content = (choice.get("logprobs") or {}).get("content")
+    logprobs = None if content is None else tuple(float(c["logprob"]) for c in content)
+    return (None if ids is None else tuple(ids)), logprobs
+
+
+def _deltas(message: dict[str, Any]) -> list[Delta]:
+    deltas: list[Delta] = []
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if reasoning:
+        deltas.append(ReasoningDelta(reasoning))
+    if message.get("content"):
+        deltas.append(TextDelta(message["content"]))
+    for position, call in enumerate(message.get("tool_calls") or ()):
+        function = call.get("function") or {}
+        deltas.append(ToolCallDelta(
+            index=call.get("index", position), id=call.get("id"), name=function.get("name"),
+            arguments=function.get("arguments") or ""))
+    return deltas
+
+
+def _usage(body: dict[str, Any]) -> Usage | None:
+    usage = body.get("usage")
+    if not usage:
+        return None
+    return Usage(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
+
+
+def _events_from_completion(body: dict[str, Any]) -> list[EngineEvent]:
+    choices = body.get("choices") or []
+    if not choices:
+        raise EngineError("the engine answered with no choices")
+    choice = choices[0]
+    ids, logprobs = _tokens(choice)
+    prompt = body.get("prompt_token_ids")
+    return [
+        Started(body.get("model", ""), None if prompt is None else tuple(prompt)),
+        Chunk(tuple(_deltas(choice.get("message") or {})), ids, logprobs),
+        Finished(_FINISH.get(choice.get("finish_reason"), "stop"), _usage(body)),
+    ]
+
+
+class _StreamParser:
+    """vLLM chat chunks (already split from SSE) in, engine events out."""
+
+    def __init__(self) -> None:
+        self._started = False
+        self._finish: FinishReason | None = None
+        self._usage: Usage | None = None
+
+    def feed(self, data: str) -> list[EngineEvent]:
+        if data == "[DONE]":
+            return []
+        try:
+            body = _decode(data)
+        except msgspec.DecodeError as exc:
+            raise EngineError(f"the engine sent a chunk that is not JSON: {data[:200]!r}") from exc
+        if not isinstance(body, dict):
+            raise EngineError(f"the engine sent a chunk that is not an object: {data[:200]!r}")
+        if "error" in body:
+            raise _engine_error(500, body, data.encode())
+        events: list[EngineEvent] = []
+        if not self._started:
+            self._started = True
+            prompt = body.get("prompt_token_ids")
+            events.append(Started(body.get("model", ""),
+                                  None if prompt is None else tuple(prompt)))
+        self._usage = _usage(body) or self._usage
+        for choice in body.get("choices") or ():
+            ids, logprobs = _tokens(choice)
+            deltas = _deltas(choice.get("delta") or {})
+            if deltas or ids:
+                events.append(Chunk(tuple(deltas), ids, logprobs))
+            if choice.get("finish_reason") is not None:
+                self._finish = _FINISH.get(choice["finish_reason"], "stop")
+        return events
+
+    def finish(self) -> Finished:
+        if self._finish is None:
+            raise EngineError("the engine stream ended before a finish_reason")
+        return Finished(self._finish, self._usage)

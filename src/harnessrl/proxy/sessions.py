@@ -1,0 +1,89 @@
+"""Rollout keys and the little state each open rollout needs in memory.
+
+A key is 128 random bits (URL-safe base64). Everything else about a rollout lives in the
+store; memory holds only the key, its policy and the next turn index, so an idle rollout
+costs a few hundred bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass
+
+import msgspec
+
+from harnessrl.errors import AuthenticationFailed
+from harnessrl.proxy.store import TraceStore
+from harnessrl.types import Rollout, Sampling
+
+
+@dataclass(slots=True)
+class OpenRollout:
+    record: Rollout
+    next_index: int
+
+    def take_index(self) -> int:
+        index, self.next_index = self.next_index, self.next_index + 1
+        return index
+
+
+def new_key() -> str:
+    return "hrl-" + secrets.token_urlsafe(24)  # 192 bits
+
+
+class Sessions:
+    def __init__(self, store: TraceStore, *, sampling: Sampling | None = None,
+                 unset_sampling: frozenset[str] = frozenset()) -> None:
+        self.store = store
+        self.default_sampling = sampling
+        self.default_unset = unset_sampling
+        self._open: dict[str, OpenRollout] = {}
+
+    async def create(self, *, sampling: Sampling | None = None,
+                     unset_sampling: tuple[str, ...] | None = None,
+                     metadata: dict | None = None) -> Rollout:
+        record = Rollout(
+            key=new_key(), created=time.time(),
+            sampling=sampling if sampling is not None else self.default_sampling,
+            unset_sampling=tuple(sorted(
+                self.default_unset if unset_sampling is None else unset_sampling)),
+            metadata=metadata or {},
+        )
+        await self.store.put_rollout(record)
+        self._open[record.key] = OpenRollout(record, 0)
+        return record
+
+    async def resolve(self, key: str | None) -> OpenRollout:
+        """The open rollout for `key`, loaded from the store after a restart."""
+        if not key:
+            raise AuthenticationFailed(
+                "no rollout key: call POST /rollouts and use /r/<key>/... or send the key "
+                "as the API key")
+        found = self._open.get(key)
+        if found is not None:
+            return found
+        record, next_index = await asyncio.to_thread(self._load, key)
+        if record is None or record.closed is not None:
+            raise AuthenticationFailed("unknown or closed rollout key; create one with "
+                                       "POST /rollouts")
+        return self._open.setdefault(key, OpenRollout(record, next_index))
+
+    def _load(self, key: str) -> tuple[Rollout | None, int]:
+        return self.store.rollout(key), self.store.next_index(key)
+
+    async def close(self, key: str) -> Rollout:
+        current = await self.resolve(key)
+        closed = msgspec.structs.replace(current.record, closed=time.time())
+        await self.store.put_rollout(closed)
+        self._open.pop(key, None)
+        return closed
+
+    def policy(self, rollout: OpenRollout, requested: Sampling) -> Sampling:
+        record = rollout.record
+        return requested.override(record.sampling, frozenset(record.unset_sampling))
+
+    def __len__(self) -> int:
+        return len(self._open)
+

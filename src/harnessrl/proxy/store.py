@@ -1,0 +1,281 @@
+"""The durable trace store: one SQLite file (WAL) per run directory.
+
+Writes go through one writer thread that commits whatever is queued as one transaction
+(group commit), so many concurrent turns cost one fsync between them, and `add_turn`
+returns only once its turn is committed. Token ids and logprobs are stored as packed
+little-endian arrays (int32, float64), not JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sqlite3
+import sys
+import threading
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from harnessrl.types import ChatRequest, Completion, Rollout, Sampling, Timings, Tokens, Turn
+
+DB_NAME = "trace.db"
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rollouts (
+    key TEXT PRIMARY KEY,
+    created REAL NOT NULL,
+    closed REAL,
+    sampling BLOB,
+    unset_sampling TEXT NOT NULL DEFAULT '[]',
+    metadata BLOB NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS turns (
+    id INTEGER PRIMARY KEY,
+    rollout TEXT NOT NULL REFERENCES rollouts(key),
+    idx INTEGER NOT NULL,
+    dialect TEXT NOT NULL,
+    status TEXT NOT NULL,
+    received REAL NOT NULL,
+    first_token REAL,
+    done REAL,
+    engine TEXT,
+    model TEXT,
+    weight_version TEXT,
+    error TEXT,
+    flags TEXT NOT NULL DEFAULT '[]',
+    requested_sampling BLOB,
+    used_sampling BLOB,
+    request BLOB,
+    completion BLOB,
+    prompt_ids BLOB,
+    completion_ids BLOB,
+    logprobs BLOB,
+    raw_request BLOB NOT NULL,
+    raw_response BLOB NOT NULL,
+    UNIQUE (rollout, idx)
+);
+"""
+_TURN_COLUMNS = (
+    "rollout, idx, dialect, status, received, first_token, done, engine, model, weight_version,"
+    " error, flags, requested_sampling, used_sampling, request, completion, prompt_ids,"
+    " completion_ids, logprobs, raw_request, raw_response"
+)
+_NO_TOKENS = Tokens(None, None, None)
+_encode = msgspec.json.Encoder().encode
+_LITTLE = sys.byteorder == "little"
+
+
+def pack(values: tuple[int, ...] | tuple[float, ...] | None, code: str) -> bytes | None:
+    if values is None:
+        return None
+    packed = array(code, values)
+    if not _LITTLE:
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def unpack(blob: bytes | None, code: str) -> tuple[Any, ...] | None:
+    if blob is None:
+        return None
+    values = array(code)
+    values.frombytes(blob)
+    if not _LITTLE:
+        values.byteswap()
+    return tuple(values)
+
+
+def _json(value: Any) -> bytes | None:
+    return None if value is None else _encode(value)
+
+
+def _turn_row(turn: Turn) -> tuple[Any, ...]:
+    completion = turn.completion
+    tokens = completion.tokens if completion is not None else _NO_TOKENS
+    if completion is not None:  # tokens live in their own packed columns
+        completion = msgspec.structs.replace(completion, tokens=_NO_TOKENS)
+    t = turn.timings
+    return (
+        turn.rollout, turn.index, turn.dialect, turn.status, t.received, t.first_token, t.done,
+        turn.engine, turn.model, turn.weight_version, turn.error, _encode(list(turn.flags)),
+        _json(turn.requested_sampling), _json(turn.used_sampling), _json(turn.request),
+        _json(completion), pack(tokens.prompt_ids, "i"), pack(tokens.completion_ids, "i"),
+        pack(tokens.logprobs, "d"), turn.raw_request, turn.raw_response,
+    )
+
+
+def _load(blob: bytes | None, kind: type) -> Any:
+    return None if blob is None else msgspec.json.decode(blob, type=kind)
+
+
+def _row_turn(row: tuple[Any, ...]) -> Turn:
+    (rollout, idx, dialect, status, received, first_token, done, engine, model, weight_version,
+     error, flags, requested, used, request, completion, prompt_ids, completion_ids, logprobs,
+     raw_request, raw_response) = row
+    loaded = _load(completion, Completion)
+    if loaded is not None:
+        loaded = msgspec.structs.replace(loaded, tokens=Tokens(
+            unpack(prompt_ids, "i"), unpack(completion_ids, "i"), unpack(logprobs, "d")))
+    return Turn(
+        rollout=rollout, index=idx, dialect=dialect, status=status,
+        timings=Timings(received, first_token, done), raw_request=raw_request,
+        raw_response=raw_response, request=_load(request, ChatRequest), completion=loaded,
+        requested_sampling=_load(requested, Sampling), used_sampling=_load(used, Sampling),
+        engine=engine, model=model, weight_version=weight_version, error=error,
+        flags=tuple(msgspec.json.decode(flags)),
+    )
+
+
+def _row_rollout(row: tuple[Any, ...]) -> Rollout:
+    key, created, closed, sampling, unset, metadata = row
+    return Rollout(key=key, created=created, closed=closed, sampling=_load(sampling, Sampling),
+                   unset_sampling=tuple(msgspec.json.decode(unset)),
+                   metadata=msgspec.json.decode(metadata))
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    # NORMAL in WAL mode: a committed transaction survives a crash of the process (the
+    # case we must cover); only a power loss can drop the last commits.
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("PRAGMA busy_timeout=10000")
+    return db
+
+
+class TraceStore:
+    """Turns and rollouts of one run. Reads are synchronous (call them from a thread in
+    async code); writes go through `add_turn` / `put_rollout`, awaited until committed."""
+
+    def __init__(self, run_dir: Path) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = run_dir / DB_NAME
+        db = connect(self.path)
+        db.executescript(_SCHEMA)
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        db.close()
+        self._local = threading.local()
+        self._queue: queue.SimpleQueue[tuple[str, tuple[Any, ...], Any] | None] = (
+            queue.SimpleQueue())
+        self._writer = threading.Thread(target=self._write_loop, name="trace-writer",
+                                        daemon=True)
+        self._writer.start()
+
+    # ---------------------------------------------------------------- writes
+    async def add_turn(self, turn: Turn) -> None:
+        await self._submit(f"INSERT INTO turns ({_TURN_COLUMNS}) VALUES ({_marks(21)})",
+                           _turn_row(turn))
+
+    async def put_rollout(self, rollout: Rollout) -> None:
+        await self._submit(
+            "INSERT OR REPLACE INTO rollouts VALUES (?, ?, ?, ?, ?, ?)",
+            (rollout.key, rollout.created, rollout.closed, _json(rollout.sampling),
+             _encode(list(rollout.unset_sampling)), _encode(rollout.metadata)))
+
+    async def _submit(self, sql: str, params: tuple[Any, ...]) -> None:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._queue.put((sql, params, (loop, future)))
+        await future
+
+    def _write_loop(self) -> None:
+        db = connect(self.path)
+        while True:
+            item = self._queue.get()
+            if item is None:
+                break
+            batch = [item]
+            while len(batch) < 512:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._queue.put(None)
+                    break
+                batch.append(nxt)
+            self._commit(db, batch)
+        db.close()
+
+    def _commit(self, db: sqlite3.Connection, batch: list[Any]) -> None:
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            for sql, params, _ in batch:
+                db.execute(sql, params)
+            db.execute("COMMIT")
+            results = [None] * len(batch)
+        except sqlite3.Error:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            results = [self._commit_one(db, sql, params) for sql, params, _ in batch]
+        for (_, _, (loop, future)), error in zip(batch, results, strict=True):
+            loop.call_soon_threadsafe(_settle, future, error)
+
+    @staticmethod
+    def _commit_one(db: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> Exception | None:
+        """After a failed group, each write alone: one bad row must not sink the others."""
+        try:
+            db.execute(sql, params)
+            return None
+        except sqlite3.Error as exc:
+            return exc
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._writer.join(timeout=30)
+
+    # ---------------------------------------------------------------- reads
+    @property
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = self._local.db = connect(self.path)
+        return db
+
+    def rollout(self, key: str) -> Rollout | None:
+        row = self._db.execute("SELECT * FROM rollouts WHERE key = ?", (key,)).fetchone()
+        return None if row is None else _row_rollout(row)
+
+    def next_index(self, key: str) -> int:
+        row = self._db.execute("SELECT MAX(idx) FROM turns WHERE rollout = ?", (key,)).fetchone()
+        return 0 if row[0] is None else row[0] + 1
+
+    def turns(self, key: str, offset: int = 0, limit: int = -1) -> list[Turn]:
+        rows = self._db.execute(
+            f"SELECT {_TURN_COLUMNS} FROM turns WHERE rollout = ? ORDER BY idx LIMIT ? OFFSET ?",
+            (key, limit, offset)).fetchall()
+        return [_row_turn(r) for r in rows]
+
+    def iter_turns(self, batch: int = 256) -> Iterator[Turn]:
+        cursor = self._db.execute(f"SELECT {_TURN_COLUMNS} FROM turns ORDER BY rollout, idx")
+        while rows := cursor.fetchmany(batch):
+            yield from (_row_turn(r) for r in rows)
+
+    def iter_rollouts(self) -> Iterator[Rollout]:
+        for row in self._db.execute("SELECT * FROM rollouts ORDER BY created"):
+            yield _row_rollout(row)
+
+    def turn_counts(self) -> dict[str, int]:
+        return dict(self._db.execute("SELECT rollout, COUNT(*) FROM turns GROUP BY rollout"))
+
+    def count_turns(self) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM turns").fetchone()[0]
+
+    def integrity_check(self) -> str:
+        return self._db.execute("PRAGMA integrity_check").fetchone()[0]
+
+
+def _settle(future: asyncio.Future[None], error: Exception | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+def _marks(n: int) -> str:
+    return ", ".join("?" * n)

@@ -1,0 +1,241 @@
+"""The shared vocabulary every part of harnessrl speaks.
+
+Dialects translate native wire payloads to and from these types; engines consume a
+`ChatRequest` and produce `EngineEvent`s; the store keeps `Turn`s. Structs are msgspec
+structs so that they encode to JSON (for the store and exports) without hand-written code.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+Role = Literal["system", "user", "assistant", "tool"]
+FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "error"]
+TurnStatus = Literal["ok", "failed", "cancelled"]
+
+
+# ------------------------------------------------------------------ message parts
+class Text(msgspec.Struct, tag="text", frozen=True):
+    text: str
+
+
+class Image(msgspec.Struct, tag="image", frozen=True):
+    """An image by URL; `data:` URLs carry inline bytes."""
+
+    url: str
+    detail: str | None = None
+
+
+class Reasoning(msgspec.Struct, tag="reasoning", frozen=True):
+    """Model reasoning; `signature`/`encrypted` let a dialect hand it back unchanged."""
+
+    text: str
+    signature: str | None = None
+    encrypted: str | None = None
+    redacted: bool = False
+
+
+class ToolCall(msgspec.Struct, tag="tool_call", frozen=True):
+    """A call the model made; `arguments` is the raw JSON text, exactly as produced."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+class ToolResult(msgspec.Struct, tag="tool_result", frozen=True):
+    call_id: str
+    content: tuple[Text | Image, ...]
+    is_error: bool = False
+
+
+Part = Text | Image | Reasoning | ToolCall | ToolResult
+
+
+class Message(msgspec.Struct, frozen=True):
+    role: Role
+    parts: tuple[Part, ...]
+    name: str | None = None
+
+
+# ------------------------------------------------------------------ requests
+class Tool(msgspec.Struct, frozen=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolChoice(msgspec.Struct, frozen=True):
+    """`mode` is auto | none | required; `name` forces one function."""
+
+    mode: Literal["auto", "none", "required"] = "auto"
+    name: str | None = None
+
+
+class Sampling(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Sampling values; None means "not given" (the engine's default applies)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+
+    def override(self, policy: Sampling | None, unset: frozenset[str] = frozenset()) -> Sampling:
+        """Values in `policy` win; names in `unset` are removed (e.g. no top_p on-policy)."""
+        if policy is None and not unset:
+            return self
+        merged = msgspec.structs.asdict(self)
+        if policy is not None:
+            chosen = msgspec.structs.asdict(policy)
+            merged.update({k: v for k, v in chosen.items() if v is not None})
+        for name in unset:
+            merged[name] = None
+        return Sampling(**merged)
+
+
+class ChatRequest(msgspec.Struct, frozen=True):
+    """A model call in canonical form, whatever dialect it arrived in.
+
+    `extra` holds every native field the dialect does not map, so nothing a harness
+    sent is lost (it is recorded, not forwarded).
+    """
+
+    model: str
+    messages: tuple[Message, ...]
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    sampling: Sampling = Sampling()
+    stream: bool = False
+    reasoning_effort: str | None = None
+    extra: dict[str, Any] = {}
+
+
+# ------------------------------------------------------------------ engine output
+class TextDelta(msgspec.Struct, tag="text", frozen=True):
+    text: str
+
+
+class ReasoningDelta(msgspec.Struct, tag="reasoning", frozen=True):
+    text: str
+
+
+class ToolCallDelta(msgspec.Struct, tag="tool_call", frozen=True):
+    """A piece of the `index`-th tool call: `id` and `name` come once, arguments in pieces."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+Delta = TextDelta | ReasoningDelta | ToolCallDelta
+
+
+class Usage(msgspec.Struct, frozen=True):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Started(msgspec.Struct, tag="started", frozen=True):
+    """The engine accepted the call; `prompt_ids` as it tokenized the prompt (if told)."""
+
+    model: str
+    prompt_ids: tuple[int, ...] | None = None
+
+
+class Chunk(msgspec.Struct, tag="chunk", frozen=True):
+    """Deltas plus the token ids sampled for them and one logprob per id (if told)."""
+
+    deltas: tuple[Delta, ...] = ()
+    token_ids: tuple[int, ...] | None = None
+    logprobs: tuple[float, ...] | None = None
+
+
+class Finished(msgspec.Struct, tag="finished", frozen=True):
+    finish_reason: FinishReason
+    usage: Usage | None = None
+
+
+EngineEvent = Started | Chunk | Finished
+
+
+class Tokens(msgspec.Struct, frozen=True):
+    """Exact ids the engine reported. Missing pieces stay None, never guessed."""
+
+    prompt_ids: tuple[int, ...] | None
+    completion_ids: tuple[int, ...] | None
+    logprobs: tuple[float, ...] | None
+
+
+class Completion(msgspec.Struct, frozen=True):
+    """One assistant reply in canonical form."""
+
+    model: str
+    parts: tuple[Part, ...]
+    finish_reason: FinishReason
+    usage: Usage | None
+    tokens: Tokens
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return [p for p in self.parts if isinstance(p, ToolCall)]
+
+
+# ------------------------------------------------------------------ the record
+class Timings(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Wall-clock seconds since the epoch."""
+
+    received: float
+    first_token: float | None = None
+    done: float | None = None
+
+
+class Turn(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One model call of a rollout, as recorded.
+
+    `raw_request` is the body as received; `raw_response` the JSON sent back or the SSE
+    bytes streamed. `flags` names anything suspicious about the capture (for example
+    `logprob_count_mismatch`) so training can leave the turn out.
+    """
+
+    rollout: str
+    index: int
+    dialect: str
+    status: TurnStatus
+    timings: Timings
+    raw_request: bytes
+    raw_response: bytes = b""
+    request: ChatRequest | None = None
+    completion: Completion | None = None
+    requested_sampling: Sampling | None = None
+    used_sampling: Sampling | None = None
+    engine: str | None = None
+    model: str | None = None
+    weight_version: str | None = None
+    error: str | None = None
+    flags: tuple[str, ...] = ()
+
+
+class Rollout(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One harness run on one task: the unit a key grants access to."""
+
+    key: str
+    created: float
+    closed: float | None = None
+    sampling: Sampling | None = None
+    unset_sampling: tuple[str, ...] = ()
+    metadata: dict[str, Any] = {}
+
+
+class Trace(msgspec.Struct, frozen=True):
+    rollout: Rollout
+    turns: tuple[Turn, ...]

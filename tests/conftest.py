@@ -1,0 +1,83 @@
+"""Shared fixtures: the tiny model (built once, cached), and a proxy served in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+CACHE = Path(os.environ.get("HARNESSRL_TEST_CACHE", Path.home() / ".cache" / "harnessrl" / "test"))
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    from harnessrl.models.tiny import build_tiny_model
+
+    return build_tiny_model(CACHE / "tiny-qwen2")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+class ServedProxy:
+    """A proxy app run by uvicorn on its own loop in a thread, for sync SDK clients."""
+
+    def __init__(self, proxy) -> None:
+        self.proxy = proxy
+        self.store = proxy.store
+        self.url = ""
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[ServedProxy]:
+        import uvicorn
+
+        from harnessrl.proxy.engines.managed import free_port
+
+        port = free_port()
+        config = uvicorn.Config(self.proxy.app(), host="127.0.0.1", port=port,
+                                log_level="warning", access_log=False, lifespan="on")
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError("the proxy did not start")
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{port}"
+        try:
+            yield self
+        finally:
+            server.should_exit = True
+            thread.join(10)
+
+    def new_rollout(self, **options) -> dict:
+        import httpx
+
+        resp = httpx.post(f"{self.url}/rollouts", json=options)
+        resp.raise_for_status()
+        return resp.json()
+
+
+def make_proxy(engine, run_dir: Path, **config):
+    from harnessrl.proxy.app import Proxy, ProxyConfig
+    from harnessrl.proxy.sessions import Sessions
+    from harnessrl.proxy.store import TraceStore
+
+    sessions_options = {k: config.pop(k) for k in ("sampling", "unset_sampling") if k in config}
+    sessions = Sessions(TraceStore(run_dir), **sessions_options)
+    return Proxy(engine, sessions, ProxyConfig(**config))
