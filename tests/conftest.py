@@ -33,8 +33,33 @@ def tokenizer(tiny_model: Path):
     return AutoTokenizer.from_pretrained(tiny_model)
 
 
+@contextlib.contextmanager
+def serve_app(app) -> Iterator[tuple[str, object]]:
+    """Serve an ASGI app with uvicorn on its own loop in a thread; yields (url, server)."""
+    import uvicorn
+
+    from harnessrl.proxy.engines.managed import free_port
+
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                            access_log=False, lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}", server
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
 class ServedProxy:
-    """A proxy app run by uvicorn on its own loop in a thread, for sync SDK clients."""
+    """A proxy served in a thread, for sync SDK clients."""
 
     def __init__(self, proxy) -> None:
         self.proxy = proxy
@@ -43,27 +68,9 @@ class ServedProxy:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[ServedProxy]:
-        import uvicorn
-
-        from harnessrl.proxy.engines.managed import free_port
-
-        port = free_port()
-        config = uvicorn.Config(self.proxy.app(), host="127.0.0.1", port=port,
-                                log_level="warning", access_log=False, lifespan="on")
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started:
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError("the proxy did not start")
-            time.sleep(0.02)
-        self.url = f"http://127.0.0.1:{port}"
-        try:
+        with serve_app(self.proxy.app()) as (url, _server):
+            self.url = url
             yield self
-        finally:
-            server.should_exit = True
-            thread.join(10)
 
     def new_rollout(self, **options) -> dict:
         import httpx

@@ -4,7 +4,8 @@ is passed on as vLLM produces it."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
@@ -76,29 +77,35 @@ class VLLMEngine:
         return self._session
 
     async def models(self) -> list[str]:
-        try:
+        with self._upstream("list its models"):
             async with self._http.get(f"{self.base_url}/v1/models") as resp:
                 body = await _json_or_error(resp)
-        except aiohttp.ClientError as exc:
-            raise EngineUnavailable(f"the engine at {self.base_url} is unreachable: {exc}") from exc
         return [m["id"] for m in body.get("data", [])]
+
+    @contextlib.contextmanager
+    def _upstream(self, action: str) -> Iterator[None]:
+        """Transport failures as our errors. aiohttp's read timeout is both a ClientError
+        and a TimeoutError: it is a timeout."""
+        try:
+            yield
+        except TimeoutError as exc:
+            raise EngineTimeout(f"the engine did not {action} in time") from exc
+        except aiohttp.ClientError as exc:
+            raise EngineUnavailable(
+                f"the engine at {self.base_url} is unreachable or broke off: {exc}") from exc
 
     async def complete(self, request: ChatRequest) -> list[EngineEvent]:
         payload = _encode(openai_wire.chat_body(request, stream=False))
-        try:
+        with self._upstream("answer"):
             async with self._http.post(f"{self.base_url}/v1/chat/completions",
                                        data=payload) as resp:
                 body = await _json_or_error(resp)
-        except aiohttp.ClientError as exc:
-            raise EngineUnavailable(f"the engine at {self.base_url} is unreachable: {exc}") from exc
-        except TimeoutError as exc:
-            raise EngineTimeout("the engine did not answer in time") from exc
         return _events_from_completion(body)
 
     async def stream(self, request: ChatRequest) -> AsyncIterator[EngineEvent]:
         payload = _encode(openai_wire.chat_body(request, stream=True))
         parser = _StreamParser()
-        try:
+        with self._upstream("send its next tokens"):
             async with self._http.post(f"{self.base_url}/v1/chat/completions",
                                        data=payload) as resp:
                 if resp.status != 200:
@@ -111,10 +118,6 @@ class VLLMEngine:
                 for sse_event in decoder.finish():
                     for event in parser.feed(sse_event.data):
                         yield event
-        except aiohttp.ClientError as exc:
-            raise EngineUnavailable(f"the engine stream broke: {exc}") from exc
-        except TimeoutError as exc:
-            raise EngineTimeout("the engine stopped sending tokens in time") from exc
         yield parser.finish()
 
 

@@ -1,0 +1,152 @@
+"""The trace store: durable, exact, and safe across a killed proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pyarrow.parquet as pq
+import pytest
+
+from harnessrl.proxy.engines.managed import free_port
+from harnessrl.proxy.store import TraceStore, pack, unpack
+from harnessrl.train.export import export
+from harnessrl.types import (
+    ChatRequest,
+    Completion,
+    Message,
+    Rollout,
+    Text,
+    Timings,
+    Tokens,
+    Turn,
+    Usage,
+)
+
+
+def make_turn(key: str, index: int, n: int = 3) -> Turn:
+    request = ChatRequest(model="m", messages=(Message("user", (Text("hi"),)),))
+    tokens = Tokens(tuple(range(100 + index)), tuple(range(n)),
+                    tuple(-0.1 * i - 1e-9 for i in range(n)))
+    completion = Completion("m", (Text("yo"),), "stop", Usage(100 + index, n), tokens)
+    return Turn(rollout=key, index=index, dialect="openai_chat", status="ok",
+                timings=Timings(1.0, 2.0, 3.0), raw_request=b'{"x": 1}',
+                raw_response=b"data: [DONE]\n\n", request=request, completion=completion)
+
+
+def test_packed_arrays_round_trip_exactly() -> None:
+    values = (-1.2345678901234567, -0.0, -1e-300, float("-inf"))
+    assert unpack(pack(values, "d"), "d") == values
+    assert unpack(pack((0, 151_642, 2**31 - 1), "i"), "i") == (0, 151_642, 2**31 - 1)
+    assert pack(None, "i") is None and unpack(None, "i") is None
+
+
+def test_turns_round_trip_and_concurrent_writes_group_commit(tmp_path: Path) -> None:
+    store = TraceStore(tmp_path)
+
+    async def write() -> None:
+        await store.put_rollout(Rollout("k", 0.0))
+        await asyncio.gather(*(store.add_turn(make_turn("k", i)) for i in range(200)))
+
+    asyncio.run(write())
+    turns = store.turns("k")
+    assert [t.index for t in turns] == list(range(200))
+    assert turns[7] == make_turn("k", 7)
+    assert store.next_index("k") == 200
+    store.close()
+
+
+def test_duplicate_turn_index_is_refused_without_harming_others(tmp_path: Path) -> None:
+    store = TraceStore(tmp_path)
+
+    async def write() -> list:
+        await store.put_rollout(Rollout("k", 0.0))
+        await store.add_turn(make_turn("k", 0))
+        return await asyncio.gather(store.add_turn(make_turn("k", 0)),
+                                    store.add_turn(make_turn("k", 1)), return_exceptions=True)
+
+    dup, ok = asyncio.run(write())
+    assert "UNIQUE" in str(dup) and ok is None
+    assert [t.index for t in store.turns("k")] == [0, 1]
+    store.close()
+
+
+def test_export_jsonl_and_parquet(tmp_path: Path) -> None:
+    store = TraceStore(tmp_path)
+
+    async def write() -> None:
+        await store.put_rollout(Rollout("k", 0.0))
+        for i in range(3):
+            await store.add_turn(make_turn("k", i))
+
+    asyncio.run(write())
+    store.close()
+    assert export(tmp_path, tmp_path / "t.jsonl") == 3
+    rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert rows[1]["prompt_ids"] == list(range(101))
+    assert rows[2]["logprobs"] == list(make_turn("k", 2).completion.tokens.logprobs)
+    assert json.loads(rows[0]["request"])["messages"][0]["parts"][0]["text"] == "hi"
+    assert export(tmp_path, tmp_path / "t.parquet", fmt="parquet") == 3
+    table = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    assert table[1]["completion_ids"] == [0, 1, 2] and table[0]["raw_request"] == '{"x": 1}'
+    assert export(tmp_path, tmp_path / "r.parquet", what="rollouts", fmt="parquet") == 1
+    assert pq.read_table(tmp_path / "r.parquet").to_pylist()[0]["turns"] == 3
+
+
+def start_proxy(run_dir: Path, tiny_model: Path, script: Path, port: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "harnessrl.cli", "serve", "--scripted", str(tiny_model),
+           "--script", str(script), "--run-dir", str(run_dir), "--port", str(port)]
+    process = subprocess.Popen(cmd, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return process
+        except httpx.TransportError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(process.stderr.read().decode())
+
+
+@pytest.mark.slow
+def test_sigkill_loses_no_finished_turn_and_resume_continues(tmp_path: Path, tiny_model) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(["one two three", "four five"]))
+    port = free_port()
+    process = start_proxy(tmp_path / "run", tiny_model, script, port)
+    key = httpx.post(f"http://127.0.0.1:{port}/rollouts", json={}).json()["key"]
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/r/{key}/v1", api_key=key,
+                           max_retries=0)
+    n = 6
+    for i in range(n):
+        create = dict(model="m", messages=[{"role": "user", "content": f"call {i}"}],
+                      stream=i % 2 == 1)
+        result = client.chat.completions.create(**create)
+        if create["stream"]:
+            list(result)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+
+    store = TraceStore(tmp_path / "run")
+    assert store.integrity_check() == "ok"
+    turns = store.turns(key)
+    assert [t.index for t in turns] == list(range(n))
+    assert all(t.status == "ok" and t.completion.tokens.completion_ids for t in turns)
+    store.close()
+
+    process = start_proxy(tmp_path / "run", tiny_model, script, port)
+    try:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "again"}])
+        turns = httpx.get(f"http://127.0.0.1:{port}/rollouts/{key}").json()["turns"]
+        assert [t["index"] for t in turns] == list(range(n + 1))
+    finally:
+        process.terminate()
+        process.wait(10)
