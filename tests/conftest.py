@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from harnessrl.proxy.serve import in_thread
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -33,31 +32,6 @@ def tokenizer(tiny_model: Path):
     return AutoTokenizer.from_pretrained(tiny_model)
 
 
-@contextlib.contextmanager
-def serve_app(app) -> Iterator[tuple[str, object]]:
-    """Serve an ASGI app with uvicorn on its own loop in a thread; yields (url, server)."""
-    import uvicorn
-
-    from harnessrl.proxy.engines.managed import free_port
-
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                            access_log=False, lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("the server did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}", server
-    finally:
-        server.should_exit = True
-        thread.join(10)
-
-
 class ServedProxy:
     """A proxy served in a thread, for sync SDK clients."""
 
@@ -68,7 +42,7 @@ class ServedProxy:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[ServedProxy]:
-        with serve_app(self.proxy.app()) as (url, _server):
+        with in_thread(self.proxy.app()) as (url, _server):
             self.url = url
             yield self
 

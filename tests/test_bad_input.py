@@ -10,7 +10,8 @@ import openai
 import pytest
 
 from harnessrl.proxy.engines.vllm import VLLMEngine
-from tests.conftest import ServedProxy, make_proxy, serve_app
+from harnessrl.proxy.serve import in_thread
+from tests.conftest import ServedProxy, make_proxy
 from tests.fake_vllm import PROMPT_IDS, TOKENS, FakeVLLM
 
 GOOD = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
@@ -19,7 +20,7 @@ GOOD = {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}
 @pytest.fixture
 def fake():
     fake = FakeVLLM()
-    with serve_app(fake.app()) as (url, server):
+    with in_thread(fake.app()) as (url, server):
         fake.url, fake.server = url, server
         yield fake
 

@@ -123,7 +123,10 @@ def test_parallel_tool_calls_then_results_extend_the_chain(served, engine, strea
          "function": {"name": c["name"], "arguments": c["arguments"]}} for c in tool_calls]})
     messages += [{"role": "tool", "tool_call_id": c["id"], "content": f"out{i}"}
                  for i, c in enumerate(tool_calls)]
-    client.chat.completions.create(model="m", messages=messages, tools=TOOLS, stream=stream)
+    reply = client.chat.completions.create(model="m", messages=messages, tools=TOOLS,
+                                           stream=stream)
+    if stream:
+        list(reply)
 
     first, second = served.store.turns(key)
     assert first.completion.finish_reason == "tool_calls"

@@ -145,14 +145,13 @@ def _engine(args: argparse.Namespace) -> Any:
 async def _run_proxy(args: argparse.Namespace) -> None:
     import uvicorn
 
+    from harnessrl.proxy.serve import config
+
     proxy = build_proxy(args)
-    config = uvicorn.Config(proxy.app(), host=args.host, port=args.port, log_level="warning",
-                            access_log=False, loop="uvloop", http="httptools",
-                            timeout_keep_alive=75)
     print(f"harnessrl proxy on http://{args.host}:{args.port} (store: "
           f"{proxy.store.path})", file=sys.stderr, flush=True)
     try:
-        await uvicorn.Server(config).serve()
+        await uvicorn.Server(config(proxy.app(), args.host, args.port)).serve()
     finally:
         proxy.store.close()
 

