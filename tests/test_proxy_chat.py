@@ -207,3 +207,23 @@ def test_keys_are_long_and_random(served) -> None:
     keys = {served.new_rollout()["key"] for _ in range(20)}
     assert len(keys) == 20
     assert all(len(k.removeprefix("hrl-")) >= 32 for k in keys)  # 24 bytes, base64
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_bug_in_the_engine_answers_in_openai_shape_and_is_recorded(served, engine,
+                                                                    stream) -> None:
+    def broken(_request):
+        raise RuntimeError("scripted failure")
+
+    engine.policy = broken
+    client, key = client_for(served)
+    with pytest.raises(openai.APIError) as caught:
+        result = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], stream=stream)
+        list(result) if stream else None
+    assert "scripted failure" in str(caught.value.message)
+    [turn] = served.store.turns(key)
+    assert turn.status == "failed" and "scripted failure" in turn.error
+    engine.policy = replay(["fine"])
+    assert client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "x"}]).choices[0].message.content == "fine"

@@ -140,9 +140,8 @@ def _untie_embeddings(model: Any) -> None:
     embed = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
     head.weight = torch.nn.Parameter(embed.detach().clone())
+    # With this False, neither save_pretrained nor resize_token_embeddings re-ties.
     model.config.tie_word_embeddings = False
-    if hasattr(model, "_tied_weights_keys"):
-        model._tied_weights_keys = None  # keep save_pretrained from re-tying
 
 
 def _add_markup_tokens(tokenizer: Any, model: Any) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sqlite3
 import time
 import uuid
@@ -39,6 +40,7 @@ from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.sessions import OpenRollout, Sessions
 from harnessrl.types import ChatRequest, Chunk, Finished, Sampling, Timings, Turn
 
+log = logging.getLogger(__name__)
 _encode = msgspec.json.Encoder().encode
 _JSON = "application/json"
 
@@ -123,8 +125,8 @@ class Proxy:
                 if kind == "models":
                     return await self._models(request, dialect)
                 return await self._call(request, dialect)
-            except HarnessRLError as err:
-                return _error(dialect, err)
+            except Exception as exc:  # a bug must still answer in the client's shape
+                return _error(dialect, _as_error(exc))
         return handle
 
     # ---------------------------------------------------------------- admin
@@ -231,7 +233,8 @@ class Proxy:
             call.first_token = time.time()
             body = call.dialect.render_completion(acc.completion(), call.ctx)
             await self._record(call, acc, body)
-        except HarnessRLError as err:
+        except Exception as exc:
+            err = _as_error(exc)
             status, body = call.dialect.render_error(err)
             with contextlib.suppress(StoreFailed):
                 await self._record(call, acc, body, err)
@@ -254,7 +257,8 @@ class Proxy:
                         call.first_token = time.time()
                     if out:
                         yield out
-        except HarnessRLError as err:
+        except Exception as exc:
+            err = _as_error(exc)
             out = encoder.error(err)
             call.sent.append(out)
             with contextlib.suppress(StoreFailed):
@@ -304,6 +308,13 @@ class Proxy:
 
 
 # -------------------------------------------------------------------- helpers
+def _as_error(exc: Exception) -> HarnessRLError:
+    if isinstance(exc, HarnessRLError):
+        return exc
+    log.exception("unexpected error in the proxy")
+    return HarnessRLError(f"internal proxy error ({type(exc).__name__}: {exc})")
+
+
 def _error(dialect: ModuleType, err: HarnessRLError) -> Response:
     status, body = dialect.render_error(err)
     return Response(body, status_code=status, media_type=_JSON)

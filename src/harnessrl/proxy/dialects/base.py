@@ -34,7 +34,10 @@ class Dialect(Protocol):
     name: str
     id_prefix: str
 
-    def parse_request(self, body: Any, model: str | None = None) -> ChatRequest: ...
+    def parse_request(self, body: Any, *, model: str | None = None,
+                      stream: bool | None = None) -> ChatRequest:
+        """`model` and `stream` are given when the route says them (Gemini's path does)."""
+        ...
 
     def render_completion(self, completion: Completion, ctx: ReplyContext) -> bytes: ...
 

@@ -54,7 +54,8 @@ _TOOL_CHOICE_MODES = frozenset({"auto", "none", "required"})
 
 
 # ------------------------------------------------------------------ request
-def parse_request(body: Any, model: str | None = None) -> ChatRequest:
+def parse_request(body: Any, *, model: str | None = None, stream: bool | None = None
+                  ) -> ChatRequest:
     body = expect(body, dict, "body")
     messages = expect(body.get("messages"), list, "messages")
     if not messages:
@@ -73,7 +74,7 @@ def parse_request(body: Any, model: str | None = None) -> ChatRequest:
         tool_choice=_parse_tool_choice(body.get("tool_choice")),
         parallel_tool_calls=optional(body, "parallel_tool_calls", bool),
         sampling=_parse_sampling(body),
-        stream=bool(optional(body, "stream", bool)),
+        stream=bool(optional(body, "stream", bool)) if stream is None else stream,
         reasoning_effort=optional(body, "reasoning_effort", str),
         extra=extra,
     )
