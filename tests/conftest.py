@@ -8,11 +8,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from harnessrl.proxy.serve import in_thread
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+# No per-example deadline: CI machines are shared and slow examples are not failures.
+settings.register_profile("harnessrl", deadline=None, max_examples=300)
+settings.load_profile("harnessrl")
 
 CACHE = Path(os.environ.get("HARNESSRL_TEST_CACHE", Path.home() / ".cache" / "harnessrl" / "test"))
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"

@@ -37,13 +37,18 @@ def test_any_byte_split_decodes_the_same(cuts: list[int]) -> None:
     assert decode_in_pieces(STREAM, cuts) == EXPECTED
 
 
-@given(st.lists(st.text(alphabet=st.characters(blacklist_characters="\r\n"), max_size=30),
+@given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",),
+                                               blacklist_characters="\r\n"), max_size=30),
                 max_size=8), st.lists(st.integers(min_value=0, max_value=400), max_size=6))
 def test_encoded_events_round_trip(datas: list[str], cuts: list[int]) -> None:
     wire = b"".join(encode(d.encode(), "e") for d in datas)
     events = decode_in_pieces(wire, [c for c in cuts if c <= len(wire)])
     assert [e.data for e in events] == datas
     assert all(e.event == "e" for e in events)
+
+
+def test_empty_feed_between_cr_and_lf_keeps_the_crlf_whole() -> None:
+    assert decode_in_pieces(b"data: a\r\n\r\n", [7, 7]) == [SSEEvent("a")]
 
 
 def test_last_event_without_blank_line_is_delivered() -> None:

@@ -27,6 +27,8 @@ class SSEDecoder:
         self._id: str | None = None
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
+        if not chunk:
+            return []
         buffer = self._buffer + chunk
         if self._pending_cr and buffer.startswith(b"\n"):
             buffer = buffer[1:]  # the LF of a CRLF split across two chunks
