@@ -227,3 +227,19 @@ def test_a_bug_in_the_engine_answers_in_openai_shape_and_is_recorded(served, eng
     engine.policy = replay(["fine"])
     assert client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "x"}]).choices[0].message.content == "fine"
+
+
+def test_admin_token_guards_rollouts_and_a_key_reads_only_its_own(engine, tmp_path) -> None:
+    proxy = make_proxy(engine, tmp_path / "run", admin_token="s3cret")
+    with ServedProxy(proxy).running() as served:
+        admin = {"Authorization": "Bearer s3cret"}
+        assert httpx.post(f"{served.url}/rollouts", json={}).status_code == 401
+        mine, other = (httpx.post(f"{served.url}/rollouts", json={}, headers=admin).json()
+                       for _ in range(2))
+        own = {"Authorization": f"Bearer {mine['key']}"}
+        assert httpx.get(f"{served.url}/rollouts/{mine['key']}", headers=own).status_code == 200
+        assert httpx.get(f"{served.url}/rollouts/{other['key']}", headers=own).status_code == 401
+        assert httpx.get(f"{served.url}/rollouts/{other['key']}").status_code == 401
+        assert httpx.delete(f"{served.url}/rollouts/{other['key']}",
+                            headers=own).status_code == 401
+        assert httpx.get(f"{served.url}/rollouts/{other['key']}", headers=admin).status_code == 200

@@ -162,7 +162,7 @@ class Proxy:
     async def get_rollout(self, request: Request) -> Response:
         key = request.path_params["key"]
         try:
-            if _request_key(request) != key:
+            if _credential(request) != key:
                 self._admin(request)
             record = await asyncio.to_thread(self.store.rollout, key)
             if record is None:
@@ -179,7 +179,7 @@ class Proxy:
     async def delete_rollout(self, request: Request) -> Response:
         key = request.path_params["key"]
         try:
-            if _request_key(request) != key:
+            if _credential(request) != key:
                 self._admin(request)
             record = await self.sessions.close(key)
         except HarnessRLError as err:
@@ -328,9 +328,11 @@ def _bearer(request: Request) -> str | None:
 
 def _request_key(request: Request) -> str | None:
     """The rollout key: from the path, else from whichever API-key header the client uses."""
-    key = request.path_params.get("key")
-    if key:
-        return key
+    return request.path_params.get("key") or _credential(request)
+
+
+def _credential(request: Request) -> str | None:
+    """What the client presented as its API key (never the path)."""
     for header in _KEY_HEADERS:
         if value := request.headers.get(header):
             return value
