@@ -13,7 +13,7 @@ import logging
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -38,7 +38,7 @@ from harnessrl.proxy.dialects import openai_chat
 from harnessrl.proxy.dialects.base import ReplyContext
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.sessions import OpenRollout, Sessions
-from harnessrl.types import ChatRequest, Chunk, Finished, Sampling, Timings, Turn
+from harnessrl.types import ChatRequest, Chunk, EngineEvent, Finished, Sampling, Timings, Turn
 
 log = logging.getLogger(__name__)
 _encode = msgspec.json.Encoder().encode
@@ -220,9 +220,7 @@ class Proxy:
                              parsed.model or engine_model))
         engine_request = msgspec.structs.replace(parsed, model=engine_model, sampling=used)
         if parsed.stream:
-            return StreamingResponse(self._stream(call, engine_request),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return await self._open_stream(call, engine_request)
         return await self._complete(call, engine_request)
 
     async def _complete(self, call: _Call, engine_request: ChatRequest) -> Response:
@@ -230,22 +228,38 @@ class Proxy:
         try:
             for event in await self.engine.complete(engine_request):
                 acc.feed(event)
-            call.first_token = time.time()
             body = call.dialect.render_completion(acc.completion(), call.ctx)
             await self._record(call, acc, body)
         except Exception as exc:
-            err = _as_error(exc)
-            status, body = call.dialect.render_error(err)
-            with contextlib.suppress(StoreFailed):
-                await self._record(call, acc, body, err)
-            return Response(body, status_code=status, media_type=_JSON)
+            return await self._failed(call, acc, exc)
         return Response(body, media_type=_JSON)
 
-    async def _stream(self, call: _Call, engine_request: ChatRequest) -> AsyncIterator[bytes]:
+    async def _failed(self, call: _Call, acc: Accumulator, exc: Exception) -> Response:
+        err = _as_error(exc)
+        status, body = call.dialect.render_error(err)
+        with contextlib.suppress(StoreFailed):
+            await self._record(call, acc, body, err)
+        return Response(body, status_code=status, media_type=_JSON)
+
+    async def _open_stream(self, call: _Call, engine_request: ChatRequest) -> Response:
+        """Wait for the engine to accept the call before answering 200, so an engine that
+        is down or refuses the request gets a real HTTP error status, not an SSE event."""
+        events = self.engine.stream(engine_request)
+        try:
+            first = await anext(events)
+        except Exception as exc:
+            await events.aclose()
+            return await self._failed(call, Accumulator(), exc)
+        return StreamingResponse(self._stream(call, events, first),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    async def _stream(self, call: _Call, rest: AsyncGenerator[EngineEvent, None],
+                      first: EngineEvent) -> AsyncIterator[bytes]:
         encoder = call.dialect.stream_encoder(call.request, call.ctx)
         acc = Accumulator()
         try:
-            async with contextlib.aclosing(self.engine.stream(engine_request)) as events:
+            async with contextlib.aclosing(_prepend(first, rest)) as events:
                 async for event in events:
                     acc.feed(event)
                     out = encoder.feed(event)
@@ -308,6 +322,14 @@ class Proxy:
 
 
 # -------------------------------------------------------------------- helpers
+async def _prepend(first: EngineEvent, rest: AsyncGenerator[EngineEvent, None]
+                   ) -> AsyncIterator[EngineEvent]:
+    async with contextlib.aclosing(rest):  # closing us closes the engine's stream
+        yield first
+        async for event in rest:
+            yield event
+
+
 def _as_error(exc: Exception) -> HarnessRLError:
     if isinstance(exc, HarnessRLError):
         return exc

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from harnessrl.types import ChatRequest, EngineEvent
@@ -27,4 +27,4 @@ class Engine(Protocol):
 
     async def complete(self, request: ChatRequest) -> list[EngineEvent]: ...
 
-    def stream(self, request: ChatRequest) -> AsyncIterator[EngineEvent]: ...
+    def stream(self, request: ChatRequest) -> AsyncGenerator[EngineEvent, None]: ...

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,10 +96,11 @@ class ScriptedEngine:
     async def complete(self, request: ChatRequest) -> list[EngineEvent]:
         return [event async for event in self._events(request, one_chunk=True)]
 
-    def stream(self, request: ChatRequest) -> AsyncIterator[EngineEvent]:
+    def stream(self, request: ChatRequest) -> AsyncGenerator[EngineEvent, None]:
         return self._events(request, one_chunk=False)
 
-    async def _events(self, request: ChatRequest, *, one_chunk: bool) -> AsyncIterator[EngineEvent]:
+    async def _events(self, request: ChatRequest, *, one_chunk: bool
+                      ) -> AsyncGenerator[EngineEvent, None]:
         prompt, ids, logprobs, _ = self._sample(request)
         yield Started(self.model, tuple(prompt))
         parser = HermesParser()

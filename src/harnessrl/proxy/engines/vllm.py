@@ -5,7 +5,7 @@ is passed on as vLLM produces it."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 import aiohttp
@@ -102,7 +102,7 @@ class VLLMEngine:
                 body = await _json_or_error(resp)
         return _events_from_completion(body)
 
-    async def stream(self, request: ChatRequest) -> AsyncIterator[EngineEvent]:
+    async def stream(self, request: ChatRequest) -> AsyncGenerator[EngineEvent, None]:
         payload = _encode(openai_wire.chat_body(request, stream=True))
         parser = _StreamParser()
         with self._upstream("send its next tokens"):
