@@ -243,3 +243,55 @@ def test_admin_token_guards_rollouts_and_a_key_reads_only_its_own(engine, tmp_pa
         assert httpx.delete(f"{served.url}/rollouts/{other['key']}",
                             headers=own).status_code == 401
         assert httpx.get(f"{served.url}/rollouts/{other['key']}", headers=admin).status_code == 200
+
+
+def test_anthropic_sdk_through_the_proxy(served, engine, tokenizer) -> None:
+    import anthropic
+
+    engine.policy = replay(["Hi from Claude's side.", CALL_TEXT])
+    rollout = served.new_rollout()
+    client = anthropic.Anthropic(base_url=rollout["base_urls"]["anthropic"],
+                                 api_key=rollout["key"], max_retries=0)
+    message = client.messages.create(model="claude-x", max_tokens=64,
+                                     system="Be brief.",
+                                     messages=[{"role": "user", "content": "hello"}])
+    assert message.content[0].text == "Hi from Claude's side."
+    assert message.stop_reason == "end_turn"
+    tools = [{"name": "bash", "description": "run", "input_schema": TOOLS[0]["function"][
+        "parameters"]}]
+    with client.messages.stream(model="claude-x", max_tokens=64, tools=tools,
+                                messages=[{"role": "user", "content": "list"}]) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use"
+    assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == [
+        ("bash", {"command": "ls"})]
+    first, second = served.store.turns(rollout["key"])
+    assert first.dialect == second.dialect == "anthropic"
+    assert list(first.completion.tokens.completion_ids) == expected_ids(
+        tokenizer, "Hi from Claude's side.")
+    assert second.raw_response.count(b"event: content_block_start") == 1
+
+
+def test_openai_responses_sdk_through_the_proxy(served, engine, tokenizer) -> None:
+    engine.policy = replay(["Plain answer.", CALL_TEXT])
+    client, key = client_for(served)
+    response = client.responses.create(model="codex-x", input="hello", instructions="brief")
+    assert response.output_text == "Plain answer."
+    tools = [{"type": "function", **TOOLS[0]["function"]}]
+    events = list(client.responses.create(model="codex-x", input="list", tools=tools,
+                                          stream=True))
+    done = events[-1]
+    assert done.type == "response.completed"
+    calls = [item for item in done.response.output if item.type == "function_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("bash", {"command": "ls"})]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    first, second = served.store.turns(key)
+    assert first.dialect == second.dialect == "openai_responses"
+    assert list(first.completion.tokens.completion_ids) == expected_ids(tokenizer,
+                                                                        "Plain answer.")
+    assert second.completion.tool_calls[0].name == "bash"
+
+
+def test_root_probe_answers_200(served) -> None:
+    assert httpx.head(f"{served.url}/").status_code == 200
+    assert httpx.get(f"{served.url}/").status_code == 200

@@ -34,7 +34,7 @@ from harnessrl.errors import (
     TooLarge,
 )
 from harnessrl.proxy.accumulate import Accumulator
-from harnessrl.proxy.dialects import openai_chat
+from harnessrl.proxy.dialects import anthropic, openai_chat, openai_responses
 from harnessrl.proxy.dialects.base import ReplyContext
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.sessions import OpenRollout, Sessions
@@ -50,6 +50,9 @@ DIALECT_ROUTES: list[tuple[str, ModuleType, str]] = [
     ("/chat/completions", openai_chat, "call"),
     ("/v1/models", openai_chat, "models"),
     ("/models", openai_chat, "models"),
+    ("/v1/responses", openai_responses, "call"),
+    ("/responses", openai_responses, "call"),
+    ("/v1/messages", anthropic, "call"),
 ]
 _KEY_HEADERS = ("x-api-key", "x-goog-api-key")
 
@@ -99,6 +102,10 @@ class Proxy:
     def app(self) -> Starlette:
         routes = [
             Route("/health", self.health, methods=["GET"]),
+            # Claude Code probes the root of its base URL before calling.
+            Route("/", self.health, methods=["GET", "HEAD"]),
+            Route("/r/{key}", self.health, methods=["GET", "HEAD"]),
+            Route("/r/{key}/", self.health, methods=["GET", "HEAD"]),
             Route("/rollouts", self.create_rollout, methods=["POST"]),
             Route("/rollouts/{key}", self.get_rollout, methods=["GET"]),
             Route("/rollouts/{key}", self.delete_rollout, methods=["DELETE"]),
