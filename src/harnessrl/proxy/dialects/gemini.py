@@ -1,0 +1,561 @@
+"""Gemini generateContent: `POST .../v1beta/models/{model}:generateContent`,
+`:streamGenerateContent` (SSE with `alt=sse`, else a streamed JSON array), `:countTokens`.
+
+Round-trip schemes (what the proxy emits comes back as the same canonical parts):
+- Call ids: a `functionCall` always carries the canonical `ToolCall.id` (even ""). A call
+  sent without `id` gets `<name>_<n>`, n = the number of `functionCall` parts before it in
+  `contents`, so ids stay stable as the conversation grows. A `functionResponse` without
+  `id` takes the oldest unanswered call of the same name (Gemini matches by name and order).
+- Thought signatures: reasoning with no signature is emitted with `OWN_SIGNATURE`, which
+  parses back to `signature=None`; any other signature passes through unchanged. A
+  signature on a non-thought part (Gemini puts them on `functionCall` parts) becomes a
+  `Reasoning("", signature)` right before that part, and is re-attached when rendered.
+- Arguments: `args` is an object on the wire, so parsing encodes it as
+  `json.dumps(args, ensure_ascii=False)` (the form vLLM's tool parsers produce); other
+  spacing does not survive the client. "" is sent without `args`; arguments that are not a
+  JSON object cannot be expressed and are also sent without `args` (never invented).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections import deque
+from typing import Any
+
+import msgspec
+
+from harnessrl.errors import HarnessRLError, InvalidRequest
+from harnessrl.proxy import sse
+from harnessrl.proxy.dialects.base import ReplyContext, expect, optional, stop_list
+from harnessrl.types import (
+    ChatRequest,
+    Chunk,
+    Completion,
+    EngineEvent,
+    Finished,
+    Image,
+    Message,
+    Part,
+    Reasoning,
+    ReasoningDelta,
+    Sampling,
+    Text,
+    TextDelta,
+    Tool,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
+    ToolResult,
+    Usage,
+)
+
+name = "gemini"
+id_prefix = ""  # Gemini replies carry `responseId`, not a prefixed id.
+
+_encode = msgspec.json.Encoder().encode
+# 21 bytes, so the base64 has no padding and no URL-unsafe characters to be rewritten.
+OWN_SIGNATURE = base64.b64encode(b"harnessrl/reasoning/1").decode()
+
+_MAPPED = frozenset({"contents", "systemInstruction", "tools", "toolConfig",
+                     "generationConfig"})
+_ROLES = {"user": "user", "model": "assistant", None: "user"}
+# Part keys that only annotate a part; they are accepted and not mapped.
+_PART_META = frozenset({"thought", "thoughtSignature", "videoMetadata", "partMetadata",
+                        "mediaResolution"})
+_MODES = {"AUTO": "auto", "ANY": "required", "NONE": "none", "VALIDATED": "auto",
+          "MODE_UNSPECIFIED": "auto"}
+
+
+# ------------------------------------------------------------------ request
+def parse_request(body: Any, *, model: str | None = None, stream: bool | None = None
+                  ) -> ChatRequest:
+    body = expect(body, dict, "body")
+    contents = expect(body.get("contents"), list, "contents")
+    if not contents:
+        raise InvalidRequest("`contents` must hold at least one content", param="contents")
+    extra = {k: v for k, v in body.items() if k not in _MAPPED}
+    messages = _system(body.get("systemInstruction")) + _Conversation().parse(contents)
+    tools = _parse_tools(optional(body, "tools", list) or [], extra)
+    config = optional(body, "generationConfig", dict) or {}
+    return ChatRequest(
+        model=model or "",
+        messages=tuple(messages),
+        tools=tools,
+        tool_choice=_parse_tool_config(optional(body, "toolConfig", dict), extra),
+        sampling=_parse_sampling(config, extra),
+        stream=bool(stream),
+        reasoning_effort=_reasoning_effort(extra.get("thinkingConfig")),
+        extra=extra,
+    )
+
+
+def _system(raw: Any) -> list[Message]:
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        return [Message("system", (Text(raw),))]
+    raw = expect(raw, dict, "systemInstruction")
+    parts = expect(raw.get("parts"), list, "systemInstruction.parts")
+    texts = [expect(expect(p, dict, f"systemInstruction.parts[{i}]").get("text"), str,
+                    f"systemInstruction.parts[{i}].text") for i, p in enumerate(parts)]
+    return [Message("system", tuple(Text(t) for t in texts))]
+
+
+class _Conversation:
+    """Parses `contents` in order, so that calls without ids get stable positional ids."""
+
+    def __init__(self) -> None:
+        self._calls = 0
+        self._pending: dict[str, deque[str]] = {}
+
+    def parse(self, contents: list[Any]) -> list[Message]:
+        messages: list[Message] = []
+        for i, raw in enumerate(contents):
+            messages.extend(self._content(raw, f"contents[{i}]"))
+        return messages
+
+    def _content(self, raw: Any, where: str) -> list[Message]:
+        raw = expect(raw, dict, where)
+        role = _ROLES.get(_hashable(raw.get("role")))
+        if role is None:
+            raise InvalidRequest(f"`{where}.role` must be 'user' or 'model', got "
+                                 f"{raw.get('role')!r}", param=f"{where}.role")
+        parts = expect(raw.get("parts"), list, f"{where}.parts")
+        parsed = [self._part(p, f"{where}.parts[{j}]", role) for j, p in enumerate(parts)]
+        if role == "assistant":
+            return [Message("assistant", tuple(x for group in parsed for x in group))]
+        # A user turn may mix function responses and text: one tool message per result,
+        # other parts grouped in order into user messages.
+        messages: list[Message] = []
+        for group in parsed:
+            for part in group:
+                if isinstance(part, ToolResult):
+                    messages.append(Message("tool", (part,)))
+                elif messages and messages[-1].role == "user":
+                    messages[-1] = Message("user", (*messages[-1].parts, part))
+                else:
+                    messages.append(Message("user", (part,)))
+        return messages
+
+    def _part(self, raw: Any, where: str, role: str) -> list[Part]:
+        raw = expect(raw, dict, where)
+        kinds = [k for k in raw if k not in _PART_META]
+        if len(kinds) != 1 or kinds[0] not in _PART_KINDS:
+            raise InvalidRequest(
+                f"`{where}` has {sorted(kinds) or 'no data'}; send exactly one of "
+                f"{sorted(_PART_KINDS)}", param=where)
+        kind = kinds[0]
+        if kind in _ROLE_OF_KIND and _ROLE_OF_KIND[kind] != role:
+            raise InvalidRequest(f"`{where}.{kind}` belongs in a "
+                                 f"'{_WIRE_ROLE[_ROLE_OF_KIND[kind]]}' content", param=where)
+        signature = optional(raw, "thoughtSignature", str, f"{where}.")
+        if kind == "text" and raw.get("thought") is True:
+            text = expect(raw["text"], str, f"{where}.text")
+            return [Reasoning(text, None if signature == OWN_SIGNATURE else signature)]
+        part = _PART_KINDS[kind](self, raw[kind], f"{where}.{kind}")
+        if signature is not None and signature != OWN_SIGNATURE:
+            return [Reasoning("", signature), part]
+        return [part]
+
+    def _call(self, raw: Any, where: str) -> ToolCall:
+        raw = expect(raw, dict, where)
+        fn = expect(raw.get("name"), str, f"{where}.name")
+        call_id = optional(raw, "id", str, f"{where}.")
+        call_id = f"{fn}_{self._calls}" if call_id is None else call_id
+        self._calls += 1
+        self._pending.setdefault(fn, deque()).append(call_id)
+        args = optional(raw, "args", dict, f"{where}.")
+        return ToolCall(call_id, fn, "" if args is None else json.dumps(args, ensure_ascii=False))
+
+    def _response(self, raw: Any, where: str) -> ToolResult:
+        raw = expect(raw, dict, where)
+        fn = expect(raw.get("name"), str, f"{where}.name")
+        response = expect(raw.get("response", {}), dict, f"{where}.response")
+        call_id = optional(raw, "id", str, f"{where}.")
+        pending = self._pending.get(fn) or deque()
+        if call_id is None:
+            if not pending:
+                raise InvalidRequest(f"`{where}` answers a call to {fn!r} that was never made "
+                                     "(no earlier unanswered functionCall of that name)",
+                                     param=where)
+            call_id = pending.popleft()
+        elif call_id in pending:
+            pending.remove(call_id)
+        media = [_media(p, f"{where}.parts[{i}]")
+                 for i, p in enumerate(optional(raw, "parts", list, f"{where}.") or [])]
+        content = (Text(json.dumps(response, ensure_ascii=False)), *media)
+        return ToolResult(call_id, content, is_error=set(response) == {"error"})
+
+
+def _hashable(value: Any) -> str | None:
+    """A table key from a JSON value: a list or object (a wrong type) matches nothing."""
+    return value if isinstance(value, str) else None if value is None else "?"
+
+
+def _inline(raw: Any, where: str) -> Image:
+    raw = expect(raw, dict, where)
+    mime = expect(raw.get("mimeType"), str, f"{where}.mimeType")
+    return Image(f"data:{mime};base64,{expect(raw.get('data'), str, f'{where}.data')}")
+
+
+def _file(raw: Any, where: str) -> Image:
+    return Image(expect(expect(raw, dict, where).get("fileUri"), str, f"{where}.fileUri"))
+
+
+def _media(raw: Any, where: str) -> Image:
+    raw = expect(raw, dict, where)
+    if "inlineData" in raw:
+        return _inline(raw["inlineData"], f"{where}.inlineData")
+    if "fileData" in raw:
+        return _file(raw["fileData"], f"{where}.fileData")
+    raise InvalidRequest(f"`{where}` must hold `inlineData` or `fileData`", param=where)
+
+
+_PART_KINDS = {
+    "text": lambda _c, raw, where: Text(expect(raw, str, where)),
+    "inlineData": lambda _c, raw, where: _inline(raw, where),
+    "fileData": lambda _c, raw, where: _file(raw, where),
+    "functionCall": _Conversation._call,
+    "functionResponse": _Conversation._response,
+}
+_ROLE_OF_KIND = {"functionCall": "assistant", "functionResponse": "user"}
+_WIRE_ROLE = {"assistant": "model", "user": "user"}
+
+
+# ------------------------------------------------------------------ tools and schemas
+def _parse_tools(raw: list[Any], extra: dict[str, Any]) -> tuple[Tool, ...]:
+    tools: list[Tool] = []
+    unmapped: list[Any] = []
+    changes: list[str] = []
+    for i, item in enumerate(raw):
+        item = expect(item, dict, f"tools[{i}]")
+        # googleSearch, codeExecution, ...: recorded, not offered (no faithful rendering).
+        unmapped.extend({k: v} for k, v in item.items() if k != "functionDeclarations")
+        decls = optional(item, "functionDeclarations", list, f"tools[{i}].") or []
+        for j, decl in enumerate(decls):
+            tools.append(_declaration(decl, f"tools[{i}].functionDeclarations[{j}]", changes))
+    if unmapped:
+        extra["unmapped_tools"] = unmapped
+    if changes:
+        extra["schema_changes"] = changes
+    return tuple(tools)
+
+
+def _declaration(raw: Any, where: str, changes: list[str]) -> Tool:
+    raw = expect(raw, dict, where)
+    params = optional(raw, "parametersJsonSchema", dict, f"{where}.")
+    if params is None:  # the OpenAPI subset: converted, each change recorded
+        schema = optional(raw, "parameters", dict, f"{where}.")
+        params = None if schema is None else _json_schema(schema, f"{where}.parameters", changes)
+    return Tool(name=expect(raw.get("name"), str, f"{where}.name"),
+                description=optional(raw, "description", str, f"{where}."),
+                parameters=params)
+
+
+# Gemini sends int64 fields as JSON strings.
+_INT64_KEYS = frozenset({"minItems", "maxItems", "minLength", "maxLength", "minProperties",
+                         "maxProperties"})
+
+
+def _json_schema(raw: Any, where: str, changes: list[str]) -> dict[str, Any]:
+    """Gemini's OpenAPI-subset `Schema` as JSON Schema; unknown keywords are kept as sent."""
+    schema = dict(expect(raw, dict, where))
+    kind = schema.get("type")
+    if isinstance(kind, str) and kind != kind.lower():
+        if kind == "TYPE_UNSPECIFIED":
+            del schema["type"]
+            changes.append(f"{where}.type: dropped TYPE_UNSPECIFIED")
+        else:
+            schema["type"] = kind.lower()
+            changes.append(f"{where}.type: {kind} -> {kind.lower()}")
+    for key in _INT64_KEYS & schema.keys():
+        if isinstance(schema[key], str) and schema[key].isdigit():
+            changes.append(f"{where}.{key}: string {schema[key]!r} -> integer")
+            schema[key] = int(schema[key])
+    if "example" in schema:
+        schema["examples"] = [schema.pop("example")]
+        changes.append(f"{where}.example -> examples")
+    if "nullable" in schema:
+        _nullable(schema, where, changes)
+    for key in ("properties", "$defs", "definitions"):
+        if isinstance(schema.get(key), dict):
+            schema[key] = {k: _json_schema(v, f"{where}.{key}.{k}", changes)
+                           for k, v in schema[key].items()}
+    if isinstance(schema.get("items"), dict):
+        schema["items"] = _json_schema(schema["items"], f"{where}.items", changes)
+    for key in ("anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(key), list):
+            schema[key] = [_json_schema(s, f"{where}.{key}[{n}]", changes)
+                           for n, s in enumerate(schema[key])]
+    return schema
+
+
+def _nullable(schema: dict[str, Any], where: str, changes: list[str]) -> None:
+    if schema.pop("nullable") is not True:
+        changes.append(f"{where}.nullable: dropped (false)")
+        return
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        schema["type"] = [kind, "null"]
+        changes.append(f"{where}.nullable: type {kind} -> [{kind}, null]")
+    elif "anyOf" in schema:
+        schema["anyOf"] = [*schema["anyOf"], {"type": "null"}]
+        changes.append(f"{where}.nullable: anyOf += null")
+    else:
+        changes.append(f"{where}.nullable: dropped (no type: null is already allowed)")
+    if isinstance(schema.get("enum"), list) and None not in schema["enum"]:
+        schema["enum"] = [*schema["enum"], None]
+        changes.append(f"{where}.nullable: enum += null")
+
+
+def _parse_tool_config(raw: dict[str, Any] | None, extra: dict[str, Any]) -> ToolChoice | None:
+    if raw is None:
+        return None
+    rest = {k: v for k, v in raw.items() if k != "functionCallingConfig"}
+    if rest:
+        extra["toolConfig"] = rest
+    config = optional(raw, "functionCallingConfig", dict, "toolConfig.")
+    if config is None:
+        return None
+    where = "toolConfig.functionCallingConfig"
+    mode = _MODES.get(_hashable(config.get("mode", "AUTO")))
+    if mode is None:
+        raise InvalidRequest(f"`{where}.mode` must be one of {sorted(_MODES)}, got "
+                             f"{config.get('mode')!r}", param=f"{where}.mode")
+    names = optional(config, "allowedFunctionNames", list, f"{where}.") or []
+    names = [expect(n, str, f"{where}.allowedFunctionNames[{i}]") for i, n in enumerate(names)]
+    if mode == "required" and len(names) == 1:
+        return ToolChoice("required", names[0])
+    if names:  # a set of names cannot be expressed canonically; recorded
+        extra["allowed_function_names"] = names
+    return ToolChoice(mode)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ generationConfig
+_SAMPLING_KEYS = {"temperature": "temperature", "topP": "top_p", "topK": "top_k",
+                  "maxOutputTokens": "max_tokens", "seed": "seed",
+                  "presencePenalty": "presence_penalty", "frequencyPenalty": "frequency_penalty"}
+_INTEGER_KEYS = frozenset({"topK", "maxOutputTokens", "seed"})
+
+
+def _parse_sampling(config: dict[str, Any], extra: dict[str, Any]) -> Sampling:
+    where = "generationConfig."
+    count = optional(config, "candidateCount", int, where)
+    if count is not None and count != 1:
+        raise InvalidRequest("`generationConfig.candidateCount` must be 1: each call is one "
+                             "turn of a rollout", param="generationConfig.candidateCount")
+    values: dict[str, Any] = {}
+    for key, field in _SAMPLING_KEYS.items():
+        value = optional(config, key, (int, float), where)
+        if value is not None and key in _INTEGER_KEYS:
+            if value != int(value):
+                raise InvalidRequest(f"`{where}{key}` must be an integer, got {value}",
+                                     param=f"{where}{key}")
+            value = int(value)
+        elif value is not None:
+            value = float(value)
+        values[field] = value
+    values["stop"] = stop_list(config.get("stopSequences"), f"{where}stopSequences")
+    if "thinkingConfig" in config:
+        extra["thinkingConfig"] = expect(config["thinkingConfig"], dict,
+                                         f"{where}thinkingConfig")
+    rest = {k: v for k, v in config.items()
+            if k not in _SAMPLING_KEYS and k not in {"candidateCount", "stopSequences",
+                                                     "thinkingConfig"}}
+    if rest:
+        extra["generationConfig"] = rest
+    return Sampling(**values)
+
+
+def _reasoning_effort(thinking: Any) -> str | None:
+    level = thinking.get("thinkingLevel") if isinstance(thinking, dict) else None
+    return level.lower() if isinstance(level, str) else None
+
+
+# ------------------------------------------------------------------ response
+# Gemini has no tool-call finish reason: a turn that ends in calls finishes with STOP.
+_FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP",
+           "content_filter": "SAFETY", "error": "OTHER"}
+
+
+def _parts(parts: tuple[Part, ...]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i, part in enumerate(parts):
+        after = parts[i + 1] if i + 1 < len(parts) else None
+        if _is_carried_signature(part, after):
+            continue  # rendered on the next part, as Gemini carries it
+        rendered = _PART_JSON[type(part)](part)
+        before = parts[i - 1] if i else None
+        if before is not None and _is_carried_signature(before, part):
+            rendered["thoughtSignature"] = before.signature  # type: ignore[union-attr]
+        out.append(rendered)
+    return out
+
+
+def _is_carried_signature(part: Part, after: Part | None) -> bool:
+    """A bare signature before a non-thought part: parse made it from that part's field."""
+    return (isinstance(part, Reasoning) and not part.text and part.signature is not None
+            and after is not None and not isinstance(after, Reasoning | ToolResult))
+
+
+def _thought(part: Reasoning) -> dict[str, Any]:
+    # `encrypted`/`redacted` have no Gemini form; the text and signature are what return.
+    return {"text": part.text, "thought": True,
+            "thoughtSignature": part.signature if part.signature is not None else OWN_SIGNATURE}
+
+
+def _image(part: Image) -> dict[str, Any]:
+    head, sep, data = part.url.partition(";base64,")
+    if part.url.startswith("data:") and sep:
+        return {"inlineData": {"mimeType": head[len("data:"):], "data": data}}
+    return {"fileData": {"fileUri": part.url}}
+
+
+def _function_call(part: ToolCall) -> dict[str, Any]:
+    call: dict[str, Any] = {"name": part.name}
+    args = _args(part.arguments)
+    if args is not None:
+        call["args"] = args
+    call["id"] = part.id
+    return {"functionCall": call}
+
+
+def _args(arguments: str) -> dict[str, Any] | None:
+    """The arguments object, or None when they are not one (sent without `args`)."""
+    try:
+        value = json.loads(arguments) if arguments else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+_PART_JSON = {
+    Text: lambda p: {"text": p.text},
+    Reasoning: _thought,
+    Image: _image,
+    ToolCall: _function_call,
+}
+
+
+def _usage(usage: Usage | None) -> dict[str, int] | None:
+    if usage is None:
+        return None
+    return {"promptTokenCount": usage.prompt_tokens,
+            "candidatesTokenCount": usage.completion_tokens,
+            "totalTokenCount": usage.prompt_tokens + usage.completion_tokens}
+
+
+def _response(ctx: ReplyContext, parts: list[dict[str, Any]], finish: str | None = None,
+              usage: Usage | None = None) -> dict[str, Any]:
+    candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}}
+    if finish is not None:
+        candidate["finishReason"] = finish
+    candidate["index"] = 0
+    body: dict[str, Any] = {"candidates": [candidate]}
+    metadata = _usage(usage)
+    if metadata is not None:
+        body["usageMetadata"] = metadata
+    body["modelVersion"], body["responseId"] = ctx.model, ctx.id
+    return body
+
+
+def render_completion(completion: Completion, ctx: ReplyContext) -> bytes:
+    return _encode(_response(ctx, _parts(completion.parts), _FINISH[completion.finish_reason],
+                             completion.usage))
+
+
+class StreamEncoder:
+    """Engine events in, `GenerateContentResponse` chunks out: SSE `data:` events (`alt=sse`)
+    or the pieces of one JSON array. Each chunk holds only the new parts; a function call
+    is buffered and sent whole (Gemini does not stream arguments)."""
+
+    def __init__(self, request: ChatRequest, ctx: ReplyContext, *, sse: bool = True) -> None:
+        self._ctx = ctx
+        self._sse = sse
+        self._first = True
+        self._calls: dict[int, list[str]] = {}  # index -> [id, name, arguments]
+
+    def _frame(self, body: dict[str, Any], last: bool = False) -> bytes:
+        data = _encode(body)
+        if self._sse:
+            return sse.encode(data)
+        out = (b"[" if self._first else b",\r\n") + data + (b"]" if last else b"")
+        self._first = False
+        return out
+
+    def _flush(self, keep: int | None = None) -> list[dict[str, Any]]:
+        done = [i for i in sorted(self._calls) if i != keep]
+        return [_function_call(ToolCall(*self._calls.pop(i))) for i in done]
+
+    def feed(self, event: EngineEvent) -> bytes:
+        if isinstance(event, Chunk):
+            parts: list[dict[str, Any]] = []
+            for delta in event.deltas:
+                parts.extend(self._delta(delta))
+            return self._frame(_response(self._ctx, parts)) if parts else b""
+        if isinstance(event, Finished):
+            body = _response(self._ctx, self._flush(), _FINISH[event.finish_reason],
+                             event.usage)
+            return self._frame(body, last=True)
+        return b""  # Started: Gemini has no opening event
+
+    def _delta(self, delta: TextDelta | ReasoningDelta | ToolCallDelta) -> list[dict[str, Any]]:
+        if isinstance(delta, ToolCallDelta):
+            flushed = self._flush(keep=delta.index) if delta.index not in self._calls else []
+            call = self._calls.setdefault(delta.index, ["", "", ""])
+            call[0] = delta.id or call[0]
+            call[1] = delta.name or call[1]
+            call[2] += delta.arguments
+            return flushed
+        if not delta.text:
+            return []
+        if isinstance(delta, ReasoningDelta):
+            return [{"text": delta.text, "thought": True, "thoughtSignature": OWN_SIGNATURE}]
+        return [{"text": delta.text}]
+
+    def error(self, err: HarnessRLError) -> bytes:
+        return self._frame(_error_body(err), last=True)
+
+
+def stream_encoder(request: ChatRequest, ctx: ReplyContext, *, sse: bool = True
+                   ) -> StreamEncoder:
+    """`sse=True` for `?alt=sse`; without it Gemini streams one JSON array."""
+    return StreamEncoder(request, ctx, sse=sse)
+
+
+_METHODS = ["generateContent", "streamGenerateContent", "countTokens"]
+
+
+def render_models(models: list[str]) -> bytes:
+    return _encode({"models": [{"name": f"models/{m}", "baseModelId": m, "version": "1",
+                                "displayName": m, "supportedGenerationMethods": _METHODS}
+                               for m in models]})
+
+
+def count_tokens_body(total: int) -> bytes:
+    return _encode({"totalTokens": total})
+
+
+# ------------------------------------------------------------------ errors
+_ERROR_STATUS = {
+    "invalid_request": "INVALID_ARGUMENT",
+    "authentication": "UNAUTHENTICATED",
+    "permission": "PERMISSION_DENIED",
+    "not_found": "NOT_FOUND",
+    "too_large": "INVALID_ARGUMENT",
+    "rate_limit": "RESOURCE_EXHAUSTED",
+    "engine_error": "INTERNAL",
+    "engine_unavailable": "UNAVAILABLE",
+    "timeout": "DEADLINE_EXCEEDED",
+    "internal": "INTERNAL",
+}
+
+
+def _error_body(err: HarnessRLError) -> dict[str, Any]:
+    return {"error": {"code": err.status, "message": err.message,
+                      "status": _ERROR_STATUS[err.kind]}}
+
+
+def render_error(err: HarnessRLError) -> tuple[int, bytes]:
+    return err.status, _encode(_error_body(err))
