@@ -203,7 +203,9 @@ class Turn(msgspec.Struct, frozen=True, omit_defaults=True):
     """One model call of a rollout, as recorded.
 
     `raw_request` is the body as received; `raw_response` the JSON sent back or the SSE
-    bytes streamed. `flags` names anything suspicious about the capture (for example
+    bytes streamed. `request` is the canonical request as sent to the engine (with any
+    history the dialect chains by id, such as `previous_response_id`, filled in).
+    `flags` names anything suspicious about the capture (for example
     `logprob_count_mismatch`) so training can leave the turn out.
     """
 
@@ -223,6 +225,7 @@ class Turn(msgspec.Struct, frozen=True, omit_defaults=True):
     weight_version: str | None = None
     error: str | None = None
     flags: tuple[str, ...] = ()
+    reply_id: str | None = None  # the id the client saw (chatcmpl-…, msg_…, resp_…)
 
 
 class Rollout(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -34,9 +34,10 @@ from harnessrl.errors import (
     TooLarge,
 )
 from harnessrl.proxy.accumulate import Accumulator
-from harnessrl.proxy.dialects import anthropic, openai_chat, openai_responses
+from harnessrl.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
 from harnessrl.proxy.dialects.base import ReplyContext
 from harnessrl.proxy.engines.base import Engine
+from harnessrl.proxy.history import check_tool_results, restore_arguments
 from harnessrl.proxy.sessions import OpenRollout, Sessions
 from harnessrl.types import ChatRequest, Chunk, EngineEvent, Finished, Sampling, Timings, Turn
 
@@ -44,16 +45,32 @@ log = logging.getLogger(__name__)
 _encode = msgspec.json.Encoder().encode
 _JSON = "application/json"
 
-# Every dialect route: (path under the root or under /r/<key>, dialect, handler name).
-DIALECT_ROUTES: list[tuple[str, ModuleType, str]] = [
-    ("/v1/chat/completions", openai_chat, "call"),
-    ("/chat/completions", openai_chat, "call"),
-    ("/v1/models", openai_chat, "models"),
-    ("/models", openai_chat, "models"),
-    ("/v1/responses", openai_responses, "call"),
-    ("/responses", openai_responses, "call"),
-    ("/v1/messages", anthropic, "call"),
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A dialect route, served at the root and under `/r/<key>`."""
+
+    path: str
+    dialect: ModuleType
+    action: str  # call | models | count_tokens | gemini
+
+
+ENDPOINTS = [
+    Endpoint("/v1/chat/completions", openai_chat, "call"),
+    Endpoint("/chat/completions", openai_chat, "call"),
+    Endpoint("/v1/models", openai_chat, "models"),
+    Endpoint("/models", openai_chat, "models"),
+    Endpoint("/v1/responses", openai_responses, "call"),
+    Endpoint("/responses", openai_responses, "call"),
+    Endpoint("/v1/messages", anthropic, "call"),
+    Endpoint("/v1/messages/count_tokens", anthropic, "count_tokens"),
+    Endpoint("/v1beta/models", gemini, "models"),
+    # Gemini puts model and method in one segment: models/<model>:<method>
+    Endpoint("/v1beta/models/{target}", gemini, "gemini"),
 ]
+_HTTP_METHOD = {"call": "POST", "count_tokens": "POST", "gemini": "POST", "models": "GET"}
+_GEMINI_CALLS = {"generateContent": False, "streamGenerateContent": True}
 _KEY_HEADERS = ("x-api-key", "x-goog-api-key")
 
 
@@ -77,6 +94,8 @@ class _Call:
     used: Sampling
     ctx: ReplyContext
     first_token: float | None = None
+    encoder: dict[str, Any] = field(default_factory=dict)
+    media_type: str = "text/event-stream"
     sent: list[bytes] = field(default_factory=list)
     recorded: bool = False
 
@@ -110,11 +129,11 @@ class Proxy:
             Route("/rollouts/{key}", self.get_rollout, methods=["GET"]),
             Route("/rollouts/{key}", self.delete_rollout, methods=["DELETE"]),
         ]
-        for path, dialect, kind in DIALECT_ROUTES:
-            handler = self._handler(dialect, kind)
-            method = "POST" if kind == "call" else "GET"
-            routes.append(Route(f"/r/{{key}}{path}", handler, methods=[method]))
-            routes.append(Route(path, handler, methods=[method]))
+        for endpoint in ENDPOINTS:
+            handler = self._handler(endpoint)
+            method = _HTTP_METHOD[endpoint.action]
+            routes.append(Route(f"/r/{{key}}{endpoint.path}", handler, methods=[method]))
+            routes.append(Route(endpoint.path, handler, methods=[method]))
 
         @contextlib.asynccontextmanager
         async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -126,14 +145,15 @@ class Proxy:
 
         return Starlette(routes=routes, lifespan=lifespan)
 
-    def _handler(self, dialect: ModuleType, kind: str) -> Any:
+    def _handler(self, endpoint: Endpoint) -> Any:
+        action = {"call": self._call, "models": self._models,
+                  "count_tokens": self._count_tokens, "gemini": self._gemini}[endpoint.action]
+
         async def handle(request: Request) -> Response:
             try:
-                if kind == "models":
-                    return await self._models(request, dialect)
-                return await self._call(request, dialect)
+                return await action(request, endpoint.dialect)
             except Exception as exc:  # a bug must still answer in the client's shape
-                return _error(dialect, _as_error(exc))
+                return _error(endpoint.dialect, _as_error(exc))
         return handle
 
     # ---------------------------------------------------------------- admin
@@ -196,7 +216,32 @@ class Proxy:
     # ---------------------------------------------------------------- model calls
     async def _models(self, request: Request, dialect: ModuleType) -> Response:
         await self.sessions.resolve(_request_key(request))
+        if dialect is openai_chat and "anthropic-version" in request.headers:
+            dialect = anthropic  # both APIs list models at /v1/models
         return Response(dialect.render_models(self.served), media_type=_JSON)
+
+    async def _count_tokens(self, request: Request, dialect: ModuleType,
+                            model: str | None = None) -> Response:
+        """The prompt's real token count, from the served model's own template and
+        tokenizer. Not a model call, so not a turn."""
+        await self.sessions.resolve(_request_key(request))
+        raw = await _read_body(request, self.config.max_body_bytes)
+        parsed = dialect.parse_count_tokens(_decode_json(raw), model=model)
+        count = await self.engine.count_tokens(
+            msgspec.structs.replace(parsed, model=self._model_for(parsed.model)))
+        return Response(dialect.count_tokens_body(count), media_type=_JSON)
+
+    async def _gemini(self, request: Request, dialect: ModuleType) -> Response:
+        model, _, method = request.path_params["target"].partition(":")
+        if method == "countTokens":
+            return await self._count_tokens(request, dialect, model)
+        if method not in _GEMINI_CALLS:
+            raise NotFound(f"unknown method {method!r}: use generateContent, "
+                           "streamGenerateContent or countTokens")
+        sse = request.query_params.get("alt") == "sse"
+        return await self._call(request, dialect, model=model, stream=_GEMINI_CALLS[method],
+                                encoder={"sse": sse},
+                                media_type="text/event-stream" if sse else _JSON)
 
     def _model_for(self, requested: str) -> str:
         if requested in self.served:
@@ -206,14 +251,16 @@ class Proxy:
                            param="model")
         return self.served[0]
 
-    async def _call(self, request: Request, dialect: ModuleType) -> Response:
+    async def _call(self, request: Request, dialect: ModuleType, *, model: str | None = None,
+                    stream: bool | None = None, encoder: dict[str, Any] | None = None,
+                    media_type: str = "text/event-stream") -> Response:
         received = time.time()
         rollout = await self.sessions.resolve(_request_key(request))
         raw = b""
         try:
             raw = await _read_body(request, self.config.max_body_bytes)
-            parsed = dialect.parse_request(_decode_json(raw),
-                                           model=request.path_params.get("model"))
+            parsed = dialect.parse_request(_decode_json(raw), model=model, stream=stream)
+            parsed = await self._full_history(rollout, parsed)
             engine_model = self._model_for(parsed.model)
         except HarnessRLError as err:
             with contextlib.suppress(StoreFailed):
@@ -224,11 +271,26 @@ class Proxy:
             rollout=rollout, dialect=dialect, index=rollout.take_index(), received=received,
             raw=raw, request=parsed, used=used,
             ctx=ReplyContext(f"{dialect.id_prefix}{uuid.uuid4().hex}", int(received),
-                             parsed.model or engine_model))
+                             parsed.model or engine_model),
+            encoder=encoder or {}, media_type=media_type)
         engine_request = msgspec.structs.replace(parsed, model=engine_model, sampling=used)
         if parsed.stream:
             return await self._open_stream(call, engine_request)
         return await self._complete(call, engine_request)
+
+    async def _full_history(self, rollout: OpenRollout, request: ChatRequest) -> ChatRequest:
+        """The conversation as the model saw it: earlier responses chained by id filled in,
+        calls restored to their sampled text, and every tool result matched to a call."""
+        previous_id = request.extra.get("previous_response_id")
+        if isinstance(previous_id, str) and previous_id:
+            turn = await asyncio.to_thread(self.store.turn_by_reply, rollout.record.key,
+                                           previous_id)
+            if turn is None or turn.request is None or turn.completion is None:
+                raise NotFound(f"previous_response_id {previous_id!r} is not a finished "
+                               "response of this rollout", param="previous_response_id")
+            request = openai_responses.with_previous(turn.request, turn.completion, request)
+        check_tool_results(request)
+        return restore_arguments(request, rollout.issued_calls)
 
     async def _complete(self, call: _Call, engine_request: ChatRequest) -> Response:
         acc = Accumulator()
@@ -257,13 +319,12 @@ class Proxy:
         except Exception as exc:
             await events.aclose()
             return await self._failed(call, Accumulator(), exc)
-        return StreamingResponse(self._stream(call, events, first),
-                                 media_type="text/event-stream",
+        return StreamingResponse(self._stream(call, events, first), media_type=call.media_type,
                                  headers={"Cache-Control": "no-cache"})
 
     async def _stream(self, call: _Call, rest: AsyncGenerator[EngineEvent, None],
                       first: EngineEvent) -> AsyncIterator[bytes]:
-        encoder = call.dialect.stream_encoder(call.request, call.ctx)
+        encoder = call.dialect.stream_encoder(call.request, call.ctx, **call.encoder)
         acc = Accumulator()
         try:
             async with contextlib.aclosing(_prepend(first, rest)) as events:
@@ -308,8 +369,11 @@ class Proxy:
             completion=completion, requested_sampling=call.request.sampling,
             used_sampling=call.used, engine=self.engine.name,
             model=acc.model, weight_version=self.engine.weight_version,
-            error=None if error is None else f"{error.kind}: {error.message}", flags=flags)
+            error=None if error is None else f"{error.kind}: {error.message}", flags=flags,
+            reply_id=call.ctx.id)
         await self._add(turn)
+        if completion is not None and status == "ok":
+            call.rollout.remember_calls(completion.tool_calls)
 
     async def _add(self, turn: Turn) -> None:
         try:

@@ -10,23 +10,30 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
 from harnessrl.errors import AuthenticationFailed
 from harnessrl.proxy.store import TraceStore
-from harnessrl.types import Rollout, Sampling
+from harnessrl.types import Rollout, Sampling, ToolCall
 
 
 @dataclass(slots=True)
 class OpenRollout:
     record: Rollout
     next_index: int
+    # call id -> the argument text the model sampled, to restore it when a dialect's wire
+    # loses the exact text (see proxy/history.py)
+    issued_calls: dict[str, str] = field(default_factory=dict)
 
     def take_index(self) -> int:
         index, self.next_index = self.next_index, self.next_index + 1
         return index
+
+    def remember_calls(self, calls: list[ToolCall]) -> None:
+        for call in calls:
+            self.issued_calls[call.id] = call.arguments
 
 
 def new_key() -> str:

@@ -23,7 +23,7 @@ import msgspec
 from harnessrl.types import ChatRequest, Completion, Rollout, Sampling, Timings, Tokens, Turn
 
 DB_NAME = "trace.db"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rollouts (
     key TEXT PRIMARY KEY,
@@ -56,13 +56,17 @@ CREATE TABLE IF NOT EXISTS turns (
     logprobs BLOB,
     raw_request BLOB NOT NULL,
     raw_response BLOB NOT NULL,
+    reply_id TEXT,
     UNIQUE (rollout, idx)
 );
+CREATE INDEX IF NOT EXISTS turns_by_reply ON turns (rollout, reply_id);
 """
+# Steps that bring an older file up to SCHEMA_VERSION, by the version they start from.
+_MIGRATIONS = {1: "ALTER TABLE turns ADD COLUMN reply_id TEXT"}
 _TURN_COLUMNS = (
     "rollout, idx, dialect, status, received, first_token, done, engine, model, weight_version,"
     " error, flags, requested_sampling, used_sampling, request, completion, prompt_ids,"
-    " completion_ids, logprobs, raw_request, raw_response"
+    " completion_ids, logprobs, raw_request, raw_response, reply_id"
 )
 _NO_TOKENS = Tokens(None, None, None)
 _encode = msgspec.json.Encoder().encode
@@ -103,7 +107,7 @@ def _turn_row(turn: Turn) -> tuple[Any, ...]:
         turn.engine, turn.model, turn.weight_version, turn.error, _encode(list(turn.flags)),
         _json(turn.requested_sampling), _json(turn.used_sampling), _json(turn.request),
         _json(completion), pack(tokens.prompt_ids, "i"), pack(tokens.completion_ids, "i"),
-        pack(tokens.logprobs, "d"), turn.raw_request, turn.raw_response,
+        pack(tokens.logprobs, "d"), turn.raw_request, turn.raw_response, turn.reply_id,
     )
 
 
@@ -114,7 +118,7 @@ def _load(blob: bytes | None, kind: type) -> Any:
 def _row_turn(row: tuple[Any, ...]) -> Turn:
     (rollout, idx, dialect, status, received, first_token, done, engine, model, weight_version,
      error, flags, requested, used, request, completion, prompt_ids, completion_ids, logprobs,
-     raw_request, raw_response) = row
+     raw_request, raw_response, reply_id) = row
     loaded = _load(completion, Completion)
     if loaded is not None:
         loaded = msgspec.structs.replace(loaded, tokens=Tokens(
@@ -125,7 +129,7 @@ def _row_turn(row: tuple[Any, ...]) -> Turn:
         raw_response=raw_response, request=_load(request, ChatRequest), completion=loaded,
         requested_sampling=_load(requested, Sampling), used_sampling=_load(used, Sampling),
         engine=engine, model=model, weight_version=weight_version, error=error,
-        flags=tuple(msgspec.json.decode(flags)),
+        flags=tuple(msgspec.json.decode(flags)), reply_id=reply_id,
     )
 
 
@@ -154,6 +158,9 @@ class TraceStore:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / DB_NAME
         db = connect(self.path)
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        for step in range(version or SCHEMA_VERSION, SCHEMA_VERSION):
+            db.execute(_MIGRATIONS[step])
         db.executescript(_SCHEMA)
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         db.close()
@@ -166,7 +173,7 @@ class TraceStore:
 
     # ---------------------------------------------------------------- writes
     async def add_turn(self, turn: Turn) -> None:
-        await self._submit(f"INSERT INTO turns ({_TURN_COLUMNS}) VALUES ({_marks(21)})",
+        await self._submit(f"INSERT INTO turns ({_TURN_COLUMNS}) VALUES ({_marks(22)})",
                            _turn_row(turn))
 
     async def put_rollout(self, rollout: Rollout) -> None:
@@ -248,6 +255,12 @@ class TraceStore:
             f"SELECT {_TURN_COLUMNS} FROM turns WHERE rollout = ? ORDER BY idx LIMIT ? OFFSET ?",
             (key, limit, offset)).fetchall()
         return [_row_turn(r) for r in rows]
+
+    def turn_by_reply(self, key: str, reply_id: str) -> Turn | None:
+        row = self._db.execute(
+            f"SELECT {_TURN_COLUMNS} FROM turns WHERE rollout = ? AND reply_id = ?",
+            (key, reply_id)).fetchone()
+        return None if row is None else _row_turn(row)
 
     def iter_turns(self, batch: int = 256) -> Iterator[Turn]:
         cursor = self._db.execute(f"SELECT {_TURN_COLUMNS} FROM turns ORDER BY rollout, idx")

@@ -447,6 +447,13 @@ def render_models(models: list[str]) -> bytes:
                     "last_id": models[-1] if models else None})
 
 
+def parse_count_tokens(body: Any, *, model: str | None = None) -> ChatRequest:
+    """`/v1/messages/count_tokens` takes a Messages body without `max_tokens`."""
+    if isinstance(body, dict) and body.get("max_tokens") is None:
+        body = {**body, "max_tokens": 1}  # not sampled: only the prompt is counted
+    return parse_request(body, model=model)
+
+
 def count_tokens_body(n: int) -> bytes:
     """The `/v1/messages/count_tokens` answer; the app counts with the served tokenizer."""
     return _encode({"input_tokens": n})

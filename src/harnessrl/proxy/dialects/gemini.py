@@ -533,6 +533,13 @@ def render_models(models: list[str]) -> bytes:
                                for m in models]})
 
 
+def parse_count_tokens(body: Any, *, model: str | None = None) -> ChatRequest:
+    """`:countTokens` takes `contents` alone or a whole `generateContentRequest`."""
+    if isinstance(body, dict) and isinstance(body.get("generateContentRequest"), dict):
+        body = body["generateContentRequest"]
+    return parse_request(body, model=model)
+
+
 def count_tokens_body(total: int) -> bytes:
     return _encode({"totalTokens": total})
 

@@ -77,6 +77,9 @@ class ScriptedEngine:
             openai_wire.messages(request), tokenize=False, add_generation_prompt=True, **kwargs)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    async def count_tokens(self, request: ChatRequest) -> int:
+        return len(self.render_prompt(request))
+
     def _sample(self, request: ChatRequest) -> tuple[list[int], list[int], list[float], Reply]:
         self.calls += 1
         reply = self.policy(request)

@@ -94,6 +94,17 @@ class VLLMEngine:
             raise EngineUnavailable(
                 f"the engine at {self.base_url} is unreachable or broke off: {exc}") from exc
 
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """vLLM renders the chat template and tokenizes it: the count the model sees."""
+        body: dict[str, Any] = {"model": request.model, "add_generation_prompt": True,
+                                "messages": openai_wire.messages(request)}
+        if request.tools:
+            body["tools"] = openai_wire.tools(request.tools)
+        with self._upstream("count tokens"):
+            async with self._http.post(f"{self.base_url}/tokenize", data=_encode(body)) as resp:
+                answer = await _json_or_error(resp)
+        return int(answer["count"])
+
     async def complete(self, request: ChatRequest) -> list[EngineEvent]:
         payload = _encode(openai_wire.chat_body(request, stream=False))
         with self._upstream("answer"):
