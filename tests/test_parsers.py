@@ -31,8 +31,8 @@ def parse(text: str, cuts: list[int]) -> tuple[str, str, list[tuple[str, str]]]:
 
 def test_reasoning_text_and_two_calls() -> None:
     text, reasoning, calls = parse(TEXT, [])
-    assert reasoning == "\nI should list files.\n"
-    assert text == "\n\nLet me look.\n\n"
+    assert reasoning == "I should list files."
+    assert text == "Let me look."
     assert [name for name, _ in calls] == ["bash", "write"]
     assert json.loads(calls[0][1]) == {"command": "ls -la"}
     assert json.loads(calls[1][1]) == {"path": "a.txt", "text": "<b>"}
@@ -56,3 +56,28 @@ def test_call_cut_off_by_length_stays_text() -> None:
 
 def test_partial_marker_at_end_is_text() -> None:
     assert parse("hello <tool_", [7])[0] == "hello <tool_"
+
+
+def test_template_layout_is_dropped_but_other_newlines_kept() -> None:
+    text, reasoning, _ = parse("<think>\n\ntwo lines\n\n</think>\n\nA\n\nB\n", [])
+    assert reasoning == "\ntwo lines\n"
+    assert text == "A\n\nB\n"
+    assert parse("<think>x</think>y", [])[:2] == ("y", "x")
+
+
+def test_parsed_message_renders_back_to_the_sampled_text(tokenizer) -> None:
+    """Through the Hermes template, parse then render is the identity on the reply."""
+    ids = iter(range(100))
+    parser = HermesParser(new_id=lambda: f"call_{next(ids)}")
+    deltas = parser.feed(TEXT) + parser.finish()
+    calls = [{"id": d.id, "type": "function", "function": {"name": d.name,
+                                                           "arguments": d.arguments}}
+             for d in deltas if isinstance(d, ToolCallDelta)]
+    message = {"role": "assistant",
+               "content": "".join(d.text for d in deltas if isinstance(d, TextDelta)),
+               "reasoning_content": "".join(d.text for d in deltas
+                                            if isinstance(d, ReasoningDelta)),
+               "tool_calls": calls}
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "u"}, message],
+                                             tokenize=False)
+    assert f"<|im_start|>assistant\n{TEXT}<|im_end|>" in rendered

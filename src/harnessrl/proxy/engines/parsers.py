@@ -3,6 +3,11 @@
 A feed/finish state machine over text pieces: tags may be split across pieces, and the
 deltas that come out are the same however the text was cut. Used by engines that sample
 raw text (the scripted engine; token mode).
+
+The newlines a Hermes/Qwen chat template puts around blocks (`<think>\n…\n</think>\n\n`,
+a newline before each `<tool_call>`) are layout, not content: they are dropped here, so
+that rendering the parsed message with the template gives back the sampled text and the
+next turn's prompt extends this turn's tokens.
 """
 
 from __future__ import annotations
@@ -15,6 +20,10 @@ from harnessrl.types import Delta, ReasoningDelta, TextDelta, ToolCallDelta
 
 _THINK = ("<think>", "</think>")
 _CALL = ("<tool_call>", "</tool_call>")
+# Layout the template writes right after a marker, and markers whose preceding newline
+# the template writes itself.
+_AFTER = {_THINK[0]: "\n", _THINK[1]: "\n\n"}
+_NEWLINE_BEFORE = frozenset({_THINK[1], _CALL[0]})
 
 
 class HermesParser:
@@ -23,6 +32,8 @@ class HermesParser:
         self._mode = "text"  # text | think | call
         self._call = ""
         self._calls = 0
+        self._skip = ""  # layout still to drop from the text that follows
+        self._held = ""  # a trailing newline that may turn out to be layout
         self._new_id = new_id or (lambda: f"call_{uuid.uuid4().hex[:24]}")
 
     @property
@@ -50,20 +61,38 @@ class HermesParser:
             return False
         self._emit(self._pending[:at], out)
         self._pending = self._pending[at + len(marker) :]
+        if marker in _NEWLINE_BEFORE:
+            self._held = ""
+        self._flush(out)
         if marker == _CALL[1]:
             out.append(self._finish_call())
         self._mode = {_THINK[0]: "think", _CALL[0]: "call"}.get(marker, "text")
+        self._skip = _AFTER.get(marker, "")
         return True
 
     def _emit(self, text: str, out: list[Delta]) -> None:
-        if not text:
-            return
         if self._mode == "call":
             self._call += text
-        elif self._mode == "think":
-            out.append(ReasoningDelta(text))
-        else:
-            out.append(TextDelta(text))
+            return
+        while self._skip and text:
+            if text[0] != self._skip[0]:
+                self._skip = ""  # not the template's layout: keep the text as it is
+                break
+            text, self._skip = text[1:], self._skip[1:]
+        if not text:
+            return
+        text, self._held = self._held + text, ""
+        if text.endswith("\n"):
+            text, self._held = text[:-1], "\n"
+        self._out(text, out)
+
+    def _out(self, text: str, out: list[Delta]) -> None:
+        if text:
+            out.append(ReasoningDelta(text) if self._mode == "think" else TextDelta(text))
+
+    def _flush(self, out: list[Delta]) -> None:
+        held, self._held = self._held, ""
+        self._out(held, out)
 
     def _finish_call(self) -> Delta:
         raw, self._call = self._call.strip(), ""
@@ -84,6 +113,7 @@ class HermesParser:
             out.append(TextDelta(f"{_CALL[0]}{self._call}{self._pending}"))
         else:
             self._emit(self._pending, out)
+            self._flush(out)
         self._pending, self._call = "", ""
         return out
 
