@@ -68,8 +68,10 @@ ENDPOINTS = [
     Endpoint("/v1beta/models", gemini, "models"),
     # Gemini puts model and method in one segment: models/<model>:<method>
     Endpoint("/v1beta/models/{target}", gemini, "gemini"),
+    Endpoint("/v1/models/{target}", gemini, "gemini"),  # google-genai's default version
 ]
 _HTTP_METHOD = {"call": "POST", "count_tokens": "POST", "gemini": "POST", "models": "GET"}
+_MODELS_BY_HEADER = {"anthropic-version": anthropic, "x-goog-api-key": gemini}
 _GEMINI_CALLS = {"generateContent": False, "streamGenerateContent": True}
 _KEY_HEADERS = ("x-api-key", "x-goog-api-key")
 
@@ -216,8 +218,9 @@ class Proxy:
     # ---------------------------------------------------------------- model calls
     async def _models(self, request: Request, dialect: ModuleType) -> Response:
         await self.sessions.resolve(_request_key(request))
-        if dialect is openai_chat and "anthropic-version" in request.headers:
-            dialect = anthropic  # both APIs list models at /v1/models
+        if dialect is openai_chat:  # three APIs list models at /v1/models
+            dialect = _MODELS_BY_HEADER.get(
+                next((h for h in _MODELS_BY_HEADER if h in request.headers), ""), dialect)
         return Response(dialect.render_models(self.served), media_type=_JSON)
 
     async def _count_tokens(self, request: Request, dialect: ModuleType,
