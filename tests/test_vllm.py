@@ -37,7 +37,7 @@ def vllm_url(tiny_model: Path):
 def served(vllm_url: str, tmp_path: Path):
     with ServedProxy(make_proxy(VLLMEngine(vllm_url), tmp_path / "run")).running() as served:
         rollout = served.new_rollout()
-        served.key = rollout["key"]
+        served.key, served.root = rollout["key"], rollout["base_url"]
         served.client = openai.OpenAI(base_url=rollout["base_urls"]["openai"],
                                       api_key=rollout["key"], max_retries=0)
         yield served
@@ -100,3 +100,71 @@ def test_forced_tool_choice_gives_a_tool_call(served, stream) -> None:
     assert len(turn.completion.tokens.logprobs) == len(turn.completion.tokens.completion_ids)
     # The prompt vLLM rendered offered the tool to the model.
     assert "write_file" in turn.raw_request.decode()
+
+
+SYSTEM, USER = MESSAGES[0]["content"], MESSAGES[1]["content"]
+
+
+def _anthropic(served, stream: bool) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=served.root, api_key=served.key, max_retries=0)
+    create = dict(model="claude", max_tokens=24, extra_body={"temperature": 0}, system=SYSTEM,
+                  messages=[{"role": "user", "content": USER}])
+    if stream:
+        with client.messages.stream(**create) as events:
+            assert sum(1 for e in events if e.type == "content_block_delta") > 1
+    else:
+        assert client.messages.create(**create).content[0].type == "text"
+
+
+def _responses(served, stream: bool) -> None:
+    client = openai.OpenAI(base_url=f"{served.root}/v1", api_key=served.key, max_retries=0)
+    create = dict(model="codex", max_output_tokens=24, temperature=0, instructions=SYSTEM,
+                  input=USER)
+    if stream:
+        deltas = [e for e in client.responses.create(**create, stream=True)
+                  if e.type == "response.output_text.delta"]
+        assert len(deltas) > 1
+    else:
+        assert client.responses.create(**create).output_text
+
+
+def _gemini(served, stream: bool) -> None:
+    from google import genai
+    from google.genai import types
+
+    client = genai.Client(api_key=served.key, http_options=types.HttpOptions(
+        base_url=served.root))
+    config = types.GenerateContentConfig(system_instruction=SYSTEM, temperature=0,
+                                         max_output_tokens=24)
+    if stream:
+        chunks = list(client.models.generate_content_stream(model="g", contents=USER,
+                                                            config=config))
+        assert len(chunks) > 1
+    else:
+        assert client.models.generate_content(model="g", contents=USER, config=config).text
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("send", [_anthropic, _responses, _gemini],
+                         ids=["anthropic", "responses", "gemini"])
+def test_every_dialect_stores_the_ids_vllm_sampled(served, vllm_url, send, stream) -> None:
+    send(served, stream)
+    [turn] = served.store.turns(served.key)
+    expected = direct(vllm_url)
+    assert turn.status == "ok" and turn.flags == ()
+    assert list(turn.completion.tokens.prompt_ids) == expected["prompt_token_ids"]
+    assert list(turn.completion.tokens.completion_ids) == expected["choices"][0]["token_ids"]
+
+
+def test_count_tokens_uses_the_served_tokenizer(served) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=served.root, api_key=served.key, max_retries=0)
+    counted = client.messages.count_tokens(model="claude", system=SYSTEM,
+                                           messages=[{"role": "user", "content": USER}])
+    client.messages.create(model="claude", max_tokens=4, system=SYSTEM,
+                           messages=[{"role": "user", "content": USER}])
+    [turn] = served.store.turns(served.key)
+    assert counted.input_tokens == len(turn.completion.tokens.prompt_ids)
