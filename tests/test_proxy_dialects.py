@@ -251,3 +251,33 @@ def test_models_are_listed_in_the_asking_clients_shape(served) -> None:
     assert claude_list["data"][0] == {**claude_list["data"][0], "type": "model",
                                       "id": "scripted"}
     assert gemini_list["models"][0]["name"] == "models/scripted"
+
+
+SHAPES = {
+    "/v1/chat/completions": lambda b: b["error"]["type"] == "invalid_request_error",
+    "/v1/messages": lambda b: b["type"] == "error"
+    and b["error"]["type"] == "invalid_request_error",
+    "/v1/responses": lambda b: b["error"]["type"] == "invalid_request_error",
+    "/v1beta/models/g:generateContent": lambda b: b["error"]["status"] == "INVALID_ARGUMENT",
+}
+EMPTY = {"/v1/chat/completions": {"model": "m", "messages": []},
+         "/v1/messages": {"model": "m", "max_tokens": 5, "messages": []},
+         "/v1/responses": {"model": "m", "input": []},
+         "/v1beta/models/g:generateContent": {"contents": []}}
+
+
+@pytest.mark.parametrize("path", list(SHAPES))
+@pytest.mark.parametrize("kind", ["malformed", "empty", "wrong_type"])
+def test_bad_input_is_a_400_in_each_shape_and_recorded(served, path, kind) -> None:
+    key = served.key
+    headers = {"x-api-key": key, "x-goog-api-key": key, "authorization": f"Bearer {key}",
+               "content-type": "application/json"}
+    body = {"malformed": b'{"model": ', "empty": json.dumps(EMPTY[path]).encode(),
+            "wrong_type": b'{"model": "m", "messages": 3, "input": 3, "contents": 3,'
+                          b' "max_tokens": 5}'}[kind]
+    resp = httpx.post(f"{served.url}{path}", content=body, headers=headers)
+    assert resp.status_code == 400, resp.text
+    assert SHAPES[path](resp.json())
+    [turn] = served.store.turns(key)
+    assert turn.status == "failed" and turn.raw_request == body
+    assert post(served, path, {}).status_code == 400  # and the proxy still serves
