@@ -9,6 +9,7 @@ little-endian arrays (int32, float64), not JSON.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import sqlite3
 import sys
@@ -170,6 +171,10 @@ class TraceStore:
         self._writer = threading.Thread(target=self._write_loop, name="trace-writer",
                                         daemon=True)
         self._writer.start()
+        self._stop = threading.Event()
+        self._checkpointer = threading.Thread(target=self._checkpoint_loop,
+                                              name="trace-checkpoint", daemon=True)
+        self._checkpointer.start()
 
     # ---------------------------------------------------------------- writes
     async def add_turn(self, turn: Turn) -> None:
@@ -190,6 +195,9 @@ class TraceStore:
 
     def _write_loop(self) -> None:
         db = connect(self.path)
+        # The WAL is folded back by `_checkpoint_loop`, off the commit path: an automatic
+        # checkpoint inside a commit stalls every turn waiting on it for milliseconds.
+        db.execute("PRAGMA wal_autocheckpoint=0")
         while True:
             item = self._queue.get()
             if item is None:
@@ -230,9 +238,18 @@ class TraceStore:
         except sqlite3.Error as exc:
             return exc
 
+    def _checkpoint_loop(self, every: float = 1.0) -> None:
+        db = connect(self.path)
+        while not self._stop.wait(every):
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        db.close()
+
     def close(self) -> None:
         self._queue.put(None)
         self._writer.join(timeout=30)
+        self._stop.set()
+        self._checkpointer.join(timeout=30)
 
     # ---------------------------------------------------------------- reads
     @property
