@@ -6,6 +6,8 @@ folder, never copied), and checks the figures against the proxy's targets:
 
   cells    chat dialect at c = 1, 16, 64, non-streamed and streamed, proxy vs direct, with
            the ANCHOR_BENCH workload (~4,000-token prompt, 4 tools, engine 200 tokens x 5 ms)
+  floor    the same at c = 1 and 16 with engine delay 0 and n = 200: a call takes a few ms,
+           so the proxy's added time is not lost in the 1 s generation's jitter
   profile  py-spy on the proxy during a c=16 non-streamed and a c=16 streamed run
            (only with --profile; needs py-spy in the venv)
   soak     10,000 non-streamed turns at c=16, engine delay 0, RSS at 1k / 5k / 10k
@@ -44,7 +46,7 @@ import httpx
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_TOOLS = HERE.parent.parent / "shared" / "tools"
-PHASES = ("cells", "profile", "soak", "idle")
+PHASES = ("cells", "floor", "profile", "soak", "idle")
 ENGINE_TOKENS, ENGINE_DELAY_MS = 200, 5
 FLAT_MEMORY_MIB = 10.0  # allowed RSS growth between the first and the last soak checkpoint
 BOX_BOUND_C = 64  # ANCHOR_BENCH observation 5: on 2 cores c=64 measures the box, not the proxy
@@ -60,12 +62,13 @@ class Sizes:
     idle_rollouts: int
     profile_turns: int
     idle_seconds: float  # how long the proxy's idle CPU is measured
+    floor_requests: int
 
 
 FULL = Sizes(min_requests=20, rounds=4, soak=(1000, 5000, 10000), idle_rollouts=5000,
-             profile_turns=3000, idle_seconds=15.0)
+             profile_turns=3000, idle_seconds=15.0, floor_requests=200)
 QUICK = Sizes(min_requests=8, rounds=1, soak=(250, 500, 1000), idle_rollouts=1000,
-              profile_turns=600, idle_seconds=5.0)
+              profile_turns=600, idle_seconds=5.0, floor_requests=50)
 
 
 # ------------------------------------------------------------------ processes
@@ -189,17 +192,19 @@ class Bench:
     engine_url: str
     work: Path
 
-    def argv(self, proxy_url: str, pid: int, out: Path, extra: Sequence[str]) -> list[str]:
+    def argv(self, proxy_url: str, pid: int, out: Path, extra: Sequence[str],
+             delay_ms: float = ENGINE_DELAY_MS) -> list[str]:
         return [sys.executable, str(self.tools / "proxy_bench.py"),
                 "--engine", f"{self.engine_url}/v1", "--proxy", f"{proxy_url}/r/{{key}}",
                 "--mint", f"{proxy_url}/rollouts", "--mint-field", "key",
                 "--proxy-pid", str(pid), "--dialect", "chat",
-                "--engine-tokens", str(ENGINE_TOKENS), "--engine-delay-ms", str(ENGINE_DELAY_MS),
+                "--engine-tokens", str(ENGINE_TOKENS), "--engine-delay-ms", f"{delay_ms:g}",
                 "--json", str(out), *extra]
 
-    def run(self, name: str, proxy_url: str, pid: int, extra: Sequence[str]) -> dict[str, Any]:
+    def run(self, name: str, proxy_url: str, pid: int, extra: Sequence[str],
+            delay_ms: float = ENGINE_DELAY_MS) -> dict[str, Any]:
         out, log = self.work / f"{name}.json", self.work / f"{name}.log"
-        argv = self.argv(proxy_url, pid, out, extra)
+        argv = self.argv(proxy_url, pid, out, extra, delay_ms)
         print(f"\n== {name}: {' '.join(argv[1:])}", flush=True)
         with log.open("w") as fh, subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
@@ -290,32 +295,45 @@ def find(cells: list[Cell], mode: str, conc: int) -> Cell | None:
 class Report:
     sizes: Sizes
     cells: list[Cell] = field(default_factory=list)
+    floor: list[Cell] = field(default_factory=list)
     soak: list[list[Any]] = field(default_factory=list)
     soak_rss_before: float = float("nan")
     idle_cpu: float = float("nan")  # proxy CPU ms per second with no traffic
     idle: dict[str, float] = field(default_factory=dict)
     profiles: dict[str, list[str]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    source: str = ""
 
 
 def phase_cells(bench: Bench, report: Report, concurrency: str) -> None:
     proxy, url = start_proxy(bench.engine_url, bench.work, "cells")
     with running(proxy):
+        print(f"\n== idle CPU of the fresh proxy over {report.sizes.idle_seconds:g} s",
+              flush=True)
+        report.idle_cpu = idle_cpu_ms_per_s(proxy.pid, report.sizes.idle_seconds)
         rss0 = rss_mib(proxy.pid)
         raw = bench.run("cells", url, proxy.pid, [
             "--modes", "json,sse", "--concurrency", concurrency,
             "--min-requests", str(report.sizes.min_requests),
             "--rounds", str(report.sizes.rounds)])
         rss1 = rss_mib(proxy.pid)
-        print(f"\n== idle CPU of the proxy over {report.sizes.idle_seconds:g} s", flush=True)
-        report.idle_cpu = idle_cpu_ms_per_s(proxy.pid, report.sizes.idle_seconds)
     report.cells = cells_from(raw)
     sent = sum(c.calls for c in report.cells)
     report.notes.append(f"cells: proxy RSS {fmt(rss0)} MiB at start, {fmt(rss1)} MiB after "
                         f"{sent} measured turns (+ warm-up)")
     report.notes.append(f"cells: idle proxy CPU {fmt(report.idle_cpu, 2)} ms per second "
-                        "(measured after the run, no traffic); 'net' CPU per call subtracts it")
+                        "(fresh proxy, before any traffic); 'net' CPU per call subtracts it")
     report.notes += store_check("cells", bench.work / "run-cells", proxy)
+
+
+def phase_floor(bench: Bench, report: Report) -> None:
+    proxy, url = start_proxy(bench.engine_url, bench.work, "floor")
+    with running(proxy):
+        raw = bench.run("floor", url, proxy.pid, [
+            "--modes", "json,sse", "--concurrency", "1,16",
+            "--requests", str(report.sizes.floor_requests)], delay_ms=0)
+    report.floor = cells_from(raw)
+    report.notes += store_check("floor", bench.work / "run-floor", proxy)
 
 
 def phase_soak(bench: Bench, report: Report) -> None:
@@ -366,37 +384,48 @@ def phase_profile(bench: Bench, report: Report) -> None:
         for i, (label, extra) in enumerate(runs.items()):
             out = bench.work / f"profile-{i}.txt"
             argv = [spy, "record", "--pid", str(proxy.pid), "--rate", "400", "--threads",
-                    "--nonblocking", "--format", "raw", "-o", str(out)]
+                    "--gil", "--nonblocking", "--format", "raw", "-o", str(out)]
             with running(Service(f"py-spy {label}", argv, bench.work / f"py-spy-{i}.log")):
                 time.sleep(1.0)  # let py-spy attach
                 bench.run(f"profile-{i}", url, proxy.pid, extra)
             report.profiles[label] = hotspots(out) if out.exists() else ["(no profile written)"]
 
 
+@dataclass
+class Tally:
+    """py-spy samples counted by leaf frame, by harnessrl frame on the stack, by package."""
+
+    own: Counter[str] = field(default_factory=Counter)
+    inclusive: Counter[str] = field(default_factory=Counter)
+    packages: Counter[str] = field(default_factory=Counter)
+    total: int = 0
+
+    def add(self, frames: list[str], count: int) -> None:
+        self.total += count
+        leaf = _frame(frames[-1]) if frames else "(no Python frame)"
+        self.own[leaf] += count
+        self.packages[leaf.split("/")[0].split(":")[0].removesuffix(".py")] += count
+        for frame in {_frame(f) for f in frames if "harnessrl/" in f and "cli.py" not in f}:
+            self.inclusive[frame] += count
+
+
 def hotspots(path: Path, top: int = 12) -> list[str]:
-    """Self and inclusive sample shares from py-spy's collapsed stacks."""
-    own: Counter[str] = Counter()
-    inclusive: Counter[str] = Counter()
-    threads: Counter[str] = Counter()
+    """Self, inclusive and per-package shares from py-spy's raw (collapsed) stacks."""
+    tally = Tally()
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        thread, *rest = stack.split(";")
-        frames = [_frame(f) for f in rest]
-        threads[thread.partition(": ")[2] or thread] += int(count)
-        own[frames[-1] if frames else "(no Python frame)"] += int(count)
-        for frame in {f for f in frames if "harnessrl/" in f}:
-            inclusive[frame] += int(count)
-    total = sum(threads.values())
-    if not total:
+        if stack and count.isdigit():
+            tally.add(stack.split(";")[1:], int(count))  # [0] is the thread
+    if not tally.total:
         return ["(no samples)"]
-    split = ", ".join(f"{name} {100 * n / total:.0f}%" for name, n in threads.most_common())
-    lines = [f"{total} active samples at 400 Hz; by thread: {split}", "", "self time:"]
-    lines += [f"  {100 * n / total:5.1f}%  {f}" for f, n in own.most_common(top)]
-    lines += ["", "inclusive time, harnessrl frames:"]
-    lines += [f"  {100 * n / total:5.1f}%  {f}" for f, n in inclusive.most_common(top)]
-    return lines
+
+    def share(counter: Counter[str], n: int) -> list[str]:
+        return [f"  {100 * k / tally.total:5.1f}%  {f}" for f, k in counter.most_common(n)]
+
+    return [f"{tally.total} samples of the GIL holder at 400 Hz "
+            f"({tally.total / 400:.1f} s of Python-holding time)", "", "by package (self):",
+            *share(tally.packages, 8), "", "self time:", *share(tally.own, top), "",
+            "inclusive time, harnessrl frames:", *share(tally.inclusive, top)]
 
 
 def _frame(raw: str) -> str:
@@ -406,7 +435,8 @@ def _frame(raw: str) -> str:
         return raw
     func, path = match.groups()
     cut = path.find("harnessrl/")
-    return f"{path[cut:] if cut >= 0 else Path(path).name}:{func}"
+    short = path[cut:] if cut >= 0 else "/".join(Path(path).parts[-2:]).lstrip("/")
+    return f"{short}:{func}"
 
 
 # ------------------------------------------------------------------ sanity checks
@@ -448,36 +478,57 @@ class Check:
         return "PASS" if self.measured <= self.limit else "FAIL"
 
 
-def checks(report: Report) -> list[Check]:
+def _where(cell: Cell, workload: str) -> str:
+    return f"{workload}: {'streamed' if cell.mode == 'sse' else 'non-streamed'} c={cell.conc}"
+
+
+def latency_checks(cells: list[Cell], workload: str, concurrency: Sequence[int]) -> list[Check]:
+    """Added TTFT (streamed) and added latency (non-streamed), p50, at the given c."""
     out: list[Check] = []
-    for conc in (1, 16):
-        if cell := find(report.cells, "sse", conc):
-            out.append(Check("TTFT added (p50) ≤ 2 ms", f"streamed c={conc}",
+    for conc in concurrency:
+        if cell := find(cells, "sse", conc):
+            out.append(Check("TTFT added (p50) ≤ 2 ms", _where(cell, workload),
                              cell.added("ttft"), 2.0, "ms"))
-    for conc, limit in ((1, 2.0), (16, 5.0)):
-        if cell := find(report.cells, "json", conc):
-            out.append(Check(f"latency added (p50) ≤ {limit:g} ms", f"non-streamed c={conc}",
-                             cell.added("total"), limit, "ms"))
-    for cell in report.cells:
-        if cell.conc < BOX_BOUND_C:
-            where = f"{'streamed' if cell.mode == 'sse' else 'non-streamed'} c={cell.conc}"
-            out.append(Check("proxy CPU ≤ 1.5 ms/call (net of idle)", where,
-                             cell.net_cpu_ms(report.idle_cpu), 1.5, "ms",
-                             f"gross {fmt(cell.cpu_ms, 2)} ms"))
+    for conc in concurrency:
+        limit = 2.0 if conc == 1 else 5.0
+        if cell := find(cells, "json", conc):
+            out.append(Check(f"latency added (p50) ≤ {limit:g} ms", _where(cell, workload),
+                             cell.added("total"), limit, "ms",
+                             f"n={cell.n}; added p99 {fmt(cell.added('total', 99), 1)} ms"))
+    return out
+
+
+def cpu_checks(cells: list[Cell], workload: str, idle_cpu: float) -> list[Check]:
+    return [Check("proxy CPU ≤ 1.5 ms/call (net of idle)", _where(cell, workload),
+                  cell.net_cpu_ms(idle_cpu), 1.5, "ms", f"gross {fmt(cell.cpu_ms, 2)} ms")
+            for cell in cells if cell.conc < BOX_BOUND_C]
+
+
+def memory_checks(report: Report) -> list[Check]:
+    out: list[Check] = []
     if report.soak:
-        last = report.soak[-1]
-        out.append(Check("proxy CPU ≤ 1.5 ms/call (gross)", f"soak, last segment to "
+        first, last = report.soak[0], report.soak[-1]
+        out.append(Check("proxy CPU ≤ 1.5 ms/call (gross)", f"soak: segment ending at "
                          f"{last[0]:,} turns", _num(last[5]), 1.5, "ms", "engine delay 0"))
-        first, end = _num(report.soak[0][1]), _num(last[1])
         out.append(Check(f"flat memory (RSS growth ≤ {FLAT_MEMORY_MIB:g} MiB)",
-                         f"soak {report.soak[0][0]:,} → {last[0]:,} turns", end - first,
+                         f"soak: {first[0]:,} → {last[0]:,} turns", _num(last[1]) - _num(first[1]),
                          FLAT_MEMORY_MIB, "MiB",
                          " / ".join(f"{r[1]} MiB at {r[0]:,}" for r in report.soak)))
     if report.idle:
-        out.append(Check("≤ 20 KB per idle rollout", f"{report.idle['count']:,.0f} rollouts",
-                         report.idle["kib_each"] * 1.024, 20.0, "KB",
-                         f"RSS {fmt(report.idle['before'])} → {fmt(report.idle['after'])} MiB"))
+        idle = report.idle
+        out.append(Check("≤ 20 KB per idle rollout", f"idle: {idle['count']:,.0f} rollouts",
+                         idle["kib_each"] * 1.024, 20.0, "KB",
+                         f"RSS {fmt(idle['before'])} → {fmt(idle['after'])} MiB"))
     return out
+
+
+def checks(report: Report) -> list[Check]:
+    anchor, floor = "anchor (5 ms/token)", "delay 0"
+    return [*latency_checks(report.cells, anchor, (1, 16)),
+            *latency_checks(report.floor, floor, (1,)),
+            *cpu_checks(report.cells, anchor, report.idle_cpu),
+            *cpu_checks(report.floor, floor, report.idle_cpu),
+            *memory_checks(report)]
 
 
 def _num(text: Any) -> float:
@@ -516,6 +567,7 @@ def cell_rows(cell: Cell, idle_cpu: float) -> list[list[str]]:
 def render(report: Report, command: str) -> str:
     lines = [f"# Proxy overhead: harnessrl vs direct engine ({time.strftime('%Y-%m-%d %H:%M')})",
              "", f"Command: `{command}`", "", machine_line(), "",
+             f"harnessrl source: {report.source}", "",
              "Workload (as ANCHOR_BENCH): chat dialect, ~4,000-token prompt, 4 tools, "
              f"max_tokens 256, engine {ENGINE_TOKENS} tokens x {ENGINE_DELAY_MS} ms, "
              "50 turns per minted rollout, 2 alternating proxy/direct blocks per cell.", "",
@@ -524,6 +576,7 @@ def render(report: Report, command: str) -> str:
         (c.target, c.where, f"{fmt(c.measured, 2)} {c.unit}", f"**{c.verdict}**", c.detail)
         for c in checks(report)])
     lines += render_cells(report)
+    lines += render_floor(report)
     lines += render_memory(report)
     for label, hot in report.profiles.items():
         lines += ["", f"## Profile: {label}", "", "```", *hot, "```"]
@@ -532,13 +585,25 @@ def render(report: Report, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+CELL_HEAD = ("mode", "c", "n", "metric", "direct p50", "direct p99", "proxy p50", "proxy p99",
+             "ratio p50", "ratio p99", "added p50 ms", "added p99 ms")
+
+
+def render_floor(report: Report) -> list[str]:
+    if not report.floor:
+        return []
+    rows = [r for c in report.floor for r in cell_rows(c, report.idle_cpu)]
+    return ["", "## Latency floor (engine delay 0: 200 tokens at once)", "",
+            *md_table(CELL_HEAD, rows), "",
+            "With the generation taking no time, a call lasts a few ms and the proxy's own time "
+            "stands out of the jitter; c=16 here loads the box (see client CPU)."]
+
+
 def render_cells(report: Report) -> list[str]:
     if not report.cells:
         return []
-    head = ("mode", "c", "n", "metric", "direct p50", "direct p99", "proxy p50", "proxy p99",
-            "ratio p50", "ratio p99", "added p50 ms", "added p99 ms")
     rows = [r for c in report.cells for r in cell_rows(c, report.idle_cpu)]
-    return ["", "## Proxy vs direct", "", *md_table(head, rows), "",
+    return ["", "## Proxy vs direct (anchor workload)", "", *md_table(CELL_HEAD, rows), "",
             f"c={BOX_BOUND_C} rows measure the 2-core box (client, engine and proxy share it; "
             "ANCHOR_BENCH observation 5) and are not judged. Proxy CPU is utime+stime of the "
             "proxy process in 10 ms ticks (coarse at c=1); 'net' subtracts the proxy's idle "
@@ -563,6 +628,20 @@ def render_memory(report: Report) -> list[str]:
     return lines
 
 
+def source_state() -> str:
+    """The harnessrl source measured: git HEAD and how many files under src/ differ from it."""
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", "-C", str(HERE.parent), *argv], capture_output=True,
+                              text=True, check=True).stdout
+
+    try:
+        head, dirty = git("rev-parse", "--short", "HEAD").strip(), git("status", "--porcelain",
+                                                                        "src").splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return head + (f" + {len(dirty)} uncommitted file(s) under src/" if dirty else "")
+
+
 def machine_line() -> str:
     model = ""
     with contextlib.suppress(OSError):
@@ -575,7 +654,7 @@ def machine_line() -> str:
 def print_summary(report: Report) -> None:
     print("\n== targets")
     for c in checks(report):
-        print(f"   {c.verdict:4}  {c.target:40} {c.where:32} {fmt(c.measured, 2):>7} {c.unit}"
+        print(f"   {c.verdict:4}  {c.target:38} {c.where:40} {fmt(c.measured, 2):>7} {c.unit}"
               f"  {c.detail}")
 
 
@@ -585,7 +664,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small n everywhere: a fast check")
     ap.add_argument("--out", type=Path, default=HERE / "results.md", help="Markdown report")
-    ap.add_argument("--phases", default="cells,soak,idle",
+    ap.add_argument("--phases", default="cells,floor,soak,idle",
                     help=f"comma list of {', '.join(PHASES)} (profile needs py-spy)")
     ap.add_argument("--profile", action="store_true", help="add the profile phase")
     ap.add_argument("--concurrency", default="1,16,64")
@@ -596,7 +675,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     args.phases = [p for p in args.phases.split(",") if p]
     if args.profile and "profile" not in args.phases:
-        args.phases.insert(1, "profile")
+        args.phases.append("profile")
     unknown = set(args.phases) - set(PHASES)
     if unknown:
         ap.error(f"unknown phases {sorted(unknown)}")
@@ -607,15 +686,13 @@ def run_phases(args: argparse.Namespace, work: Path, report: Report) -> None:
     engine, engine_url = start_engine(args.tools_dir, work)
     with running(engine):
         bench = Bench(args.tools_dir, engine_url, work)
+        runners = {"cells": lambda: phase_cells(bench, report, args.concurrency),
+                   "floor": lambda: phase_floor(bench, report),
+                   "profile": lambda: phase_profile(bench, report),
+                   "soak": lambda: phase_soak(bench, report),
+                   "idle": lambda: phase_idle(bench, report)}
         for phase in args.phases:
-            if phase == "cells":
-                phase_cells(bench, report, args.concurrency)
-            elif phase == "profile":
-                phase_profile(bench, report)
-            elif phase == "soak":
-                phase_soak(bench, report)
-            else:
-                phase_idle(bench, report)
+            runners[phase]()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -624,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.tools_dir / tool).exists():
             print(f"no {tool} in {args.tools_dir}; pass --tools-dir", file=sys.stderr)
             return 2
-    report = Report(QUICK if args.quick else FULL)
+    report = Report(QUICK if args.quick else FULL, source=source_state())
     work = Path(tempfile.mkdtemp(prefix="harnessrl-bench-"))
     print(f"work directory: {work}", flush=True)
     keep = args.keep
@@ -637,6 +714,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
+    if (now := source_state()) != report.source:
+        report.notes.append(f"the source changed during the run: {report.source} → {now}")
     command = " ".join([Path(sys.executable).name, *sys.argv]) if argv is None else str(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(render(report, command))
