@@ -119,7 +119,7 @@ def test_engine_rejection_is_a_400_not_a_retry_storm(served, fake) -> None:
 
 @pytest.mark.parametrize(("mode", "status", "words"), [
     ("error500", 502, "engine core died"),
-    ("garbage", 502, "not a JSON object"),
+    ("garbage", 502, "not the expected JSON"),
     ("slow", 504, "in time"),
 ])
 def test_engine_failures(served, fake, mode, status, words) -> None:

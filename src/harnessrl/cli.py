@@ -6,7 +6,6 @@ Every component's configuration is read here and passed down as plain values.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import ipaddress
 import json
 import sys
@@ -103,7 +102,9 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"starting vLLM for {args.model} ...", file=sys.stderr)
         args.engine_url = server.start()
     try:
-        asyncio.run(_run_proxy(args))
+        from harnessrl.proxy.serve import run
+
+        run(_run_proxy(args))
     finally:
         if server is not None:
             server.stop()

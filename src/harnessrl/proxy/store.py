@@ -15,7 +15,8 @@ import sqlite3
 import sys
 import threading
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,9 @@ _TURN_COLUMNS = (
     " error, flags, requested_sampling, used_sampling, request, completion, prompt_ids,"
     " completion_ids, logprobs, raw_request, raw_response, reply_id"
 )
+_INSERT_TURN = f"INSERT INTO turns ({_TURN_COLUMNS}) VALUES ({', '.join('?' * 22)})"
+# Fold the WAL back into the database after about this much has been written to it.
+CHECKPOINT_BYTES = 8 * 1024 * 1024
 _NO_TOKENS = Tokens(None, None, None)
 _encode = msgspec.json.Encoder().encode
 _LITTLE = sys.byteorder == "little"
@@ -97,6 +101,10 @@ def _json(value: Any) -> bytes | None:
     return None if value is None else _encode(value)
 
 
+def _text(value: Any) -> str:
+    return _encode(value).decode()
+
+
 def _turn_row(turn: Turn) -> tuple[Any, ...]:
     completion = turn.completion
     tokens = completion.tokens if completion is not None else _NO_TOKENS
@@ -105,7 +113,7 @@ def _turn_row(turn: Turn) -> tuple[Any, ...]:
     t = turn.timings
     return (
         turn.rollout, turn.index, turn.dialect, turn.status, t.received, t.first_token, t.done,
-        turn.engine, turn.model, turn.weight_version, turn.error, _encode(list(turn.flags)),
+        turn.engine, turn.model, turn.weight_version, turn.error, _text(list(turn.flags)),
         _json(turn.requested_sampling), _json(turn.used_sampling), _json(turn.request),
         _json(completion), pack(tokens.prompt_ids, "i"), pack(tokens.completion_ids, "i"),
         pack(tokens.logprobs, "d"), turn.raw_request, turn.raw_response, turn.reply_id,
@@ -166,31 +174,32 @@ class TraceStore:
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         db.close()
         self._local = threading.local()
-        self._queue: queue.SimpleQueue[tuple[str, tuple[Any, ...], Any] | None] = (
-            queue.SimpleQueue())
+        self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
+        self._wal_bytes = 0
+        self._checkpoint_due = threading.Event()
+        self._stop = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name="trace-writer",
                                         daemon=True)
-        self._writer.start()
-        self._stop = threading.Event()
         self._checkpointer = threading.Thread(target=self._checkpoint_loop,
                                               name="trace-checkpoint", daemon=True)
+        self._writer.start()
         self._checkpointer.start()
 
     # ---------------------------------------------------------------- writes
     async def add_turn(self, turn: Turn) -> None:
-        await self._submit(f"INSERT INTO turns ({_TURN_COLUMNS}) VALUES ({_marks(22)})",
-                           _turn_row(turn))
+        # The row is packed on the writer thread, off the event loop.
+        await self._submit(_INSERT_TURN, lambda: _turn_row(turn))
 
     async def put_rollout(self, rollout: Rollout) -> None:
         await self._submit(
             "INSERT OR REPLACE INTO rollouts VALUES (?, ?, ?, ?, ?, ?)",
-            (rollout.key, rollout.created, rollout.closed, _json(rollout.sampling),
-             _encode(list(rollout.unset_sampling)), _encode(rollout.metadata)))
+            lambda: (rollout.key, rollout.created, rollout.closed, _json(rollout.sampling),
+                     _text(list(rollout.unset_sampling)), _encode(rollout.metadata)))
 
-    async def _submit(self, sql: str, params: tuple[Any, ...]) -> None:
+    async def _submit(self, sql: str, params: Callable[[], tuple[Any, ...]]) -> None:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._queue.put((sql, params, (loop, future)))
+        self._queue.put(_Write(sql, params, loop, future))
         await future
 
     def _write_loop(self) -> None:
@@ -198,10 +207,7 @@ class TraceStore:
         # The WAL is folded back by `_checkpoint_loop`, off the commit path: an automatic
         # checkpoint inside a commit stalls every turn waiting on it for milliseconds.
         db.execute("PRAGMA wal_autocheckpoint=0")
-        while True:
-            item = self._queue.get()
-            if item is None:
-                break
+        while (item := self._queue.get()) is not None:
             batch = [item]
             while len(batch) < 512:
                 try:
@@ -215,19 +221,24 @@ class TraceStore:
             self._commit(db, batch)
         db.close()
 
-    def _commit(self, db: sqlite3.Connection, batch: list[Any]) -> None:
+    def _commit(self, db: sqlite3.Connection, batch: list[_Write]) -> None:
+        rows = [(w.sql, w.params()) for w in batch]
         try:
             db.execute("BEGIN IMMEDIATE")
-            for sql, params, _ in batch:
+            for sql, params in rows:
                 db.execute(sql, params)
             db.execute("COMMIT")
-            results = [None] * len(batch)
+            results: list[Exception | None] = [None] * len(batch)
         except sqlite3.Error:
             if db.in_transaction:
                 db.execute("ROLLBACK")
-            results = [self._commit_one(db, sql, params) for sql, params, _ in batch]
-        for (_, _, (loop, future)), error in zip(batch, results, strict=True):
-            loop.call_soon_threadsafe(_settle, future, error)
+            results = [self._commit_one(db, sql, params) for sql, params in rows]
+        self._note_written(rows)
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, Exception | None]]] = {}
+        for write, error in zip(batch, results, strict=True):
+            by_loop.setdefault(write.loop, []).append((write.future, error))
+        for loop, settled in by_loop.items():  # one wake-up per loop, not one per turn
+            loop.call_soon_threadsafe(_settle_all, settled)
 
     @staticmethod
     def _commit_one(db: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> Exception | None:
@@ -238,9 +249,18 @@ class TraceStore:
         except sqlite3.Error as exc:
             return exc
 
-    def _checkpoint_loop(self, every: float = 1.0) -> None:
+    def _note_written(self, rows: list[tuple[str, tuple[Any, ...]]]) -> None:
+        self._wal_bytes += sum(len(v) for _, params in rows for v in params
+                               if isinstance(v, bytes | str))
+        if self._wal_bytes >= CHECKPOINT_BYTES:
+            self._wal_bytes = 0
+            self._checkpoint_due.set()
+
+    def _checkpoint_loop(self) -> None:
         db = connect(self.path)
-        while not self._stop.wait(every):
+        while not self._stop.is_set():
+            self._checkpoint_due.wait()
+            self._checkpoint_due.clear()
             with contextlib.suppress(sqlite3.Error):
                 db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         db.close()
@@ -249,6 +269,7 @@ class TraceStore:
         self._queue.put(None)
         self._writer.join(timeout=30)
         self._stop.set()
+        self._checkpoint_due.set()
         self._checkpointer.join(timeout=30)
 
     # ---------------------------------------------------------------- reads
@@ -298,14 +319,20 @@ class TraceStore:
         return self._db.execute("PRAGMA integrity_check").fetchone()[0]
 
 
-def _settle(future: asyncio.Future[None], error: Exception | None) -> None:
-    if future.done():
-        return
-    if error is None:
-        future.set_result(None)
-    else:
-        future.set_exception(error)
+@dataclass(frozen=True, slots=True)
+class _Write:
+    sql: str
+    params: Callable[[], tuple[Any, ...]]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[None]
 
 
-def _marks(n: int) -> str:
-    return ", ".join("?" * n)
+def _settle_all(settled: list[tuple[asyncio.Future[None], Exception | None]]) -> None:
+    for future, error in settled:
+        if future.done():  # its caller was cancelled; the row is committed anyway
+            continue
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+

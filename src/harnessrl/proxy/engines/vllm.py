@@ -110,8 +110,10 @@ class VLLMEngine:
         with self._upstream("answer"):
             async with self._http.post(f"{self.base_url}/v1/chat/completions",
                                        data=payload) as resp:
-                body = await _json_or_error(resp)
-        return _events_from_completion(body)
+                raw = await resp.read()
+                if resp.status != 200:
+                    raise _engine_error(resp.status, _loose(raw), raw)
+        return _events_from_completion(raw)
 
     async def stream(self, request: ChatRequest) -> AsyncGenerator[EngineEvent, None]:
         payload = _encode(openai_wire.chat_body(request, stream=True))
@@ -134,13 +136,18 @@ class VLLMEngine:
 
 async def _json_or_error(resp: aiohttp.ClientResponse) -> dict[str, Any]:
     raw = await resp.read()
-    try:
-        body = _decode(raw) if raw else {}
-    except msgspec.DecodeError:
-        body = None
+    body = _loose(raw)
     if resp.status >= 400 or not isinstance(body, dict):
         raise _engine_error(resp.status, body, raw)
     return body
+
+
+def _loose(raw: bytes) -> Any:
+    """Any JSON, or None: for error bodies, whose shape varies."""
+    try:
+        return _decode(raw) if raw else {}
+    except msgspec.DecodeError:
+        return None
 
 
 def _engine_error(status: int, body: Any, raw: bytes) -> Exception:
@@ -161,46 +168,107 @@ def _engine_error(status: int, body: Any, raw: bytes) -> Exception:
     return EngineError(f"the engine failed with HTTP {status}: {message}")
 
 
-def _tokens(choice: dict[str, Any]) -> tuple[tuple[int, ...] | None, tuple[float, ...] | None]:
-    ids = choice.get("token_ids")
-    content = (choice.get("logprobs") or {}).get("content")
-    logprobs = None if content is None else tuple(float(c["logprob"]) for c in content)
-    return (None if ids is None else tuple(ids)), logprobs
+# vLLM's answer, typed: decoding straight into these skips every field we do not use
+# (top_logprobs, bytes, ...) and gives token ids as tuples without a copy.
+class _Logprob(msgspec.Struct):
+    logprob: float
 
 
-def _deltas(message: dict[str, Any]) -> list[Delta]:
+class _Logprobs(msgspec.Struct):
+    content: list[_Logprob] | None = None
+
+
+class _Function(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCall(msgspec.Struct):
+    index: int | None = None
+    id: str | None = None
+    function: _Function | None = None
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Choice(msgspec.Struct):
+    message: _Message | None = None
+    delta: _Message | None = None
+    finish_reason: str | None = None
+    token_ids: tuple[int, ...] | None = None
+    logprobs: _Logprobs | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class _Body(msgspec.Struct):
+    model: str = ""
+    prompt_token_ids: tuple[int, ...] | None = None
+    choices: list[_Choice] = []
+    usage: _Usage | None = None
+    error: Any = None
+
+
+_decode_body = msgspec.json.Decoder(_Body).decode
+
+
+def _parse_body(raw: bytes | str, what: str) -> _Body:
+    try:
+        body = _decode_body(raw)
+    except msgspec.DecodeError as exc:
+        raise EngineError(f"the engine sent {what} that is not the expected JSON ({exc}): "
+                          f"{raw[:200]!r}") from exc
+    if body.error is not None:
+        raise _engine_error(500, {"error": body.error}, b"")
+    return body
+
+
+def _tokens(choice: _Choice) -> tuple[tuple[int, ...] | None, tuple[float, ...] | None]:
+    content = choice.logprobs.content if choice.logprobs is not None else None
+    logprobs = None if content is None else tuple([c.logprob for c in content])
+    return choice.token_ids, logprobs
+
+
+def _deltas(message: _Message | None) -> list[Delta]:
+    if message is None:
+        return []
     deltas: list[Delta] = []
-    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    reasoning = message.reasoning_content or message.reasoning
     if reasoning:
         deltas.append(ReasoningDelta(reasoning))
-    if message.get("content"):
-        deltas.append(TextDelta(message["content"]))
-    for position, call in enumerate(message.get("tool_calls") or ()):
-        function = call.get("function") or {}
+    if message.content:
+        deltas.append(TextDelta(message.content))
+    for position, call in enumerate(message.tool_calls or ()):
+        function = call.function or _Function()
         deltas.append(ToolCallDelta(
-            index=call.get("index", position), id=call.get("id"), name=function.get("name"),
-            arguments=function.get("arguments") or ""))
+            index=position if call.index is None else call.index, id=call.id,
+            name=function.name, arguments=function.arguments or ""))
     return deltas
 
 
-def _usage(body: dict[str, Any]) -> Usage | None:
-    usage = body.get("usage")
-    if not usage:
-        return None
-    return Usage(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0))
+def _usage(body: _Body) -> Usage | None:
+    usage = body.usage
+    return None if usage is None else Usage(usage.prompt_tokens, usage.completion_tokens)
 
 
-def _events_from_completion(body: dict[str, Any]) -> list[EngineEvent]:
-    choices = body.get("choices") or []
-    if not choices:
+def _events_from_completion(raw: bytes) -> list[EngineEvent]:
+    body = _parse_body(raw, "an answer")
+    if not body.choices:
         raise EngineError("the engine answered with no choices")
-    choice = choices[0]
+    choice = body.choices[0]
     ids, logprobs = _tokens(choice)
-    prompt = body.get("prompt_token_ids")
     return [
-        Started(body.get("model", ""), None if prompt is None else tuple(prompt)),
-        Chunk(tuple(_deltas(choice.get("message") or {})), ids, logprobs),
-        Finished(_FINISH.get(choice.get("finish_reason"), "stop"), _usage(body)),
+        Started(body.model, body.prompt_token_ids),
+        Chunk(tuple(_deltas(choice.message)), ids, logprobs),
+        Finished(_FINISH.get(choice.finish_reason, "stop"), _usage(body)),
     ]
 
 
@@ -215,28 +283,19 @@ class _StreamParser:
     def feed(self, data: str) -> list[EngineEvent]:
         if data == "[DONE]":
             return []
-        try:
-            body = _decode(data)
-        except msgspec.DecodeError as exc:
-            raise EngineError(f"the engine sent a chunk that is not JSON: {data[:200]!r}") from exc
-        if not isinstance(body, dict):
-            raise EngineError(f"the engine sent a chunk that is not an object: {data[:200]!r}")
-        if "error" in body:
-            raise _engine_error(500, body, data.encode())
+        body = _parse_body(data, "a chunk")
         events: list[EngineEvent] = []
         if not self._started:
             self._started = True
-            prompt = body.get("prompt_token_ids")
-            events.append(Started(body.get("model", ""),
-                                  None if prompt is None else tuple(prompt)))
+            events.append(Started(body.model, body.prompt_token_ids))
         self._usage = _usage(body) or self._usage
-        for choice in body.get("choices") or ():
+        for choice in body.choices:
             ids, logprobs = _tokens(choice)
-            deltas = _deltas(choice.get("delta") or {})
+            deltas = _deltas(choice.delta)
             if deltas or ids:
                 events.append(Chunk(tuple(deltas), ids, logprobs))
-            if choice.get("finish_reason") is not None:
-                self._finish = _FINISH.get(choice["finish_reason"], "stop")
+            if choice.finish_reason is not None:
+                self._finish = _FINISH.get(choice.finish_reason, "stop")
         return events
 
     def finish(self) -> Finished:
