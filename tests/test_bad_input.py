@@ -169,3 +169,15 @@ def test_vllm_stream_is_captured_exactly(served, fake) -> None:
     sent = fake.requests[-1]
     assert sent["return_token_ids"] is True and sent["logprobs"] is True and sent["stream"]
     assert sent["model"] == "fake"
+
+
+def test_merge_chunks_keeps_every_id_and_logprob_in_order() -> None:
+    from harnessrl.proxy.engines.vllm import merge_chunks
+    from harnessrl.types import Chunk, Finished, TextDelta
+
+    events = [Chunk((TextDelta("a"),), (1,), (-0.1,)), Chunk((TextDelta("b"),), (2, 3),
+                                                              (-0.2, -0.3)),
+              Chunk((TextDelta("c"),), None, None), Finished("stop")]
+    merged = merge_chunks(events)
+    assert merged == [Chunk((TextDelta("a"), TextDelta("b")), (1, 2, 3), (-0.1, -0.2, -0.3)),
+                      Chunk((TextDelta("c"),), None, None), Finished("stop")]

@@ -242,10 +242,13 @@ class StreamEncoder:
         self._include_usage = isinstance(options, dict) and options.get("include_usage") is True
         self._head = {"id": ctx.id, "object": "chat.completion.chunk", "created": ctx.created,
                       "model": ctx.model}
+        # Every chunk shares its head: encode it once, not once per token.
+        self._prefix = b"data: " + _encode(self._head)[:-1] + b',"choices":[{"index":0,"delta":'
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        return sse.encode(_encode({**self._head, "choices": [choice]}))
+        tail = b"null" if finish is None else _encode(finish)
+        return (self._prefix + _encode(delta) + b',"finish_reason":' + tail
+                + b',"logprobs":null}]}\n\n')
 
     def feed(self, event: EngineEvent) -> bytes:
         if isinstance(event, Chunk):

@@ -125,12 +125,13 @@ class VLLMEngine:
                     await _json_or_error(resp)
                 decoder = SSEDecoder()
                 async for piece in resp.content.iter_any():
-                    for sse_event in decoder.feed(piece):
-                        for event in parser.feed(sse_event.data):
-                            yield event
-                for sse_event in decoder.finish():
-                    for event in parser.feed(sse_event.data):
+                    # Tokens that arrived in one read go on as one chunk: one write to
+                    # the client instead of one per token when the engine is ahead of us.
+                    for event in merge_chunks(
+                            [e for sse in decoder.feed(piece) for e in parser.feed(sse.data)]):
                         yield event
+                for event in [e for sse in decoder.finish() for e in parser.feed(sse.data)]:
+                    yield event
         yield parser.finish()
 
 
@@ -166,6 +167,23 @@ def _engine_error(status: int, body: Any, raw: bytes) -> Exception:
         # fix it, so it must not look like a server fault that invites retries.
         return InvalidRequest(f"the engine rejected the request: {message}")
     return EngineError(f"the engine failed with HTTP {status}: {message}")
+
+
+def merge_chunks(events: list[EngineEvent]) -> list[EngineEvent]:
+    """Adjacent chunks as one, when both carry ids and logprobs (or both lack them)."""
+    merged: list[EngineEvent] = []
+    for event in events:
+        last = merged[-1] if merged else None
+        if (isinstance(event, Chunk) and isinstance(last, Chunk)
+                and (last.token_ids is None) == (event.token_ids is None)
+                and (last.logprobs is None) == (event.logprobs is None)):
+            merged[-1] = Chunk(
+                last.deltas + event.deltas,
+                None if last.token_ids is None else last.token_ids + event.token_ids,
+                None if last.logprobs is None else last.logprobs + event.logprobs)
+        else:
+            merged.append(event)
+    return merged
 
 
 # vLLM's answer, typed: decoding straight into these skips every field we do not use
