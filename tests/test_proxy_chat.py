@@ -295,3 +295,14 @@ def test_openai_responses_sdk_through_the_proxy(served, engine, tokenizer) -> No
 def test_root_probe_answers_200(served) -> None:
     assert httpx.head(f"{served.url}/").status_code == 200
     assert httpx.get(f"{served.url}/").status_code == 200
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ({"unset_sampling": ["top_q"]}, "top_q"),
+    ({"sampling": {"temperature": "hot"}}, "temperature"),
+    ({"metadata": [1]}, "metadata"),
+    ({"smapling": {}}, "smapling"),
+])
+def test_bad_rollout_options_are_400(served, body, words) -> None:
+    resp = httpx.post(f"{served.url}/rollouts", json=body)
+    assert resp.status_code == 400 and words in resp.json()["error"]["message"]

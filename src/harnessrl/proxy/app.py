@@ -76,6 +76,14 @@ _GEMINI_CALLS = {"generateContent": False, "streamGenerateContent": True}
 _KEY_HEADERS = ("x-api-key", "x-goog-api-key")
 
 
+class RolloutOptions(msgspec.Struct, forbid_unknown_fields=True):
+    """The body of `POST /rollouts`; every field optional."""
+
+    sampling: Sampling | None = None
+    unset_sampling: list[str] | None = None
+    metadata: dict[str, Any] | None = None
+
+
 @dataclass
 class ProxyConfig:
     max_body_bytes: int = 32 * 1024 * 1024
@@ -171,15 +179,18 @@ class Proxy:
     async def create_rollout(self, request: Request) -> Response:
         try:
             self._admin(request)
-            options = await _json_body(request, self.config.max_body_bytes, allow_empty=True)
-            options = options or {}
-            sampling = None
-            if options.get("sampling") is not None:
-                sampling = msgspec.convert(options["sampling"], Sampling)
+            raw = await _read_body(request, self.config.max_body_bytes)
+            options = msgspec.json.decode(raw or b"{}", type=RolloutOptions)
+            unknown = set(options.unset_sampling or ()) - set(Sampling.__struct_fields__)
+            if unknown:
+                raise InvalidRequest(f"unset_sampling names unknown fields {sorted(unknown)}; "
+                                     f"use some of {list(Sampling.__struct_fields__)}",
+                                     param="unset_sampling")
             record = await self.sessions.create(
-                sampling=sampling, unset_sampling=options.get("unset_sampling"),
-                metadata=options.get("metadata"))
-        except msgspec.ValidationError as exc:
+                sampling=options.sampling, metadata=options.metadata,
+                unset_sampling=None if options.unset_sampling is None
+                else tuple(options.unset_sampling))
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             return _error(openai_chat, InvalidRequest(f"bad rollout options: {exc}"))
         except HarnessRLError as err:
             return _error(openai_chat, err)
@@ -457,9 +468,3 @@ def _decode_json(raw: bytes) -> Any:
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
 
-
-async def _json_body(request: Request, limit: int, *, allow_empty: bool = False) -> Any:
-    raw = await _read_body(request, limit)
-    if not raw and allow_empty:
-        return None
-    return _decode_json(raw)
