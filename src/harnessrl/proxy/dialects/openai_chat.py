@@ -8,6 +8,7 @@ import msgspec
 
 from harnessrl.errors import HarnessRLError, InvalidRequest
 from harnessrl.proxy import sse
+from harnessrl.proxy.dialects import openai_common
 from harnessrl.proxy.dialects.base import (
     ReplyContext,
     expect,
@@ -262,7 +263,7 @@ class StreamEncoder:
         return out + b"data: [DONE]\n\n"
 
     def error(self, err: HarnessRLError) -> bytes:
-        return sse.encode(_encode(_error_body(err)))
+        return sse.encode(_encode(openai_common.error_body(err)))
 
 
 _DELTA = {
@@ -287,32 +288,6 @@ def stream_encoder(request: ChatRequest, ctx: ReplyContext) -> StreamEncoder:
     return StreamEncoder(request, ctx)
 
 
-def render_models(models: list[str]) -> bytes:
-    return _encode({"object": "list", "data": [
-        {"id": m, "object": "model", "created": 0, "owned_by": "harnessrl"} for m in models]})
-
-
-# ------------------------------------------------------------------ errors
-_ERROR_TYPES = {
-    "invalid_request": "invalid_request_error",
-    "authentication": "authentication_error",
-    "permission": "permission_error",
-    "not_found": "not_found_error",
-    "too_large": "invalid_request_error",
-    "rate_limit": "rate_limit_error",
-    "engine_error": "api_error",
-    "engine_unavailable": "service_unavailable",
-    "timeout": "timeout",
-    "internal": "server_error",
-}
-_ERROR_CODES = {"authentication": "invalid_api_key", "not_found": "model_not_found",
-                "too_large": "request_too_large"}
-
-
-def _error_body(err: HarnessRLError) -> dict[str, Any]:
-    return {"error": {"message": err.message, "type": _ERROR_TYPES[err.kind],
-                      "param": err.param, "code": _ERROR_CODES.get(err.kind)}}
-
-
-def render_error(err: HarnessRLError) -> tuple[int, bytes]:
-    return err.status, _encode(_error_body(err))
+# The error shape and models list are OpenAI's, shared with the other OpenAI dialect.
+render_error = openai_common.render_error
+render_models = openai_common.render_models

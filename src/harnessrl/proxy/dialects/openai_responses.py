@@ -18,6 +18,7 @@ import msgspec
 
 from harnessrl.errors import HarnessRLError, InvalidRequest
 from harnessrl.proxy import sse
+from harnessrl.proxy.dialects import openai_common
 from harnessrl.proxy.dialects.base import ReplyContext, expect, number, optional
 from harnessrl.types import (
     ChatRequest,
@@ -424,7 +425,7 @@ class StreamEncoder:
                                                             "incomplete"))
         body["error"] = {"code": _FAILED_CODES.get(err.kind, "server_error"),
                          "message": err.message}
-        inner = _error_body(err)["error"]
+        inner = openai_common.error_body(err)["error"]
         return (self._event("response.failed", response=body)
                 + self._event("error", code=inner["code"], message=err.message,
                               param=err.param, error=inner))
@@ -492,32 +493,6 @@ def stream_encoder(request: ChatRequest, ctx: ReplyContext) -> StreamEncoder:
     return StreamEncoder(request, ctx)
 
 
-def render_models(models: list[str]) -> bytes:
-    return _encode({"object": "list", "data": [
-        {"id": m, "object": "model", "created": 0, "owned_by": "harnessrl"} for m in models]})
-
-
-# ------------------------------------------------------------------ errors
-_ERROR_TYPES = {
-    "invalid_request": "invalid_request_error",
-    "authentication": "authentication_error",
-    "permission": "permission_error",
-    "not_found": "not_found_error",
-    "too_large": "invalid_request_error",
-    "rate_limit": "rate_limit_error",
-    "engine_error": "api_error",
-    "engine_unavailable": "service_unavailable",
-    "timeout": "timeout",
-    "internal": "server_error",
-}
-_ERROR_CODES = {"authentication": "invalid_api_key", "not_found": "model_not_found",
-                "too_large": "request_too_large", "rate_limit": "rate_limit_exceeded"}
-
-
-def _error_body(err: HarnessRLError) -> dict[str, Any]:
-    return {"error": {"message": err.message, "type": _ERROR_TYPES[err.kind],
-                      "param": err.param, "code": _ERROR_CODES.get(err.kind)}}
-
-
-def render_error(err: HarnessRLError) -> tuple[int, bytes]:
-    return err.status, _encode(_error_body(err))
+# The error shape and models list are OpenAI's, shared with the other OpenAI dialect.
+render_error = openai_common.render_error
+render_models = openai_common.render_models
