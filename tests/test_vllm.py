@@ -168,3 +168,41 @@ def test_count_tokens_uses_the_served_tokenizer(served) -> None:
                            messages=[{"role": "user", "content": USER}])
     [turn] = served.store.turns(served.key)
     assert counted.input_tokens == len(turn.completion.tokens.prompt_ids)
+
+
+@pytest.mark.slow
+def test_serve_starts_vllm_and_stops_it_on_exit(tiny_model: Path, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from harnessrl.proxy.engines.managed import free_port
+
+    port = free_port()
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "harnessrl.cli", "serve", "--model", str(tiny_model),
+         "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "1024",
+         "--port", str(port), "--run-dir", str(tmp_path), "--vllm-log",
+         str(tmp_path / "vllm.log")], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(1)
+        rollout = httpx.post(f"http://127.0.0.1:{port}/rollouts", json={}).json()
+        reply = httpx.post(f"{rollout['base_urls']['openai']}/chat/completions", timeout=120,
+                           json={"model": "x", "messages": MESSAGES, "max_tokens": 4})
+        assert reply.status_code == 200
+        children = subprocess.run(["ps", "--ppid", str(proxy.pid), "-o", "pid=,args="],
+                                  capture_output=True, text=True).stdout.splitlines()
+        vllm = [int(line.split()[0]) for line in children if "vllm.entrypoints" in line]
+        assert vllm, children  # vLLM runs as the proxy's child
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        proxy.wait(60)
+    time.sleep(1)
+    assert not [pid for pid in vllm if Path(f"/proc/{pid}").exists()], "vLLM outlived serve"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,9 @@ def _serve(args: argparse.Namespace) -> int:
         print("harnessrl: binding to a non-loopback address needs --admin-token",
               file=sys.stderr)
         return 2
+    # uvicorn re-raises SIGTERM after its shutdown; as SystemExit it unwinds through the
+    # `finally` below, so a managed vLLM is stopped instead of orphaned.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     server = None
     if args.model:
         from harnessrl.proxy.engines.managed import VLLMServer

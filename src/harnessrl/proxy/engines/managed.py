@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib.metadata
 import json
 import os
@@ -83,7 +85,8 @@ class VLLMServer:
             self.port = free_port(self.host)
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(self.command(), env=self.environment(), stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+                                        stderr=subprocess.STDOUT, start_new_session=True,
+                                        preexec_fn=_die_with_parent)
         self.wait_healthy()
         return self.url
 
@@ -151,6 +154,14 @@ def _cpu_build() -> bool:
     except importlib.metadata.PackageNotFoundError:
         return False
     return True
+
+
+def _die_with_parent() -> None:
+    """In the child: ask Linux to SIGTERM it when its parent dies, even by SIGKILL, so a
+    killed proxy does not leave a vLLM holding gigabytes behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def free_port(host: str = "127.0.0.1") -> int:
