@@ -38,6 +38,10 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
     export.add_argument("-o", "--out", type=Path, required=True)
     export.set_defaults(func=_export)
+    report = sub.add_parser("report", help="chains per rollout and harness: extension rate "
+                                           "and why chains broke")
+    report.add_argument("run_dir", type=Path)
+    report.set_defaults(func=_report)
     demo = sub.add_parser("demo", help="the embedded default: vLLM + proxy + one captured call")
     demo.add_argument("--run-dir", type=Path, default=Path("runs/demo"))
     demo.add_argument("--model", help="a local model directory (default: SmolLM2-135M)")
@@ -166,6 +170,23 @@ def _export(args: argparse.Namespace) -> int:
 
     count = export(args.run_dir, args.out, what=args.what, fmt=args.format)
     print(f"wrote {count} {args.what} to {args.out}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from harnessrl.proxy.store import TraceStore
+    from harnessrl.train.samples import render_report, report
+
+    if not (args.run_dir / "trace.db").is_file():
+        print(f"harnessrl: no trace store in {args.run_dir}", file=sys.stderr)
+        return 2
+    store = TraceStore(args.run_dir)
+    try:
+        Console().print(render_report(report(store)))
+    finally:
+        store.close()
     return 0
 
 

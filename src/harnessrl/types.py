@@ -242,3 +242,65 @@ class Rollout(msgspec.Struct, frozen=True, omit_defaults=True):
 class Trace(msgspec.Struct, frozen=True):
     rollout: Rollout
     turns: tuple[Turn, ...]
+
+
+# ------------------------------------------------------------------ training samples
+# Why a chain of turns started (see `harnessrl.train.samples.BREAK_REASONS` for the
+# exact rules) and why a turn was left out of every chain (`EXCLUDE_REASONS`).
+BreakReason = Literal["first", "side_call", "history_rewritten", "rewound"]
+ExcludeReason = Literal["failed", "cancelled", "flagged", "no_tokens"]
+
+
+class ChainBreak(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Why turn `turn` started a new chain instead of extending one.
+
+    For anything but `first`, `against` is the last turn of the chain the prompt came
+    closest to extending, and `diverged_at` the first position (in the prompt's ids)
+    where it differs from that chain's tokens; `within` says whether that position lies
+    in the prompt part (inserted tokens) or in the sampled completion of turn
+    `within_turn`. A prompt that simply ends early (`rewound`) has no differing token:
+    `diverged_at` is then its length.
+    """
+
+    reason: BreakReason
+    turn: int
+    against: int | None = None
+    diverged_at: int | None = None
+    within: Literal["prompt", "completion"] | None = None
+    within_turn: int | None = None
+
+
+class ExcludedTurn(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A turn that is in no chain; `detail` carries its flags or error."""
+
+    turn: int
+    reason: ExcludeReason
+    detail: str | None = None
+
+
+class Sample(msgspec.Struct, frozen=True):
+    """One training sequence: a chain of turns that extend each other, token for token.
+
+    `completion_ids` is everything after the first prompt: each turn's sampled ids, then
+    the ids inserted before the next turn's reply (tool results, new user text, template
+    tokens). `mask` has one entry per completion id: 1 = sampled by the model, 0 = inserted.
+    `logprobs` holds the engine's logprobs of the sampled ids only, in order
+    (len == sum(mask)): an inserted id has no logprob and none is invented.
+    `dense_logprobs()` expands them to one per completion id for trainers that want that.
+    `weight_versions` has one entry per turn of `turns`.
+    """
+
+    rollout: str
+    turns: tuple[int, ...]
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    weight_versions: tuple[str | None, ...] = ()
+    break_reason: BreakReason | None = None  # None: the rollout's first chain
+
+    def dense_logprobs(self, fill: float = float("nan")) -> list[float]:
+        """One logprob per completion id; inserted positions get `fill` (NaN by default,
+        which TRL tolerates at positions its `env_mask` masks out)."""
+        sampled = iter(self.logprobs)
+        return [next(sampled) if m else fill for m in self.mask]

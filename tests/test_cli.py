@@ -1,0 +1,31 @@
+"""The command line over a real store: export and report."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from harnessrl.cli import main
+from harnessrl.proxy.store import TraceStore
+from harnessrl.types import Rollout
+from tests.test_store import make_turn
+
+
+def test_export_and_report_commands(tmp_path: Path, capsys) -> None:
+    store = TraceStore(tmp_path)
+
+    async def write() -> None:
+        await store.put_rollout(Rollout("k", 0.0, metadata={"harness": "opencode"}))
+        for i in range(2):
+            await store.add_turn(make_turn("k", i))
+
+    asyncio.run(write())
+    store.close()
+    assert main(["export", str(tmp_path), "-o", str(tmp_path / "t.jsonl")]) == 0
+    assert len((tmp_path / "t.jsonl").read_text().splitlines()) == 2
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "opencode" in out and "wrote 2 turns" in out
+    assert main(["report", str(tmp_path / "nothing")]) == 2
+    assert json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])["rollout"] == "k"
