@@ -12,7 +12,8 @@ from harnessrl.types import Rollout
 from tests.test_store import make_turn
 
 
-def test_export_and_report_commands(tmp_path: Path, capsys) -> None:
+def test_export_and_report_commands(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # rich would shorten names on a narrow terminal
     store = TraceStore(tmp_path)
 
     async def write() -> None:
