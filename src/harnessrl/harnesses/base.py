@@ -1,0 +1,128 @@
+"""What harnessrl knows about one real harness, and how it installs them.
+
+A harness module defines one `Harness`: its pinned package, how to configure it so that
+it talks to the proxy at `/r/<key>` with the key as its API key, the headless command for
+an instruction, the environment that turns off telemetry and update checks, and how to
+read its real end state. Everything it writes goes into the rollout's own HOME and
+workdir; nothing touches the user's real home.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from harnessrl.harnesses.policy import Finish
+
+Dialect = Literal["openai_chat", "openai_responses", "anthropic", "gemini"]
+DEFAULT_TOOLS_DIR = Path("~/.cache/harnessrl/tools")
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Where and against what one headless harness run happens."""
+
+    home: Path
+    workdir: Path
+    proxy_root: str  # http://host:port/r/<key>, no trailing slash
+    key: str
+    tools_dir: Path
+    model: str = "harnessrl-policy"
+
+    @property
+    def openai_base(self) -> str:
+        return f"{self.proxy_root}/v1"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the harness itself says about how it ended (its exit code may lie)."""
+
+    finished: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Harness:
+    name: str
+    version: str
+    dialect: Dialect
+    registry: Literal["npm", "pypi"]
+    package: str
+    binary: str
+    python: str = "3.11"  # for PyPI harnesses: the interpreter their venv is made with
+    streams: bool = True
+    setup: Callable[[RunContext], None] = lambda ctx: None
+    argv: Callable[[RunContext, str], list[str]] = lambda ctx, instruction: []
+    env: Callable[[RunContext], Mapping[str, str]] = lambda ctx: {}
+    outcome: Callable[[RunContext, int | None, bytes], Outcome] = (
+        lambda ctx, code, out: Outcome(code == 0, f"exit code {code}"))
+    extra_packages: tuple[str, ...] = ()
+    finish: Finish = "answer"  # how the conformance policy ends a run (see policy.py)
+    min_turns: int = 2  # a harness acting through tools makes at least a call and a reply
+
+    # ---------------------------------------------------------------- install
+    def prefix(self, tools_dir: Path) -> Path:
+        return tools_dir.expanduser() / self.registry / f"{self.name}-{self.version}"
+
+    def executable(self, tools_dir: Path) -> Path:
+        prefix = self.prefix(tools_dir)
+        if self.registry == "npm":
+            return prefix / "node_modules" / ".bin" / self.binary
+        return prefix / "bin" / self.binary
+
+    def installed(self, tools_dir: Path) -> bool:
+        return self.executable(tools_dir).exists()
+
+    def install(self, tools_dir: Path, log: Callable[[str], None] = print) -> Path:
+        """Install the pinned version into its own prefix (reused across runs)."""
+        if self.installed(tools_dir):
+            return self.executable(tools_dir)
+        prefix = self.prefix(tools_dir)
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        for command in self._install_commands(prefix):
+            log(" ".join(command))
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE)
+        if not self.installed(tools_dir):
+            raise RuntimeError(f"{self.name}: installed, but {self.executable(tools_dir)} "
+                               "is missing")
+        return self.executable(tools_dir)
+
+    def _install_commands(self, prefix: Path) -> list[list[str]]:
+        spec = [f"{self.package}@{self.version}" if self.registry == "npm"
+                else f"{self.package}=={self.version}", *self.extra_packages]
+        if self.registry == "npm":
+            return [["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
+                     "--loglevel=error", *spec]]
+        python = _python(self.python)
+        return [[python, "-m", "venv", str(prefix)],
+                [str(prefix / "bin" / "python"), "-m", "pip", "install", "-q", *spec]]
+
+    # ---------------------------------------------------------------- run
+    def environment(self, ctx: RunContext) -> dict[str, str]:
+        """Only what the harness needs: no host secrets, no proxy variables."""
+        path = [str(self.executable(ctx.tools_dir).parent), "/usr/local/bin", "/usr/bin",
+                "/bin"]
+        base = {"HOME": str(ctx.home), "PATH": os.pathsep.join(path), "LANG": "C.UTF-8",
+                "TERM": "dumb", "NO_COLOR": "1", "CI": "1",
+                "XDG_CONFIG_HOME": str(ctx.home / ".config"),
+                "XDG_DATA_HOME": str(ctx.home / ".local" / "share"),
+                "XDG_CACHE_HOME": str(ctx.home / ".cache"),
+                "NO_UPDATE_NOTIFIER": "1", "DO_NOT_TRACK": "1"}
+        return {**base, **self.env(ctx)}
+
+    def command(self, ctx: RunContext, instruction: str) -> list[str]:
+        return [str(self.executable(ctx.tools_dir)), *self.argv(ctx, instruction)]
+
+
+def _python(version: str) -> str:
+    """An interpreter of that version: this one if it matches, else pythonX.Y on PATH."""
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == version:
+        return sys.executable
+    return f"python{version}"

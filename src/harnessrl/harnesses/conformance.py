@@ -1,0 +1,152 @@
+"""The conformance check: a real harness, unmodified and headless, writes `hello.txt`
+through the proxy driven by the scripted policy; then the workspace and the trace are
+checked (the file, every call stored with exact tokens, the dialect, the chain)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from harnessrl.harnesses.base import Harness, RunContext
+from harnessrl.harnesses.policy import WriteFilePolicy
+from harnessrl.proxy.app import Proxy
+from harnessrl.proxy.engines.scripted import ScriptedEngine
+from harnessrl.proxy.serve import in_thread
+from harnessrl.proxy.sessions import Sessions
+from harnessrl.proxy.store import TraceStore
+from harnessrl.rollout.sandbox import LocalSandbox
+from harnessrl.types import ToolResult, Turn
+
+FILENAME = "hello.txt"
+_WORDS = ("amber", "brook", "cedar", "delta", "ember", "fjord", "grove", "harbor", "iris",
+          "juniper", "kestrel", "lagoon", "meadow", "nectar", "orchid", "pebble")
+
+
+@dataclass
+class Result:
+    harness: str
+    version: str
+    dialect: str
+    streamed: bool = False
+    turns: int = 0
+    chain_extended: bool | None = None
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    output: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+def random_line() -> str:
+    return " ".join(secrets.choice(_WORDS) for _ in range(4)) + f" {secrets.randbelow(10**6)}"
+
+
+def instruction_for(line: str) -> str:
+    return (f"Create a file named {FILENAME} in the current directory containing exactly "
+            f"this one line: {line}")
+
+
+async def check(harness: Harness, *, tokenizer: Any, tools_dir: Path, root: Path,
+                timeout: float = 300.0) -> Result:
+    """Run `harness` once and check everything the conformance suite promises."""
+    result = Result(harness.name, harness.version, harness.dialect)
+    line = random_line()
+    policy = WriteFilePolicy(FILENAME, line, harness.finish)
+    store = TraceStore(root / "run")
+    proxy = Proxy(ScriptedEngine(tokenizer, policy, model="harnessrl-policy"), Sessions(store))
+    started = time.monotonic()
+    try:
+        with in_thread(proxy.app()) as (url, _server):
+            rollout = httpx.post(f"{url}/rollouts",
+                                 json={"metadata": {"harness": harness.name}}).json()
+            output = await _run(harness, rollout, tools_dir, root, line, timeout, result)
+            result.output = output[-4000:]
+            result.seconds = time.monotonic() - started
+            _check_trace(harness, store.turns(rollout["key"]), result)
+    finally:
+        store.close()
+    return result
+
+
+async def _run(harness: Harness, rollout: dict[str, Any], tools_dir: Path, root: Path,
+               line: str, timeout: float, result: Result) -> str:
+    sandbox = await LocalSandbox.create(root, f"sandbox-{harness.name}")
+    try:
+        ctx = RunContext(home=sandbox.home, workdir=sandbox.workdir,
+                         proxy_root=rollout["base_url"], key=rollout["key"],
+                         tools_dir=tools_dir)
+        harness.setup(ctx)
+        run = await sandbox.run(harness.command(ctx, instruction_for(line)),
+                                env=harness.environment(ctx), timeout=timeout)
+        outcome = harness.outcome(ctx, run.exit_code, run.stdout)
+        if run.timed_out:
+            result.problems.append(f"timed out after {timeout:.0f} s")
+        elif not outcome.finished:
+            result.problems.append(f"the harness did not finish: {outcome.detail}")
+        written = sandbox.workdir / FILENAME
+        if not written.is_file():
+            result.problems.append(f"{FILENAME} was not created")
+        elif written.read_text().strip() != line:
+            result.problems.append(f"{FILENAME} holds {written.read_text()[:80]!r}")
+        return (run.stdout + run.stderr).decode("utf-8", "replace")
+    finally:
+        await sandbox.close()
+
+
+def _check_trace(harness: Harness, turns: list[Turn], result: Result) -> None:
+    result.turns = len(turns)
+    result.streamed = any(t.request is not None and t.request.stream for t in turns)
+    if len(turns) < harness.min_turns:
+        result.problems.append(f"{len(turns)} model calls stored, expected at least "
+                               f"{harness.min_turns}")
+    for turn in turns:
+        tokens = turn.completion.tokens if turn.completion else None
+        if turn.status != "ok" or turn.flags:
+            result.problems.append(f"turn {turn.index}: {turn.status} {turn.error or ''} "
+                                   f"{list(turn.flags)}".strip())
+        elif not (tokens and tokens.prompt_ids and tokens.completion_ids and tokens.logprobs
+                  and len(tokens.logprobs) == len(tokens.completion_ids)):
+            result.problems.append(f"turn {turn.index}: exact tokens missing")
+        if turn.dialect != harness.dialect:
+            result.problems.append(f"turn {turn.index} spoke {turn.dialect}, expected "
+                                   f"{harness.dialect}")
+    result.chain_extended = _tool_result_extends_call(turns)
+    if result.chain_extended is False:
+        result.problems.append("the turn carrying the tool result does not extend the call")
+
+
+def _tool_result_extends_call(turns: list[Turn]) -> bool | None:
+    """Does the first turn that carries a tool result extend the turn that made the call?
+    None when no tool was used."""
+    for position, turn in enumerate(turns):
+        request = turn.request
+        if request is None or not any(isinstance(p, ToolResult) for m in request.messages
+                                      for p in m.parts):
+            continue
+        caller = next((t for t in reversed(turns[:position])
+                       if t.completion is not None and t.completion.tool_calls), None)
+        if caller is None or turn.completion is None:
+            return False
+        before = caller.completion.tokens
+        prefix = (before.prompt_ids or ()) + (before.completion_ids or ())
+        return turn.completion.tokens.prompt_ids[: len(prefix)] == prefix
+    return None
+
+
+def matrix_markdown(results: list[Result]) -> str:
+    rows = ["| harness | version | dialect | streamed | turns | chain extended | seconds | pass |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        chain = {True: "yes", False: "no", None: "n/a"}[r.chain_extended]
+        verdict = "PASS" if r.passed else "FAIL: " + "; ".join(r.problems)
+        rows.append(f"| {r.harness} | {r.version} | {r.dialect} | "
+                    f"{'yes' if r.streamed else 'no'} | {r.turns} | {chain} | "
+                    f"{r.seconds:.1f} | {verdict} |")
+    return "\n".join(rows) + "\n"

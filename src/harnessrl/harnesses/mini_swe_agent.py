@@ -1,0 +1,40 @@
+"""mini-swe-agent: Chat Completions through litellm, not streamed, one `bash` tool.
+
+Its exit code is 0 even when it gave up (e.g. after repeated format errors), so the end
+state is read from its trajectory file: `info.exit_status == "Submitted"`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from harnessrl.harnesses.base import Harness, Outcome, RunContext
+
+
+def _argv(ctx: RunContext, instruction: str) -> list[str]:
+    return ["-y", "--exit-immediately", "-m", f"openai/{ctx.model}", "-t", instruction,
+            # -c replaces the default config, so the stock one comes first
+            "-c", "mini.yaml", "-c", f"model.model_kwargs.api_base={ctx.openai_base}",
+            "-c", f"environment.cwd={ctx.workdir}", "-o", str(ctx.home / "trajectory.json")]
+
+
+def _env(ctx: RunContext) -> dict[str, str]:
+    return {"OPENAI_API_KEY": ctx.key, "MSWEA_CONFIGURED": "true",
+            # litellm cannot price an unknown model: without this it stops after one reply
+            "MSWEA_COST_TRACKING": "ignore_errors", "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "2",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+
+
+def _outcome(ctx: RunContext, code: int | None, _output: bytes) -> Outcome:
+    path = ctx.home / "trajectory.json"
+    if not path.is_file():
+        return Outcome(False, f"no trajectory written (exit code {code})")
+    status = json.loads(path.read_text()).get("info", {}).get("exit_status")
+    return Outcome(status == "Submitted", f"exit_status {status!r}, exit code {code}")
+
+
+HARNESS = Harness(
+    name="mini-swe-agent", version="2.4.6", dialect="openai_chat", registry="pypi",
+    package="mini-swe-agent", binary="mini", streams=False, argv=_argv, env=_env,
+    outcome=_outcome, finish="mini-swe-agent",
+)

@@ -1,0 +1,110 @@
+"""A scripted policy for conformance: it drives any harness to write a file through its
+own tools, answering in the model's own tool-call format so the real parsing path runs.
+
+Given the tools a harness offers, it picks the shell tool (or a file-writing tool), makes
+one correct call, and after the tool result finishes the way that harness expects: a
+plain answer, a finish tool, mini-swe-agent's completion command, or (for harnesses with
+no tools, like aider) an edit written in the harness's own text format.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from harnessrl.proxy.engines.scripted import Reply
+from harnessrl.types import ChatRequest, Tool, ToolResult
+
+Finish = Literal["answer", "mini-swe-agent", "finish-tool", "whole-file"]
+
+# Tool names harnesses give their shell, in order of preference.
+SHELL_TOOLS = ("bash", "Bash", "shell", "run_shell_command", "exec_command", "shell_command",
+               "terminal", "Shell", "execute_bash", "run_command", "bash_tool")
+FINISH_TOOLS = ("finish", "attempt_completion", "task_complete", "submit")
+MINI_SWE_DONE = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+# Placeholder text for required parameters we do not care about, by JSON type.
+_FILLERS: dict[str, Any] = {"string": "write the requested file", "boolean": False,
+                            "integer": 60000, "number": 60, "array": [], "object": {}}
+
+
+def tool_call(name: str, arguments: dict[str, Any]) -> str:
+    """A call in the Hermes/Qwen format the tiny model's template uses."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+@dataclass
+class WriteFilePolicy:
+    """Create `filename` holding `line` (plus a newline), then finish."""
+
+    filename: str
+    line: str
+    finish: Finish = "answer"
+
+    @property
+    def command(self) -> str:
+        return f"printf '%s\\n' {shlex.quote(self.line)} > {shlex.quote(self.filename)}"
+
+    def __call__(self, request: ChatRequest) -> Reply:
+        if not request.tools:
+            return self._no_tools(request)
+        if not _has_tool_result(request):
+            return Reply(self._act(request.tools))
+        return Reply(self._done(request.tools))
+
+    def _no_tools(self, request: ChatRequest) -> Reply:
+        if self.finish == "whole-file" and _mentions(request, self.filename):
+            # aider's "whole" edit format: the file name, then the whole new file.
+            return Reply(f"{self.filename}\n```\n{self.line}\n```\n")
+        return Reply("Write the requested file")  # a side call, e.g. a session title
+
+    def _act(self, tools: tuple[Tool, ...]) -> str:
+        shell = _pick(tools, SHELL_TOOLS)
+        if shell is None:
+            names = ", ".join(t.name for t in tools)
+            raise LookupError(f"no shell tool among the offered tools: {names}")
+        return tool_call(shell.name, _shell_arguments(shell, self.command))
+
+    def _done(self, tools: tuple[Tool, ...]) -> str:
+        if self.finish == "mini-swe-agent":
+            shell = _pick(tools, SHELL_TOOLS)
+            assert shell is not None
+            return tool_call(shell.name, _shell_arguments(shell, MINI_SWE_DONE))
+        if self.finish == "finish-tool" and (finish := _pick(tools, FINISH_TOOLS)):
+            return tool_call(finish.name, _filled(finish, {"message": "hello.txt written"}))
+        return f"Done: {self.filename} now holds the requested line."
+
+
+def _has_tool_result(request: ChatRequest) -> bool:
+    return any(isinstance(p, ToolResult) for m in request.messages for p in m.parts)
+
+
+def _mentions(request: ChatRequest, text: str) -> bool:
+    return any(text in getattr(p, "text", "") for m in request.messages for p in m.parts)
+
+
+def _pick(tools: tuple[Tool, ...], names: tuple[str, ...]) -> Tool | None:
+    by_name = {t.name: t for t in tools}
+    return next((by_name[n] for n in names if n in by_name), None)
+
+
+def _shell_arguments(tool: Tool, command: str) -> dict[str, Any]:
+    properties = (tool.parameters or {}).get("properties", {})
+    key = next((k for k in ("command", "cmd", "script") if k in properties), "command")
+    kind = properties.get(key, {}).get("type")
+    # Codex's `shell` takes an argv array; everyone else a command string.
+    value: Any = ["bash", "-lc", command] if kind == "array" else command
+    return _filled(tool, {key: value})
+
+
+def _filled(tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:
+    """`arguments` plus a plausible value for every other required parameter."""
+    schema = tool.parameters or {}
+    properties = schema.get("properties", {})
+    for name in schema.get("required", []):
+        if name not in arguments:
+            kind = properties.get(name, {}).get("type", "string")
+            arguments[name] = _FILLERS.get(kind if isinstance(kind, str) else kind[0], "")
+    return arguments
+
