@@ -6,6 +6,7 @@ Every component's configuration is read here and passed down as plain values.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ipaddress
 import json
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_RUN_DIR = Path("runs/default")
+DEFAULT_TOOLS_DIR = Path("~/.cache/harnessrl/tools")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
     export.add_argument("-o", "--out", type=Path, required=True)
     export.set_defaults(func=_export)
+    _harness_parsers(sub)
     report = sub.add_parser("report", help="chains per rollout and harness: extension rate "
                                            "and why chains broke")
     report.add_argument("run_dir", type=Path)
@@ -47,6 +50,28 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", help="a local model directory (default: SmolLM2-135M)")
     demo.set_defaults(func=_demo)
     return parser
+
+
+def _harness_parsers(sub: Any) -> None:
+    harness = sub.add_parser("harness", help="the real harnesses: list, install, doctor")
+    actions = harness.add_subparsers()
+    listing = actions.add_parser("list", help="known harnesses and whether installed")
+    listing.set_defaults(func=_harness_list)
+    install = actions.add_parser("install", help="install pinned harnesses (all if none)")
+    install.add_argument("names", nargs="*")
+    install.set_defaults(func=_harness_install)
+    doctor = actions.add_parser("doctor", help="run one harness against the proxy and say "
+                                               "what works")
+    doctor.add_argument("names", nargs="+")
+    doctor.set_defaults(func=_conformance, markdown=None)
+    for p in (listing, install, doctor):
+        p.add_argument("--tools-dir", type=Path, default=DEFAULT_TOOLS_DIR)
+    conformance = sub.add_parser("conformance", help="every harness writes a file through "
+                                                     "the proxy; print the matrix")
+    conformance.add_argument("names", nargs="*")
+    conformance.add_argument("--tools-dir", type=Path, default=DEFAULT_TOOLS_DIR)
+    conformance.add_argument("--markdown", type=Path, help="also write the matrix here")
+    conformance.set_defaults(func=_conformance)
 
 
 def _serve_parser(p: argparse.ArgumentParser) -> None:
@@ -171,6 +196,64 @@ def _export(args: argparse.Namespace) -> int:
     count = export(args.run_dir, args.out, what=args.what, fmt=args.format)
     print(f"wrote {count} {args.what} to {args.out}")
     return 0
+
+
+def _harnesses(names: list[str]) -> list[Any]:
+    from harnessrl.harnesses import all_harnesses, get
+
+    return [get(n) for n in names] if names else all_harnesses()
+
+
+def _harness_list(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("harness", "version", "dialect", "from", "streams", "installed")
+    for h in _harnesses([]):
+        table.add_row(h.name, h.version, h.dialect, h.registry, "yes" if h.streams else "no",
+                      "yes" if h.installed(args.tools_dir) else "no")
+    Console().print(table)
+    return 0
+
+
+def _harness_install(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console()
+    for h in _harnesses(args.names):
+        with console.status(f"installing {h.name} {h.version}"):
+            h.install(args.tools_dir, log=lambda line: console.log(line))
+        console.print(f"[green]ok[/] {h.name} {h.version} -> {h.executable(args.tools_dir)}")
+    return 0
+
+
+def _conformance(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    from harnessrl.harnesses.conformance import check, matrix_markdown, policy_tokenizer
+
+    console = Console()
+    tokenizer = policy_tokenizer()
+    results = []
+    for h in _harnesses(args.names):
+        with console.status(f"{h.name}: installing (first time) and running headless"):
+            h.install(args.tools_dir, log=lambda line: None)
+            with tempfile.TemporaryDirectory(prefix=f"hrl-{h.name}-") as root:
+                result = asyncio.run(check(h, tokenizer=tokenizer, tools_dir=args.tools_dir,
+                                           root=Path(root)))
+        results.append(result)
+        mark = "[green]PASS[/]" if result.passed else f"[red]FAIL[/] {'; '.join(result.problems)}"
+        console.print(f"{h.name} {h.version}: {mark}")
+        if not result.passed:
+            console.print(result.output[-2000:], markup=False, highlight=False)
+    matrix = matrix_markdown(results)
+    console.print(Markdown(matrix))
+    if args.markdown:
+        args.markdown.write_text(matrix)
+    return 0 if all(r.passed for r in results) else 1
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -150,3 +150,12 @@ def matrix_markdown(results: list[Result]) -> str:
                     f"{'yes' if r.streamed else 'no'} | {r.turns} | {chain} | "
                     f"{r.seconds:.1f} | {verdict} |")
     return "\n".join(rows) + "\n"
+
+
+def policy_tokenizer(cache: Path = Path("~/.cache/harnessrl/models/tiny-qwen2")) -> Any:
+    """The scripted policy speaks through the tiny model's tokenizer and template."""
+    from transformers import AutoTokenizer
+
+    from harnessrl.models.tiny import build_tiny_model
+
+    return AutoTokenizer.from_pretrained(build_tiny_model(cache.expanduser()))
