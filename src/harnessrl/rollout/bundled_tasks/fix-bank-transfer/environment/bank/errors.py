@@ -1,0 +1,6 @@
+class InsufficientFunds(Exception):
+    pass
+
+
+class AccountFrozen(Exception):
+    pass

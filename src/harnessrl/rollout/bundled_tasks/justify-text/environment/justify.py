@@ -1,0 +1,2 @@
+def justify(text: str, width: int) -> list[str]:
+    raise NotImplementedError

@@ -1,0 +1,2 @@
+def merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    raise NotImplementedError
