@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--out", type=Path, required=True)
     export.set_defaults(func=_export)
     _harness_parsers(sub)
+    _run_parser(sub.add_parser("run", help="harnesses on tasks through the proxy, scored by "
+                                          "the tasks' verifiers"))
     report = sub.add_parser("report", help="chains per rollout and harness: extension rate "
                                            "and why chains broke")
     report.add_argument("run_dir", type=Path)
@@ -72,6 +74,70 @@ def _harness_parsers(sub: Any) -> None:
     conformance.add_argument("--tools-dir", type=Path, default=DEFAULT_TOOLS_DIR)
     conformance.add_argument("--markdown", type=Path, help="also write the matrix here")
     conformance.set_defaults(func=_conformance)
+
+
+def _run_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--harness", required=True, help="one or more, comma-separated")
+    p.add_argument("--tasks", required=True, help="a task dir, a .jsonl file, or bundled[:...]")
+    p.add_argument("-k", "--samples", type=int, default=1, help="rollouts per task and harness")
+    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--retries", type=int, default=2, help="retries of infrastructure failures")
+    p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
+    p.add_argument("--tools-dir", type=Path, default=DEFAULT_TOOLS_DIR)
+    p.add_argument("--network", choices=["host", "none", "loopback-proxy"], default="host",
+                   help="loopback-proxy: the agent reaches only the proxy")
+    engine = p.add_mutually_exclusive_group(required=True)
+    engine.add_argument("--engine-url", help="a running vLLM server")
+    engine.add_argument("--model", help="start vLLM for this model")
+    engine.add_argument("--oracle", action="store_true",
+                        help="a scripted engine that runs each task's reference solution "
+                             "through the harness (checks the pipeline end to end)")
+    p.add_argument("--fewer-tool-calls", type=float, default=0.0,
+                   help="shaping: bonus weight for passing with fewer tool calls")
+    p.add_argument("--fewer-tokens", type=float, default=0.0,
+                   help="shaping: bonus weight for passing with fewer sampled tokens")
+    p.add_argument("--shaping", action="append", default=[], metavar="MODULE:FUNCTION",
+                   help="a custom shaping term f(verdict, stats) -> float (repeat)")
+    p.add_argument("--temperature", type=float, help="override the harnesses' temperature")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from harnessrl.rollout.rewards import Shaping, load_term
+    from harnessrl.rollout.run import execute, oracle_policy
+    from harnessrl.rollout.runner import RunConfig
+    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.types import Sampling
+
+    tasks = load_tasks(args.tasks)
+    shaping = Shaping(fewer_tool_calls=args.fewer_tool_calls, fewer_tokens=args.fewer_tokens,
+                      custom=dict(load_term(spec) for spec in args.shaping))
+    config = RunConfig(harnesses=_harnesses(args.harness.split(",")), tasks=tasks,
+                       samples=args.samples, concurrency=args.concurrency,
+                       retries=args.retries, tools_dir=args.tools_dir, network=args.network,
+                       shaping=shaping)
+    server = None
+    if args.oracle:
+        from harnessrl.harnesses.conformance import policy_tokenizer
+        from harnessrl.proxy.engines.scripted import ScriptedEngine
+
+        engine = ScriptedEngine(policy_tokenizer(), oracle_policy(tasks), model="oracle")
+    else:
+        if args.model:
+            from harnessrl.proxy.engines.managed import VLLMServer
+
+            server = VLLMServer(model=args.model, log_path=args.run_dir / "vllm.log")
+            args.engine_url = server.start()
+        from harnessrl.proxy.engines.vllm import VLLMEngine
+
+        engine = VLLMEngine(args.engine_url)
+    sampling = Sampling(temperature=args.temperature) if args.temperature is not None else None
+    try:
+        outcomes = execute(config, engine, args.run_dir, sampling=sampling)
+    finally:
+        if server is not None:
+            server.stop()
+    return 0 if all(o.status == "done" for o in outcomes) else 1
 
 
 def _serve_parser(p: argparse.ArgumentParser) -> None:

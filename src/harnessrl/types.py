@@ -304,3 +304,35 @@ class Sample(msgspec.Struct, frozen=True):
         which TRL tolerates at positions its `env_mask` masks out)."""
         sampled = iter(self.logprobs)
         return [next(sampled) if m else fill for m in self.mask]
+
+
+class Outcome(msgspec.Struct, frozen=True, omit_defaults=True):
+    """How one rollout ended: the harness's own end state, the verifier's verdict, and the
+    reward with its shaping terms kept apart, so the raw outcome is never lost.
+
+    `status` is `done` when the agent ran and the verifier scored it (whatever the score),
+    `infra_error` when the sandbox, engine, install or verifier failed: such a rollout has
+    no reward (None, never 0) and stays out of training baselines.
+    """
+
+    harness: str
+    harness_version: str
+    task: str
+    sample: int
+    rollout: str
+    status: Literal["done", "infra_error"]
+    reward: float | None = None
+    verifier_reward: float | None = None
+    shaping: dict[str, float] = {}
+    agent_finished: bool | None = None
+    agent_exit_code: int | None = None
+    agent_detail: str = ""
+    verifier_status: str | None = None
+    verifier_output: str = ""
+    sandbox: str = "local"
+    timings: dict[str, float] = {}
+    turns: int = 0
+    tool_calls: int = 0
+    completion_tokens: int = 0
+    attempts: int = 1
+    error: str | None = None

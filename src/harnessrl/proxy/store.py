@@ -22,7 +22,16 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.types import ChatRequest, Completion, Rollout, Sampling, Timings, Tokens, Turn
+from harnessrl.types import (
+    ChatRequest,
+    Completion,
+    Outcome,
+    Rollout,
+    Sampling,
+    Timings,
+    Tokens,
+    Turn,
+)
 
 DB_NAME = "trace.db"
 SCHEMA_VERSION = 2
@@ -62,6 +71,16 @@ CREATE TABLE IF NOT EXISTS turns (
     UNIQUE (rollout, idx)
 );
 CREATE INDEX IF NOT EXISTS turns_by_reply ON turns (rollout, reply_id);
+CREATE TABLE IF NOT EXISTS outcomes (
+    harness TEXT NOT NULL,
+    task TEXT NOT NULL,
+    sample INTEGER NOT NULL,
+    rollout TEXT NOT NULL,
+    status TEXT NOT NULL,
+    reward REAL,
+    outcome BLOB NOT NULL,
+    PRIMARY KEY (harness, task, sample)
+);
 """
 # Steps that bring an older file up to SCHEMA_VERSION, by the version they start from.
 _MIGRATIONS = {1: "ALTER TABLE turns ADD COLUMN reply_id TEXT"}
@@ -196,6 +215,13 @@ class TraceStore:
             lambda: (rollout.key, rollout.created, rollout.closed, _json(rollout.sampling),
                      _text(list(rollout.unset_sampling)), _encode(rollout.metadata)))
 
+    async def put_outcome(self, outcome: Outcome) -> None:
+        """The rollout's final result; a retried rollout replaces its earlier attempt."""
+        await self._submit(
+            "INSERT OR REPLACE INTO outcomes VALUES (?, ?, ?, ?, ?, ?, ?)",
+            lambda: (outcome.harness, outcome.task, outcome.sample, outcome.rollout,
+                     outcome.status, outcome.reward, _encode(outcome)))
+
     async def _submit(self, sql: str, params: Callable[[], tuple[Any, ...]]) -> None:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
@@ -308,6 +334,10 @@ class TraceStore:
     def iter_rollouts(self) -> Iterator[Rollout]:
         for row in self._db.execute("SELECT * FROM rollouts ORDER BY created"):
             yield _row_rollout(row)
+
+    def outcomes(self) -> list[Outcome]:
+        rows = self._db.execute("SELECT outcome FROM outcomes ORDER BY harness, task, sample")
+        return [msgspec.json.decode(row[0], type=Outcome) for row in rows]
 
     def turn_counts(self) -> dict[str, int]:
         return dict(self._db.execute("SELECT rollout, COUNT(*) FROM turns GROUP BY rollout"))

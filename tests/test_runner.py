@@ -1,0 +1,88 @@
+"""The runner end to end: a real harness on bundled tasks through the proxy, driven by the
+oracle policy (each task's reference solution through the harness's own shell tool)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from harnessrl.errors import EngineUnavailable
+from harnessrl.harnesses import get
+from harnessrl.harnesses.conformance import policy_tokenizer
+from harnessrl.proxy.engines.scripted import ScriptedEngine
+from harnessrl.proxy.store import TraceStore
+from harnessrl.rollout.rewards import Shaping, TraceStats
+from harnessrl.rollout.run import execute, oracle_policy
+from harnessrl.rollout.runner import RunConfig
+from harnessrl.rollout.tasks import Verdict, load_tasks
+
+TOOLS = Path("~/.cache/harnessrl/tools").expanduser()
+
+
+def test_shaping_terms_are_recorded_apart_and_only_for_passes() -> None:
+    shaping = Shaping(fewer_tool_calls=0.2, tool_call_budget=10, fewer_tokens=0.1,
+                      token_budget=1000, custom={"flat": lambda verdict, stats: -0.05})
+    stats = TraceStats(turns=3, tool_calls=2, completion_tokens=250)
+    passed = Verdict(1.0, True, "", 0.1)
+    reward, terms = shaping.reward(passed, stats)
+    assert terms == pytest.approx({"fewer_tool_calls": 0.16, "fewer_tokens": 0.075,
+                                   "flat": -0.05})
+    assert reward == pytest.approx(1.0 + 0.16 + 0.075 - 0.05)
+    reward, terms = shaping.reward(Verdict(0.0, False, "", 0.1), stats)
+    assert terms == {"flat": -0.05} and reward == pytest.approx(-0.05)
+
+
+@pytest.fixture(scope="module")
+def mini():
+    harness = get("mini-swe-agent")
+    harness.install(TOOLS, log=lambda _line: None)
+    return harness
+
+
+@pytest.mark.slow
+@pytest.mark.harness
+def test_oracle_run_scores_every_rollout_and_resumes_without_duplicates(mini, tmp_path):
+    tasks = load_tasks("bundled:create-hello-file,fizzbuzz,rename-extensions")
+    config = RunConfig(harnesses=[mini], tasks=tasks, samples=2, concurrency=2,
+                       tools_dir=TOOLS, shaping=Shaping(fewer_tool_calls=0.1))
+    engine = ScriptedEngine(policy_tokenizer(), oracle_policy(tasks), model="oracle")
+    quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
+    outcomes = execute(config, engine, tmp_path, console=quiet)
+    assert len(outcomes) == 6 and all(o.status == "done" for o in outcomes)
+    assert all(o.verifier_reward == 1.0 and o.reward == pytest.approx(1.09) for o in outcomes)
+    assert all(o.shaping == {"fewer_tool_calls": pytest.approx(0.09)} for o in outcomes)
+    store = TraceStore(tmp_path)
+    turns_before = store.count_turns()
+    assert turns_before == 12 and all(store.turns(o.rollout) for o in outcomes)
+    store.close()
+
+    again = execute(config, engine, tmp_path, console=quiet)  # resume: nothing left to do
+    store = TraceStore(tmp_path)
+    assert store.count_turns() == turns_before and len(again) == 6
+    store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.harness
+def test_engine_failure_is_an_infra_error_without_a_reward(mini, tmp_path):
+    def down(_request):
+        raise EngineUnavailable("the engine is down (test)")
+
+    tasks = load_tasks("bundled:create-hello-file")
+    config = RunConfig(harnesses=[mini], tasks=tasks, retries=1, tools_dir=TOOLS)
+    engine = ScriptedEngine(policy_tokenizer(), down, model="down")
+    [outcome] = execute(config, engine, tmp_path, console=Console(file=open("/dev/null", "w")))  # noqa: SIM115
+    assert outcome.status == "infra_error" and outcome.reward is None
+    assert outcome.attempts == 2 and "engine" in outcome.error
+
+
+def test_plan_interleaves_harnesses_and_skips_done() -> None:
+    from harnessrl.rollout.runner import plan
+
+    tasks = load_tasks("bundled:fizzbuzz,is-palindrome")
+    todo = plan(RunConfig(harnesses=[get("mini-swe-agent")], tasks=tasks, samples=2),
+                done={("mini-swe-agent", "fizzbuzz", 1)})
+    assert [(p.task.id, p.sample) for p in todo] == [
+        ("fizzbuzz", 0), ("is-palindrome", 0), ("is-palindrome", 1)]
