@@ -1,0 +1,101 @@
+"""OpenCode: Chat Completions through `@ai-sdk/openai-compatible` (a custom provider in
+`opencode.json`), streamed; its shell tool is `bash`.
+
+Traps:
+- Two calls per prompt: a session title (no tools), then the task (10 tools).
+- The prompt arrives JSON-quoted in the user message (`"\\"Create a file...\\""`).
+- At startup it fetches a model catalogue and tries to install provider packages from the
+  package registry; here that fails without blocking it, and `OPENCODE_DISABLE_*` turns
+  most of it off.
+- Permission prompts cannot be answered headless: `--auto` approves everything that is
+  not explicitly denied.
+- The exit code is honest about API failures in the common case, but `--format json`
+  prints its event stream, which is more precise: an `error` event means the run failed,
+  and a finished run ends with a `step_finish` whose reason is not `tool-calls`. The
+  outcome is read from those events.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from harnessrl.harnesses.base import Harness, Outcome, RunContext
+
+PROVIDER = "harnessrl"
+
+
+def provider_config(ctx: RunContext) -> dict[str, Any]:
+    """An `opencode.json` (also Kilo's schema) with one OpenAI-compatible provider."""
+    return {
+        "provider": {PROVIDER: {
+            "npm": "@ai-sdk/openai-compatible", "name": PROVIDER,
+            "options": {"baseURL": ctx.openai_base, "apiKey": ctx.key},
+            "models": {ctx.model: {"name": ctx.model}}}},
+        "model": f"{PROVIDER}/{ctx.model}",
+        "autoupdate": False, "share": "disabled",
+    }
+
+
+def _config_path(ctx: RunContext) -> Path:
+    return ctx.home / ".config" / "opencode" / "opencode.json"
+
+
+def _setup(ctx: RunContext) -> None:
+    path = _config_path(ctx)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(provider_config(ctx), indent=2))
+
+
+def run_argv(ctx: RunContext, instruction: str) -> list[str]:
+    """`run` headless, approving everything, printing JSON events (OpenCode and Kilo)."""
+    return ["run", "--model", f"{PROVIDER}/{ctx.model}", "--auto", "--format", "json",
+            "--dir", str(ctx.workdir), instruction]
+
+
+def _env(ctx: RunContext) -> dict[str, str]:
+    return {"OPENCODE_CONFIG": str(_config_path(ctx)),
+            "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
+            "OPENCODE_DISABLE_SHARE": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+            # its default plugins are fetched from the package registry at startup
+            "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1", "OPENCODE_DISABLE_TERMINAL_TITLE": "1"}
+
+
+def events(stdout: bytes) -> list[dict[str, Any]]:
+    """The JSON events `--format json` printed, one per line."""
+    found = []
+    for line in stdout.decode("utf-8", "replace").splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(event, dict):
+            found.append(event)
+    return found
+
+
+def run_outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> Outcome:
+    """Finished when no error event was printed and the last step did not end on tool
+    calls (the agent loop stopped by itself)."""
+    seen = events(stdout)
+    errors = [e for e in seen if e.get("type") == "error"]
+    if errors:
+        return Outcome(False, f"error event {json.dumps(errors[-1])[:300]} "
+                              f"(exit code {code})")
+    steps = [e for e in seen if e.get("type") == "step_finish"]
+    if not steps:
+        return Outcome(False, f"no step finished (exit code {code})")
+    reason = steps[-1].get("part", {}).get("reason")
+    return Outcome(code == 0 and reason not in (None, "tool-calls"),
+                   f"last step reason {reason!r}, exit code {code}")
+
+
+HARNESS = Harness(
+    name="opencode", version="1.18.33", dialect="openai_chat", registry="npm",
+    package="opencode-ai", binary="opencode", setup=_setup, argv=run_argv, env=_env,
+    outcome=run_outcome,
+)
