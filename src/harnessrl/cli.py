@@ -99,6 +99,7 @@ def _run_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shaping", action="append", default=[], metavar="MODULE:FUNCTION",
                    help="a custom shaping term f(verdict, stats) -> float (repeat)")
     p.add_argument("--temperature", type=float, help="override the harnesses' temperature")
+    p.add_argument("--max-tokens", type=int, help="override the harnesses' max tokens per call")
     p.set_defaults(func=_run)
 
 
@@ -131,7 +132,8 @@ def _run(args: argparse.Namespace) -> int:
         from harnessrl.proxy.engines.vllm import VLLMEngine
 
         engine = VLLMEngine(args.engine_url)
-    sampling = Sampling(temperature=args.temperature) if args.temperature is not None else None
+    sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens)
+    sampling = None if sampling == Sampling() else sampling
     try:
         outcomes = execute(config, engine, args.run_dir, sampling=sampling)
     finally:
@@ -163,6 +165,7 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, help="override the harness's temperature")
     p.add_argument("--top-p", type=float)
     p.add_argument("--top-k", type=int)
+    p.add_argument("--max-tokens", type=int, help="override the harness's max tokens per call")
     p.add_argument("--unset-sampling", nargs="*", default=[],
                    help="sampling fields to drop from harness requests (e.g. top_p)")
     p.add_argument("--strict-model", action="store_true",
@@ -216,7 +219,8 @@ def build_proxy(args: argparse.Namespace) -> Any:
     from harnessrl.proxy.store import TraceStore
     from harnessrl.types import Sampling
 
-    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+    sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                        max_tokens=args.max_tokens)
     sessions = Sessions(TraceStore(args.run_dir),
                         sampling=sampling if sampling != Sampling() else None,
                         unset_sampling=frozenset(args.unset_sampling))
