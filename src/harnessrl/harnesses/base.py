@@ -10,6 +10,7 @@ workdir; nothing touches the user's real home.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -122,7 +123,16 @@ class Harness:
 
 
 def _python(version: str) -> str:
-    """An interpreter of that version: this one if it matches, else pythonX.Y on PATH."""
+    """An interpreter of that version: this one if it matches, else pythonX.Y on PATH,
+    else one installed by pyenv (whose shims answer only for the active versions)."""
     if f"{sys.version_info.major}.{sys.version_info.minor}" == version:
         return sys.executable
-    return f"python{version}"
+    candidates = [shutil.which(f"python{version}")]
+    root = Path(os.environ.get("PYENV_ROOT", "~/.pyenv")).expanduser()
+    candidates += sorted(str(p) for p in root.glob(f"versions/{version}.*/bin/python{version}"))
+    for candidate in candidates:
+        if candidate and subprocess.run([candidate, "--version"], capture_output=True
+                                        ).returncode == 0:
+            return candidate
+    raise RuntimeError(f"no Python {version} found (needed to install this harness); "
+                       f"install python{version} or set PYENV_ROOT")

@@ -103,9 +103,14 @@ def _filled(tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:
     schema = tool.parameters or {}
     properties = schema.get("properties", {})
     for name in schema.get("required", []):
-        if name not in arguments:
-            kind = properties.get(name, {}).get("type", "string")
-            arguments[name] = _FILLERS.get(kind if isinstance(kind, str) else kind[0], "")
+        if name in arguments:
+            continue
+        spec = properties.get(name, {})
+        if spec.get("enum"):  # e.g. OpenHands' security_risk: only listed values validate
+            arguments[name] = spec["enum"][0]
+            continue
+        kind = spec.get("type", "string")
+        arguments[name] = _FILLERS.get(kind if isinstance(kind, str) else kind[0], "")
     return arguments
 
 

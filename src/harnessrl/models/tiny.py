@@ -35,7 +35,10 @@ MARKUP_TOKENS: tuple[str, ...] = (
 )
 VOCAB_SIZE = 4096  # tokenizer size including special and markup tokens
 MARKER_NAME = ".harnessrl-build.json"
-_TINY_FORMAT = 1  # bump when the recipe changes so stale builds are rebuilt
+# Long enough for real harness prompts (Claude Code's alone is tens of thousands of tokens
+# in this small vocabulary); RoPE has no position table, so the size does not grow.
+MAX_POSITIONS = 65536
+_TINY_FORMAT = 2  # bump when the recipe changes so stale builds are rebuilt
 _CORPUS_FILES = 200
 _CORPUS_BYTES = 3_000_000  # enough for a 4k vocab, keeps training ~1-2 s
 
@@ -111,7 +114,7 @@ def _build_tokenizer() -> Any:
         pad_token=PAD_TOKEN,
         chat_template=HERMES_TEMPLATE,
         clean_up_tokenization_spaces=False,
-        model_max_length=4096,
+        model_max_length=MAX_POSITIONS,
     )
 
 
@@ -146,7 +149,7 @@ def _build_model(tokenizer: Any, seed: int) -> Any:
         num_key_value_heads=1,
         head_dim=64,
         intermediate_size=256,
-        max_position_embeddings=4096,
+        max_position_embeddings=MAX_POSITIONS,
         # Untied so a trainer's lm_head update can be pushed into vLLM exactly.
         tie_word_embeddings=False,
         bos_token_id=pad_id,

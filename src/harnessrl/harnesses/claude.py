@@ -1,0 +1,66 @@
+"""Claude Code: Anthropic Messages (`POST /v1/messages?beta=true`, streamed), after a
+`HEAD /` probe of its base URL.
+
+Traps:
+- As root it refuses `--permission-mode bypassPermissions` unless `IS_SANDBOX=1`; without
+  that switch headless mode cannot run its tools at all.
+- By default it makes a side call (a session title, no tools) before the task and sends
+  telemetry; `CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1` turns both off.
+- Its request has fields no published schema has: a `system` role inside `messages`,
+  `context_management`, `output_config`, `thinking: {"type": "adaptive"}`.
+- The exit code is honest in the common case (non-zero when the API fails), but the
+  final JSON record is more precise: `is_error` and `subtype` say whether the agent
+  loop ended normally, so the outcome is read from that record.
+"""
+
+from __future__ import annotations
+
+import json
+
+from harnessrl.harnesses.base import Harness, Outcome, RunContext
+
+
+def _argv(ctx: RunContext, instruction: str) -> list[str]:
+    return ["-p", instruction, "--model", ctx.model,
+            "--permission-mode", "bypassPermissions",
+            # one JSON record at the end: the result, with is_error and subtype
+            "--output-format", "json"]
+
+
+def _env(ctx: RunContext) -> dict[str, str]:
+    return {"ANTHROPIC_BASE_URL": ctx.proxy_root, "ANTHROPIC_API_KEY": ctx.key,
+            "IS_SANDBOX": "1",  # allows bypassPermissions when running as root
+            # no title call, no telemetry, no update check
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1"}
+
+
+def _result_record(stdout: bytes) -> dict | None:
+    """The last JSON object on stdout whose type is "result"."""
+    for line in reversed(stdout.decode("utf-8", "replace").splitlines()):
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and record.get("type") == "result":
+            return record
+    return None
+
+
+def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> Outcome:
+    record = _result_record(stdout)
+    if record is None:
+        return Outcome(False, f"no result record on stdout (exit code {code})")
+    ok = record.get("subtype") == "success" and not record.get("is_error")
+    return Outcome(ok, f"subtype {record.get('subtype')!r}, is_error "
+                       f"{record.get('is_error')!r}, exit code {code}")
+
+
+HARNESS = Harness(
+    name="claude", version="2.1.197", dialect="anthropic", registry="npm",
+    package="@anthropic-ai/claude-code", binary="claude", argv=_argv, env=_env,
+    outcome=_outcome,
+)

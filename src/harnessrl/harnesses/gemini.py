@@ -1,0 +1,82 @@
+"""Gemini CLI: Gemini `streamGenerateContent?alt=sse` at `<base>/v1beta/models/<model>:...`,
+with the key in `x-goog-api-key`; its shell tool is `run_shell_command`.
+
+Traps:
+- With only `GOOGLE_GEMINI_BASE_URL` set it picks the "gateway" auth type, which headless
+  mode rejects ("Invalid auth method selected.", exit 41): `settings.json` must select
+  `gemini-api-key`.
+- Headless mode exits 55 in an untrusted directory unless
+  `GEMINI_CLI_TRUST_WORKSPACE=true`.
+- Without `--approval-mode yolo` the shell and write tools are not even offered.
+- Tool schemas come as `parametersJsonSchema`, not `parameters`.
+- Telemetry (Clearcut) to an outside host fails here without blocking it; settings turn
+  it and the update check off anyway.
+- The exit code is honest about API failures, but the JSON result (`--output-format
+  json`) is read instead: an `error` object there means the run failed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harnessrl.harnesses.base import Harness, Outcome, RunContext
+
+
+def _settings() -> dict:
+    return {
+        "security": {"auth": {"selectedType": "gemini-api-key"}},
+        "privacy": {"usageStatisticsEnabled": False},
+        "telemetry": {"enabled": False},
+        "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+    }
+
+
+def _settings_path(ctx: RunContext) -> Path:
+    return ctx.home / ".gemini" / "settings.json"
+
+
+def _setup(ctx: RunContext) -> None:
+    path = _settings_path(ctx)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_settings(), indent=2))
+
+
+def _argv(ctx: RunContext, instruction: str) -> list[str]:
+    return ["-p", instruction, "-m", ctx.model, "--approval-mode", "yolo",
+            "--output-format", "json"]
+
+
+def _env(ctx: RunContext) -> dict[str, str]:
+    return {"GEMINI_API_KEY": ctx.key, "GOOGLE_GEMINI_BASE_URL": ctx.proxy_root,
+            "GEMINI_CLI_TRUST_WORKSPACE": "true"}
+
+
+def _result(stdout: bytes) -> dict | None:
+    """The JSON object printed at the end (pretty-printed over several lines)."""
+    text = stdout.decode("utf-8", "replace")
+    start = text.find("{")
+    while start != -1:
+        try:
+            value = json.loads(text[start:])
+        except json.JSONDecodeError:
+            start = text.find("{", start + 1)
+            continue
+        return value if isinstance(value, dict) else None
+    return None
+
+
+def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> Outcome:
+    result = _result(stdout)
+    if result is None:
+        return Outcome(False, f"no JSON result on stdout (exit code {code})")
+    if result.get("error"):
+        return Outcome(False, f"error {json.dumps(result['error'])[:300]} (exit code {code})")
+    return Outcome("response" in result, f"response present, exit code {code}")
+
+
+HARNESS = Harness(
+    name="gemini", version="0.61.0", dialect="gemini", registry="npm",
+    package="@google/gemini-cli", binary="gemini", setup=_setup, argv=_argv, env=_env,
+    outcome=_outcome,
+)
