@@ -8,14 +8,20 @@ Traps:
   telemetry; `CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1` turns both off.
 - Its request has fields no published schema has: a `system` role inside `messages`,
   `context_management`, `output_config`, `thinking: {"type": "adaptive"}`.
-- The exit code is honest in the common case (non-zero when the API fails), but the
-  final JSON record is more precise: `is_error` and `subtype` say whether the agent
-  loop ended normally, so the outcome is read from that record.
+- It retries every failed call, a 401 included, up to 11 times with backoff (minutes,
+  printing nothing meanwhile); `CLAUDE_CODE_MAX_RETRIES` caps that.
+- `--output-format json` prints one record at the end, nothing while it works.
+
+Exit code: honest as far as seen (1 when the API fails, after its retries; 0 after a
+normal end). The final record's `subtype` is not: it says "success" even when every call
+failed, and only `is_error` (with `api_error_status`) tells. The outcome reads the record:
+finished means `subtype == "success"` and not `is_error`.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from harnessrl.harnesses.base import Harness, Outcome, RunContext
 
@@ -32,10 +38,12 @@ def _env(ctx: RunContext) -> dict[str, str]:
             "IS_SANDBOX": "1",  # allows bypassPermissions when running as root
             # no title call, no telemetry, no update check
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
-            "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1"}
+            "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1",
+            # the proxy fails only when its engine does: do not spend minutes retrying
+            "CLAUDE_CODE_MAX_RETRIES": "2"}
 
 
-def _result_record(stdout: bytes) -> dict | None:
+def _result_record(stdout: bytes) -> dict[str, Any] | None:
     """The last JSON object on stdout whose type is "result"."""
     for line in reversed(stdout.decode("utf-8", "replace").splitlines()):
         line = line.strip()

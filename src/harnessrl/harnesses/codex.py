@@ -4,58 +4,58 @@ in `$CODEX_HOME/config.toml`; its shell tool is `exec_command` (a `cmd` string).
 Traps:
 - Its own sandbox is read-only by default: `codex exec` runs commands unattended only
   with `--dangerously-bypass-approvals-and-sandbox`.
-- It reads extra input from stdin until EOF, so stdin must be /dev/null (the sandbox
-  gives that).
+- It reads extra input from stdin until EOF ("Reading additional input from stdin..."),
+  so stdin must be /dev/null (the sandbox gives that).
 - It sends fields no published schema has (`namespace` and `web_search` tools,
-  `include: ["reasoning.encrypted_content"]`, `client_metadata`) and warns that an
-  unknown model has no metadata (harmless).
+  `include: ["reasoning.encrypted_content"]`, `client_metadata`) and reports an unknown
+  model's missing metadata as an `error` item, although that is only a warning.
+- On a 5xx it retries hard by default (30 requests in 25 s); the provider caps that.
 - Feature-flag and plugin look-ups to outside hosts fail here without blocking it.
-- The exit code is mostly honest (1 when the turn fails), but the JSONL event stream
-  (`--json`) is the real end state: a `turn.completed` event and no `turn.failed` or
-  `error` event; the outcome reads that.
+
+Exit code: honest as far as seen (1 with a `turn.failed` event on a 401 or a 5xx, 0
+after `turn.completed`). The outcome still reads the `--json` event stream, the precise
+record: finished means a `turn.completed` event and no `turn.failed`.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 from harnessrl.harnesses.base import Harness, Outcome, RunContext
 
 _PROVIDER = "harnessrl"
-_KEY_VARIABLE = "HARNESSRL_API_KEY"
+_KEY_VARIABLE = "HARNESSRL_API_KEY"  # the provider's env_key: the key never sits in a file
 
 
-def _toml_string(value: str) -> str:
+def _toml(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid TOML basic string
 
 
 def _config(ctx: RunContext) -> str:
     return "\n".join([
-        f"model = {_toml_string(ctx.model)}",
-        f"model_provider = {_toml_string(_PROVIDER)}",
-        'approval_policy = "never"',
-        'sandbox_mode = "danger-full-access"',
+        f"model = {_toml(ctx.model)}",
+        f"model_provider = {_toml(_PROVIDER)}",
         "check_for_update_on_startup = false",
         "",
         "[analytics]",
         "enabled = false",
         "",
-        "[feedback]",
-        "enabled = false",
-        "",
         f"[model_providers.{_PROVIDER}]",
-        f"name = {_toml_string(_PROVIDER)}",
-        f"base_url = {_toml_string(ctx.openai_base)}",
-        f"env_key = {_toml_string(_KEY_VARIABLE)}",
+        f"name = {_toml(_PROVIDER)}",
+        f"base_url = {_toml(ctx.openai_base)}",
+        f"env_key = {_toml(_KEY_VARIABLE)}",
         'wire_api = "responses"',
-        # a failed call is the proxy's answer, not a network blip: retry little
-        "request_max_retries = 1",
-        "stream_max_retries = 1",
+        # the proxy fails only when its engine does; the default retries only make a
+        # failed rollout slow
+        "request_max_retries = 2",
+        "stream_max_retries = 2",
         "",
     ])
 
 
-def _codex_home(ctx: RunContext):
+def _codex_home(ctx: RunContext) -> Path:
     return ctx.home / ".codex"
 
 
@@ -74,25 +74,30 @@ def _env(ctx: RunContext) -> dict[str, str]:
     return {"CODEX_HOME": str(_codex_home(ctx)), _KEY_VARIABLE: ctx.key}
 
 
-def _events(stdout: bytes) -> list[dict]:
+def _events(stdout: bytes) -> list[dict[str, Any]]:
+    """The JSON objects of `codex exec --json`, one a line."""
     events = []
     for line in stdout.decode("utf-8", "replace").splitlines():
-        if line.startswith("{"):
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return [e for e in events if isinstance(e, dict)]
+        if not line.startswith("{"):
+            continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events
 
 
 def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> Outcome:
-    types = [e.get("type") for e in _events(stdout)]
-    failed = [e for e in _events(stdout) if e.get("type") in ("turn.failed", "error")]
+    events = _events(stdout)
+    failed = [e for e in events if e.get("type") == "turn.failed"]
     if failed:
-        return Outcome(False, f"{json.dumps(failed[-1])[:300]} (exit code {code})")
-    finished = "turn.completed" in types
-    return Outcome(finished, f"turn.completed {'seen' if finished else 'missing'}, "
-                             f"exit code {code}")
+        error = failed[-1].get("error", {})
+        return Outcome(False, f"turn.failed: {str(error)[:300]} (exit code {code})")
+    if not any(e.get("type") == "turn.completed" for e in events):
+        return Outcome(False, f"no turn.completed event (exit code {code})")
+    return Outcome(True, f"turn.completed, exit code {code}")
 
 
 HARNESS = Harness(

@@ -11,24 +11,32 @@ Traps:
 - Tool schemas come as `parametersJsonSchema`, not `parameters`.
 - Telemetry (Clearcut) to an outside host fails here without blocking it; settings turn
   it and the update check off anyway.
-- The exit code is honest about API failures, but the JSON result (`--output-format
-  json`) is read instead: an `error` object there means the run failed.
+- It retries a failed call up to 10 times with long backoff by default; settings cap it.
+
+Exit code: honest as far as seen (0 after a normal end; 145 on a 401, 244 after failed
+retries on a 5xx). With `--output-format json` the result object (`response`, `stats`)
+goes to stdout only on success; on failure an object with `error` goes to stderr. The
+outcome reads stdout: finished means a result object with a `response` and no `error`.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from harnessrl.harnesses.base import Harness, Outcome, RunContext
 
 
-def _settings() -> dict:
+def _settings() -> dict[str, Any]:
     return {
         "security": {"auth": {"selectedType": "gemini-api-key"}},
         "privacy": {"usageStatisticsEnabled": False},
         "telemetry": {"enabled": False},
-        "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+        "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False,
+                    # the proxy fails only when its engine does; the default 10 attempts
+                    # with long backoff only make a failed rollout take minutes
+                    "maxAttempts": 3},
     }
 
 
@@ -52,18 +60,21 @@ def _env(ctx: RunContext) -> dict[str, str]:
             "GEMINI_CLI_TRUST_WORKSPACE": "true"}
 
 
-def _result(stdout: bytes) -> dict | None:
-    """The JSON object printed at the end (pretty-printed over several lines)."""
+def _result(stdout: bytes) -> dict[str, Any] | None:
+    """The last top-level JSON object on stdout (it is pretty-printed over many lines)."""
     text = stdout.decode("utf-8", "replace")
-    start = text.find("{")
+    decoder = json.JSONDecoder()
+    found, start = None, text.find("{")
     while start != -1:
         try:
-            value = json.loads(text[start:])
+            value, end = decoder.raw_decode(text, start)
         except json.JSONDecodeError:
             start = text.find("{", start + 1)
             continue
-        return value if isinstance(value, dict) else None
-    return None
+        if isinstance(value, dict):
+            found = value
+        start = text.find("{", end)
+    return found
 
 
 def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> Outcome:
@@ -72,7 +83,9 @@ def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> Outcome:
         return Outcome(False, f"no JSON result on stdout (exit code {code})")
     if result.get("error"):
         return Outcome(False, f"error {json.dumps(result['error'])[:300]} (exit code {code})")
-    return Outcome("response" in result, f"response present, exit code {code}")
+    finished = "response" in result
+    return Outcome(finished, f"response {'present' if finished else 'missing'}, "
+                             f"exit code {code}")
 
 
 HARNESS = Harness(
