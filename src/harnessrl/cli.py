@@ -43,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
     _harness_parsers(sub)
     _run_parser(sub.add_parser("run", help="harnesses on tasks through the proxy, scored by "
                                           "the tasks' verifiers"))
+    evaluation = sub.add_parser("eval", help="the same model across harnesses: pass rate, "
+                                             "pass@k, cost per solved task (md, csv, png)")
+    _run_parser(evaluation)
+    evaluation.add_argument("--out", type=Path, help="where eval.md/.csv/.png go "
+                                                     "(default: RUN_DIR/eval)")
+    evaluation.set_defaults(func=_eval)
     report = sub.add_parser("report", help="chains per rollout and harness: extension rate "
                                            "and why chains broke")
     report.add_argument("run_dir", type=Path)
@@ -103,7 +109,7 @@ def _run_parser(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_run)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _execute_run(args: argparse.Namespace) -> list[Any]:
     from harnessrl.rollout.rewards import Shaping, load_term
     from harnessrl.rollout.run import execute, oracle_policy
     from harnessrl.rollout.runner import RunConfig
@@ -135,11 +141,28 @@ def _run(args: argparse.Namespace) -> int:
     sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens)
     sampling = None if sampling == Sampling() else sampling
     try:
-        outcomes = execute(config, engine, args.run_dir, sampling=sampling)
+        return execute(config, engine, args.run_dir, sampling=sampling)
     finally:
         if server is not None:
             server.stop()
+
+
+def _run(args: argparse.Namespace) -> int:
+    outcomes = _execute_run(args)
     return 0 if all(o.status == "done" for o in outcomes) else 1
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    from harnessrl.rollout.evaluate import evaluate, markdown, write_all
+
+    rows = evaluate(_execute_run(args), args.samples)
+    paths = write_all(rows, args.out or args.run_dir / "eval")
+    Console().print(Markdown(markdown(rows)))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
 
 
 def _serve_parser(p: argparse.ArgumentParser) -> None:
