@@ -91,7 +91,9 @@ def _run_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
     p.add_argument("--tools-dir", type=Path, default=DEFAULT_TOOLS_DIR)
     p.add_argument("--network", choices=["host", "none", "loopback-proxy"], default="host",
-                   help="loopback-proxy: the agent reaches only the proxy")
+                   help="local sandbox: loopback-proxy lets the agent reach only the proxy")
+    p.add_argument("--sandbox", choices=["local", "docker"], default="local")
+    p.add_argument("--image", default="python:3.11-slim", help="docker sandbox image")
     engine = p.add_mutually_exclusive_group(required=True)
     engine.add_argument("--engine-url", help="a running vLLM server")
     engine.add_argument("--model", help="start vLLM for this model")
@@ -122,7 +124,7 @@ def _execute_run(args: argparse.Namespace) -> list[Any]:
     config = RunConfig(harnesses=_harnesses(args.harness.split(",")), tasks=tasks,
                        samples=args.samples, concurrency=args.concurrency,
                        retries=args.retries, tools_dir=args.tools_dir, network=args.network,
-                       shaping=shaping)
+                       sandbox=args.sandbox, image=args.image, shaping=shaping)
     server = None
     if args.oracle:
         from harnessrl.harnesses.conformance import policy_tokenizer

@@ -23,6 +23,7 @@ import httpx
 from harnessrl.errors import HarnessRLError
 from harnessrl.harnesses.base import Harness, RunContext
 from harnessrl.proxy.store import TraceStore
+from harnessrl.rollout.docker import DockerSandbox
 from harnessrl.rollout.rewards import Shaping, TraceStats
 from harnessrl.rollout.sandbox import LocalSandbox, Network, SandboxError
 from harnessrl.rollout.tasks import Task, TaskError, Verdict, prepare, verify
@@ -47,6 +48,8 @@ class RunConfig:
     retries: int = 2
     tools_dir: Path = Path("~/.cache/harnessrl/tools")
     network: Network = "host"
+    sandbox: str = "local"  # local | docker
+    image: str = "python:3.11-slim"  # docker sandbox only
     shaping: Shaping = field(default_factory=Shaping)
 
 
@@ -130,9 +133,7 @@ class Runner:
         deadline = time.monotonic() + task.agent_timeout + task.verifier_timeout + DEADLINE_SLACK
         timings: dict[str, float] = {}
         started = time.monotonic()
-        sandbox = await LocalSandbox.create(
-            self.sandboxes, f"{planned.name}.{attempt}.{key[-8:]}", network=self.config.network,
-            proxy_ports=[int(self.proxy_url.rsplit(":", 1)[1])])
+        sandbox = await self._sandbox(f"{planned.name}.{attempt}.{key[-8:]}")
         try:
             await prepare(task, sandbox)
             timings["sandbox"] = time.monotonic() - started
@@ -160,6 +161,14 @@ class Runner:
         return self._scored(planned, key, attempt, verdict, exit_state.finished,
                             run.exit_code, exit_state.detail, timings)
 
+    async def _sandbox(self, name: str) -> LocalSandbox:
+        if self.config.sandbox == "docker":
+            return await DockerSandbox.start(self.sandboxes, name, image=self.config.image,
+                                             read_only=[self.config.tools_dir.expanduser()],
+                                             network="host")
+        return await LocalSandbox.create(self.sandboxes, name, network=self.config.network,
+                                         proxy_ports=[int(self.proxy_url.rsplit(":", 1)[1])])
+
     def _scored(self, planned: Planned, key: str, attempt: int, verdict: Verdict,
                 finished: bool, exit_code: int | None, detail: str,
                 timings: dict[str, float]) -> Outcome:
@@ -171,5 +180,6 @@ class Runner:
             reward=reward, verifier_reward=verdict.reward, shaping=terms,
             agent_finished=finished, agent_exit_code=exit_code, agent_detail=detail,
             verifier_status=verdict.status, verifier_output=verdict.output[-4000:],
-            timings=timings, turns=stats.turns, tool_calls=stats.tool_calls,
-            completion_tokens=stats.completion_tokens, attempts=attempt)
+            sandbox=self.config.sandbox, timings=timings, turns=stats.turns,
+            tool_calls=stats.tool_calls, completion_tokens=stats.completion_tokens,
+            attempts=attempt)
