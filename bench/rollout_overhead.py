@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Rollout overhead of the runner, excluding the agent's own time.
+
+A harness that answers at once (`sh -c 'exit 0'`) runs on bundled tasks with the local
+sandbox, through the real proxy and runner: what remains is sandbox create, task files,
+config, verify and teardown. Prints per-rollout overhead (p50/p99) and rollouts per minute
+at concurrency 1, 4 and 16, against the target of under 1 s per rollout.
+
+    .venv/bin/python bench/rollout_overhead.py [--rollouts 48] [--out bench/rollouts.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from harnessrl.harnesses.base import Harness
+from harnessrl.harnesses.conformance import policy_tokenizer
+from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
+from harnessrl.rollout.run import execute
+from harnessrl.rollout.runner import RunConfig
+from harnessrl.rollout.tasks import load_tasks
+
+
+@dataclass(frozen=True)
+class Instant(Harness):
+    """A harness that exits at once: the agent's time is ~0, so what is left is overhead."""
+
+    def executable(self, tools_dir: Path) -> Path:
+        return Path("/bin/true")
+
+
+INSTANT = Instant(name="instant", version="0", dialect="openai_chat", registry="npm",
+                  package="-", binary="true")
+
+
+def measure(concurrency: int, rollouts: int, tokenizer: object) -> dict[str, float]:
+    tasks = load_tasks("bundled")
+    samples = max(1, rollouts // len(tasks))
+    quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
+    with tempfile.TemporaryDirectory(prefix="hrl-bench-") as root:
+        config = RunConfig(harnesses=[INSTANT], tasks=tasks, samples=samples,
+                           concurrency=concurrency, retries=0)
+        started = time.monotonic()
+        outcomes = execute(config, ScriptedEngine(tokenizer, replay(["ok"])), Path(root),
+                           console=quiet)
+        wall = time.monotonic() - started
+    overheads = sorted(o.timings["total"] - o.timings.get("agent", 0.0) for o in outcomes)
+    return {"concurrency": concurrency, "rollouts": len(outcomes),
+            "p50": statistics.median(overheads),
+            "p99": overheads[min(len(overheads) - 1, int(0.99 * len(overheads)))],
+            "per_minute": 60 * len(outcomes) / wall,
+            "errors": sum(1 for o in outcomes if o.status != "done")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rollouts", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=Path("bench/rollouts.md"))
+    args = parser.parse_args()
+    tokenizer = policy_tokenizer()
+    rows = [measure(c, args.rollouts, tokenizer) for c in (1, 4, 16)]
+    lines = ["| concurrency | rollouts | overhead p50 s | overhead p99 s | rollouts/min | "
+             "infra errors | target < 1 s |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        verdict = "PASS" if r["p50"] < 1.0 else "FAIL"
+        lines.append(f"| {r['concurrency']} | {r['rollouts']} | {r['p50']:.2f} | "
+                     f"{r['p99']:.2f} | {r['per_minute']:.0f} | {r['errors']} | {verdict} |")
+    table = "\n".join(lines) + "\n"
+    print(table)
+    args.out.write_text("# Rollout overhead (local sandbox, agent that exits at once)\n\n"
+                        + table)
+
+
+if __name__ == "__main__":
+    main()
