@@ -86,3 +86,31 @@ def test_plan_interleaves_harnesses_and_skips_done() -> None:
                 done={("mini-swe-agent", "fizzbuzz", 1)})
     assert [(p.task.id, p.sample) for p in todo] == [
         ("fizzbuzz", 0), ("is-palindrome", 0), ("is-palindrome", 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.harness
+def test_agent_cannot_see_tests_solution_or_other_rollouts(mini, tmp_path):
+    from harnessrl.harnesses.policy import OraclePolicy
+    from harnessrl.types import ToolResult
+
+    [task] = load_tasks("bundled:fizzbuzz")
+    snoop = (f"ls -A {task.source} {task.source}/tests {tmp_path / 'sandboxes'}; "
+             f"cat {task.source}/solution/solve.sh; echo SNOOPED")
+    policy = OraclePolicy({task.instruction.strip().splitlines()[0][:100]: snoop})
+    config = RunConfig(harnesses=[mini], tasks=[task], samples=2, concurrency=2,
+                       tools_dir=TOOLS)
+    quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
+    outcomes = execute(config, ScriptedEngine(policy_tokenizer(), policy), tmp_path,
+                       console=quiet)
+    store = TraceStore(tmp_path)
+    seen = [part for o in outcomes for turn in store.turns(o.rollout) if turn.request
+            for m in turn.request.messages for part in m.parts if isinstance(part, ToolResult)]
+    store.close()
+    text = " ".join(p.content[0].text for p in seen)
+    assert text.count("SNOOPED") == 2  # the command ran in both rollouts
+    # The task's directory is empty for the agent: no test file listed, no solution read.
+    assert "test_outputs.py" not in text and "HARNESSRL_EOF" not in text
+    assert "No such file" in text
+    for part in seen:  # each rollout sees its own sandbox, never the other one
+        assert part.content[0].text.count("mini-swe-agent.fizzbuzz.") <= 1

@@ -250,3 +250,26 @@ async def test_loopback_proxy_reaches_only_the_proxy(tmp_path: Path):
             timeout=30)
         assert many.stdout.decode().split() == ["echo:ping"] * 3
     assert live_processes("netns_launcher") == []
+
+
+async def test_hidden_host_paths_are_empty_but_own_files_stay(tmp_path):
+    secret_task = tmp_path / "task"
+    (secret_task / "tests").mkdir(parents=True)
+    (secret_task / "tests" / "test_hidden.py").write_text("assert answer == 42\n")
+    root = tmp_path / "sandboxes"
+    other = await LocalSandbox.create(root, "other")
+    (other.workdir / "their-work.txt").write_text("private")
+    box = await LocalSandbox.create(root, "mine", hide=[secret_task, root])
+    try:
+        result = await box.run(
+            f"echo mine > {box.home}/own.txt; cat {box.home}/own.txt; ls -A {secret_task}; "
+            f"cat {other.workdir}/their-work.txt; ls {root}", timeout=30)
+        out = result.stdout.decode()
+        assert out.startswith("mine\n")
+        assert "test_hidden" not in out and "tests" not in out and "private" not in out
+        assert "other" not in out and "mine" in out  # only its own sandbox is left
+        assert (box.home / "own.txt").read_text() == "mine\n"  # writes reach the host
+        assert (secret_task / "tests" / "test_hidden.py").exists()  # the host is untouched
+    finally:
+        await box.close()
+        await other.close()

@@ -93,6 +93,9 @@ def _run_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--network", choices=["host", "none", "loopback-proxy"], default="host",
                    help="local sandbox: loopback-proxy lets the agent reach only the proxy")
     p.add_argument("--sandbox", choices=["local", "docker"], default="local")
+    p.add_argument("--no-hide", action="store_true",
+                   help="local sandbox: do not hide the tasks' tests and other rollouts' "
+                        "files from the agent (hiding needs root for a mount namespace)")
     p.add_argument("--image", default="python:3.11-slim", help="docker sandbox image")
     engine = p.add_mutually_exclusive_group(required=True)
     engine.add_argument("--engine-url", help="a running vLLM server")
@@ -124,7 +127,8 @@ def _execute_run(args: argparse.Namespace) -> list[Any]:
     config = RunConfig(harnesses=_harnesses(args.harness.split(",")), tasks=tasks,
                        samples=args.samples, concurrency=args.concurrency,
                        retries=args.retries, tools_dir=args.tools_dir, network=args.network,
-                       sandbox=args.sandbox, image=args.image, shaping=shaping)
+                       sandbox=args.sandbox, image=args.image, hide_host=not args.no_hide,
+                       shaping=shaping)
     server = None
     if args.oracle:
         from harnessrl.harnesses.conformance import policy_tokenizer

@@ -26,7 +26,7 @@ from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.docker import DockerSandbox
 from harnessrl.rollout.rewards import Shaping, TraceStats
 from harnessrl.rollout.sandbox import LocalSandbox, Network, SandboxError
-from harnessrl.rollout.tasks import Task, TaskError, Verdict, prepare, verify
+from harnessrl.rollout.tasks import BUNDLED, Task, TaskError, Verdict, prepare, verify
 from harnessrl.types import Outcome
 
 # Turn errors that are the engine's fault, not the agent's (see errors.py kinds).
@@ -49,6 +49,9 @@ class RunConfig:
     tools_dir: Path = Path("~/.cache/harnessrl/tools")
     network: Network = "host"
     sandbox: str = "local"  # local | docker
+    # Show the agent an empty directory where the task's source (tests, solution), the
+    # bundled tasks and other rollouts' sandboxes are (local sandbox; needs root).
+    hide_host: bool = True
     image: str = "python:3.11-slim"  # docker sandbox only
     shaping: Shaping = field(default_factory=Shaping)
 
@@ -133,7 +136,7 @@ class Runner:
         deadline = time.monotonic() + task.agent_timeout + task.verifier_timeout + DEADLINE_SLACK
         timings: dict[str, float] = {}
         started = time.monotonic()
-        sandbox = await self._sandbox(f"{planned.name}.{attempt}.{key[-8:]}")
+        sandbox = await self._sandbox(f"{planned.name}.{attempt}.{key[-8:]}", task)
         try:
             await prepare(task, sandbox)
             timings["sandbox"] = time.monotonic() - started
@@ -161,13 +164,15 @@ class Runner:
         return self._scored(planned, key, attempt, verdict, exit_state.finished,
                             run.exit_code, exit_state.detail, timings)
 
-    async def _sandbox(self, name: str) -> LocalSandbox:
+    async def _sandbox(self, name: str, task: Task) -> LocalSandbox:
         if self.config.sandbox == "docker":
             return await DockerSandbox.start(self.sandboxes, name, image=self.config.image,
                                              read_only=[self.config.tools_dir.expanduser()],
                                              network="host")
+        hide = [self.sandboxes, BUNDLED, *([task.source] if task.source else [])]
         return await LocalSandbox.create(self.sandboxes, name, network=self.config.network,
-                                         proxy_ports=[int(self.proxy_url.rsplit(":", 1)[1])])
+                                         proxy_ports=[int(self.proxy_url.rsplit(":", 1)[1])],
+                                         hide=hide if self.config.hide_host else ())
 
     def _scored(self, planned: Planned, key: str, attempt: int, verdict: Verdict,
                 finished: bool, exit_code: int | None, detail: str,

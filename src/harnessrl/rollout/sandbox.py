@@ -46,6 +46,7 @@ Network = Literal["host", "none", "loopback-proxy"]
 MARKER = "HARNESSRL_SANDBOX"  # set in every command's environment; finds escaped processes
 OUTPUT_CAP = 16 << 20  # bytes of each output stream returned; the rest is dropped
 _LAUNCHER = Path(__file__).with_name("netns_launcher.py")
+_HIDE_LAUNCHER = Path(__file__).with_name("hide_launcher.py")
 
 # Never passed into a sandbox, even when a caller names them: they would route traffic
 # around the isolation, and the capture proxy is reached by its base URL instead.
@@ -125,6 +126,19 @@ def _isolation_problem() -> str | None:
     return None
 
 
+@functools.cache
+def _mount_problem() -> str | None:
+    """Why a private mount namespace cannot be made here, or None when it can."""
+    if shutil.which("unshare") is None or shutil.which("mount") is None:
+        return "the `unshare` and `mount` programs (util-linux) are needed"
+    done = subprocess.run(["unshare", "--mount", "--", "mount", "-t", "tmpfs", "probe",
+                           tempfile.gettempdir()], capture_output=True, timeout=10)
+    if done.returncode != 0:
+        return (f"mounting in a private mount namespace failed "
+                f"({done.stderr.decode(errors='replace').strip()}); run as root")
+    return None
+
+
 def minimal_env(home: Path, tmp: Path) -> dict[str, str]:
     return {
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
@@ -159,14 +173,18 @@ class LocalSandbox:
         # socket paths are limited to ~108 bytes, so not under a possibly deep root).
         self._private = Path(tempfile.mkdtemp(prefix="hrl-sbx-"))
         self.closed = False
+        self.hide: tuple[Path, ...] = ()
 
     @classmethod
     async def create(cls, root: Path, name: str, *, allowed_env: Mapping[str, str] = {},
                      limits: Limits = Limits(), network: Network = "host",
-                     proxy_ports: Sequence[int] = (), kill_grace: float = 2.0) -> LocalSandbox:
+                     proxy_ports: Sequence[int] = (), kill_grace: float = 2.0,
+                     hide: Sequence[Path] = ()) -> LocalSandbox:
         """A fresh sandbox at `root/name` (which must not exist yet). `allowed_env` is added
         to the minimal environment of every command; `proxy_ports` are the host loopback
-        ports reachable with network="loopback-proxy"."""
+        ports reachable with network="loopback-proxy". `hide` are host directories the
+        commands see empty (the task's tests and solution, other rollouts' sandboxes); the
+        sandbox's own directory stays visible even when it lies below one of them."""
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
             raise ValueError(f"sandbox name {name!r}: use letters, digits, '.', '_', '-'")
         if network not in ("host", "none", "loopback-proxy"):
@@ -183,8 +201,11 @@ class LocalSandbox:
         for sub in ("work", "home", "tmp"):
             (directory / sub).mkdir()
         env = minimal_env(directory / "home", directory / "tmp") | dict(allowed_env)
+        if hide and (problem := _mount_problem()) is not None:
+            raise SandboxError(f"cannot hide host paths from the agent: {problem}")
         sandbox = cls(directory, env=env, limits=limits, network=network,
                       kill_grace=kill_grace)
+        sandbox.hide = tuple(Path(p).resolve() for p in hide)
         if network == "loopback-proxy":
             try:
                 await sandbox._start_relays(proxy_ports)
@@ -206,11 +227,17 @@ class LocalSandbox:
 
     def _argv(self, command: str | list[str]) -> list[str]:
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
-        if self.network == "host":
-            return argv
-        relays = [arg for port, path in self._relays for arg in ("--relay", f"{port}={path}")]
-        return ["unshare", "--net", "--", sys.executable, "-I", str(_LAUNCHER), *relays,
-                "--", *argv]
+        namespaces = []
+        if self.network != "host":
+            relays = [a for port, path in self._relays for a in ("--relay", f"{port}={path}")]
+            argv = [sys.executable, "-I", str(_LAUNCHER), *relays, "--", *argv]
+            namespaces.append("--net")
+        if self.hide:
+            hidden = [a for path in self.hide for a in ("--hide", str(path))]
+            argv = [sys.executable, "-I", str(_HIDE_LAUNCHER), "--keep", str(self.directory),
+                    *hidden, "--", *argv]
+            namespaces.append("--mount")
+        return ["unshare", *namespaces, "--", *argv] if namespaces else argv
 
     async def run(self, command: str | list[str], *, env: Mapping[str, str] | None = None,
                   timeout: float, cwd: Path | None = None) -> ExecResult:
