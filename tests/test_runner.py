@@ -114,3 +114,31 @@ def test_agent_cannot_see_tests_solution_or_other_rollouts(mini, tmp_path):
     assert "No such file" in text
     for part in seen:  # each rollout sees its own sandbox, never the other one
         assert part.content[0].text.count("mini-swe-agent.fizzbuzz.") <= 1
+
+
+def test_a_hanging_harness_is_killed_and_recorded_as_timed_out(tmp_path):
+    import json
+    import subprocess
+
+    from harnessrl.harnesses.base import Harness
+    from harnessrl.proxy.engines.scripted import replay
+
+    class Hangs(Harness):
+        def executable(self, tools_dir: Path) -> Path:
+            return Path("/bin/sh")
+
+    hangs = Hangs(name="hangs", version="0", dialect="openai_chat", registry="npm",
+                  package="-", binary="sh",
+                  argv=lambda ctx, instruction: ["-c", "sleep 983.5 & sleep 983.6"])
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(
+        {"id": "hang", "instruction": "wait", "verify": ["test -f done.txt"], "timeout": 2}))
+    config = RunConfig(harnesses=[hangs], tasks=load_tasks(tmp_path / "tasks.jsonl"),
+                       tools_dir=TOOLS)
+    engine = ScriptedEngine(policy_tokenizer(), replay(["unused"]))
+    [outcome] = execute(config, engine, tmp_path / "run",
+                        console=Console(file=open("/dev/null", "w")))  # noqa: SIM115
+    assert outcome.status == "done" and outcome.agent_timed_out
+    assert outcome.agent_finished is False and outcome.reward == 0.0
+    assert 2 <= outcome.timings["agent"] < 15
+    alive = subprocess.run(["pgrep", "-f", "sleep 983"], capture_output=True, text=True)
+    assert alive.stdout == ""  # the whole process tree is gone

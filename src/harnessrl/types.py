@@ -325,6 +325,7 @@ class Outcome(msgspec.Struct, frozen=True, omit_defaults=True):
     verifier_reward: float | None = None
     shaping: dict[str, float] = {}
     agent_finished: bool | None = None
+    agent_timed_out: bool = False  # killed with its whole process tree at the deadline
     agent_exit_code: int | None = None
     agent_detail: str = ""
     verifier_status: str | None = None

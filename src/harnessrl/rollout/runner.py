@@ -25,7 +25,7 @@ from harnessrl.harnesses.base import Harness, RunContext
 from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.docker import DockerSandbox
 from harnessrl.rollout.rewards import Shaping, TraceStats
-from harnessrl.rollout.sandbox import LocalSandbox, Network, SandboxError
+from harnessrl.rollout.sandbox import ExecResult, LocalSandbox, Network, SandboxError
 from harnessrl.rollout.tasks import BUNDLED, Task, TaskError, Verdict, prepare, verify
 from harnessrl.types import Outcome
 
@@ -161,8 +161,8 @@ class Runner:
                            if t.error and t.error.split(":")[0] in _ENGINE_FAILURES]
         if engine_failures:
             raise InfraError(f"the engine failed during the run: {engine_failures[0]}")
-        return self._scored(planned, key, attempt, verdict, exit_state.finished,
-                            run.exit_code, exit_state.detail, timings)
+        return self._scored(planned, key, attempt, verdict, exit_state.finished and
+                            not run.timed_out, run, exit_state.detail, timings)
 
     async def _sandbox(self, name: str, task: Task) -> LocalSandbox:
         if self.config.sandbox == "docker":
@@ -175,7 +175,7 @@ class Runner:
                                          hide=hide if self.config.hide_host else ())
 
     def _scored(self, planned: Planned, key: str, attempt: int, verdict: Verdict,
-                finished: bool, exit_code: int | None, detail: str,
+                finished: bool, run: ExecResult, detail: str,
                 timings: dict[str, float]) -> Outcome:
         stats = TraceStats.of(self.store.turns(key))
         reward, terms = self.config.shaping.reward(verdict, stats)
@@ -183,7 +183,8 @@ class Runner:
             harness=planned.harness.name, harness_version=planned.harness.version,
             task=planned.task.id, sample=planned.sample, rollout=key, status="done",
             reward=reward, verifier_reward=verdict.reward, shaping=terms,
-            agent_finished=finished, agent_exit_code=exit_code, agent_detail=detail,
+            agent_finished=finished, agent_timed_out=run.timed_out,
+            agent_exit_code=run.exit_code, agent_detail=detail,
             verifier_status=verdict.status, verifier_output=verdict.output[-4000:],
             sandbox=self.config.sandbox, timings=timings, turns=stats.turns,
             tool_calls=stats.tool_calls, completion_tokens=stats.completion_tokens,
