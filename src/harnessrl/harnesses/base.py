@@ -9,6 +9,7 @@ workdir; nothing touches the user's real home.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from harnessrl.harnesses.policy import Finish
 
@@ -120,6 +121,29 @@ class Harness:
 
     def command(self, ctx: RunContext, instruction: str) -> list[str]:
         return [str(self.executable(ctx.tools_dir)), *self.argv(ctx, instruction)]
+
+
+def json_lines(output: bytes | str) -> list[dict[str, Any]]:
+    """The JSON objects a harness printed one per line (its event stream), in order;
+    other lines (banners, logs) are skipped."""
+    text = output.decode("utf-8", "replace") if isinstance(output, bytes) else output
+    found = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            found.append(record)
+    return found
+
+
+def last_of_type(output: bytes | str, kind: str) -> dict[str, Any] | None:
+    """The last JSON line whose `type` is `kind`."""
+    return next((r for r in reversed(json_lines(output)) if r.get("type") == kind), None)
 
 
 def _python(version: str) -> str:

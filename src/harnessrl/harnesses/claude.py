@@ -20,10 +20,7 @@ finished means `subtype == "success"` and not `is_error`.
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
-from harnessrl.harnesses.base import Harness, Outcome, RunContext
+from harnessrl.harnesses.base import Harness, Outcome, RunContext, last_of_type
 
 
 def _argv(ctx: RunContext, instruction: str) -> list[str]:
@@ -43,23 +40,8 @@ def _env(ctx: RunContext) -> dict[str, str]:
             "CLAUDE_CODE_MAX_RETRIES": "2"}
 
 
-def _result_record(stdout: bytes) -> dict[str, Any] | None:
-    """The last JSON object on stdout whose type is "result"."""
-    for line in reversed(stdout.decode("utf-8", "replace").splitlines()):
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and record.get("type") == "result":
-            return record
-    return None
-
-
 def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> Outcome:
-    record = _result_record(stdout)
+    record = last_of_type(stdout, "result")
     if record is None:
         return Outcome(False, f"no result record on stdout (exit code {code})")
     ok = record.get("subtype") == "success" and not record.get("is_error")

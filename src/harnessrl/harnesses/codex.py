@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
-from harnessrl.harnesses.base import Harness, Outcome, RunContext
+from harnessrl.harnesses.base import Harness, Outcome, RunContext, json_lines
 
 _PROVIDER = "harnessrl"
 _KEY_VARIABLE = "HARNESSRL_API_KEY"  # the provider's env_key: the key never sits in a file
@@ -74,23 +73,8 @@ def _env(ctx: RunContext) -> dict[str, str]:
     return {"CODEX_HOME": str(_codex_home(ctx)), _KEY_VARIABLE: ctx.key}
 
 
-def _events(stdout: bytes) -> list[dict[str, Any]]:
-    """The JSON objects of `codex exec --json`, one a line."""
-    events = []
-    for line in stdout.decode("utf-8", "replace").splitlines():
-        if not line.startswith("{"):
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(event, dict):
-            events.append(event)
-    return events
-
-
 def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> Outcome:
-    events = _events(stdout)
+    events = json_lines(stdout)
     failed = [e for e in events if e.get("type") == "turn.failed"]
     if failed:
         error = failed[-1].get("error", {})

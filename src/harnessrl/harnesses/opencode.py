@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harnessrl.harnesses.base import Harness, Outcome, RunContext
+from harnessrl.harnesses.base import Harness, Outcome, RunContext, json_lines
 
 PROVIDER = "harnessrl"
 
@@ -62,26 +62,10 @@ def _env(ctx: RunContext) -> dict[str, str]:
             "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1", "OPENCODE_DISABLE_TERMINAL_TITLE": "1"}
 
 
-def events(stdout: bytes) -> list[dict[str, Any]]:
-    """The JSON events `--format json` printed, one per line."""
-    found = []
-    for line in stdout.decode("utf-8", "replace").splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(event, dict):
-            found.append(event)
-    return found
-
-
 def run_outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> Outcome:
     """Finished when no error event was printed and the last step did not end on tool
     calls (the agent loop stopped by itself)."""
-    seen = events(stdout)
+    seen = json_lines(stdout)
     errors = [e for e in seen if e.get("type") == "error"]
     if errors:
         return Outcome(False, f"error event {json.dumps(errors[-1])[:300]} "

@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harnessrl.harnesses.base import Harness, Outcome, RunContext
+from harnessrl.harnesses.base import Harness, Outcome, RunContext, last_of_type
 
 PROVIDER = "harnessrl"
 KEY_VARIABLE = "HARNESSRL_API_KEY"
@@ -55,22 +55,8 @@ def _env(ctx: RunContext) -> dict[str, str]:
             "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1", "PI_TELEMETRY": "0"}
 
 
-def _last_event(stdout: bytes, kind: str) -> dict[str, Any] | None:
-    for line in reversed(stdout.decode("utf-8", "replace").splitlines()):
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(event, dict) and event.get("type") == kind:
-            return event
-    return None
-
-
 def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> Outcome:
-    end = _last_event(stdout, "agent_end")
+    end = last_of_type(stdout, "agent_end")
     if end is None:
         return Outcome(False, f"no agent_end event (exit code {code})")
     replies = [m for m in end.get("messages", []) if m.get("role") == "assistant"]

@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harnessrl.harnesses.base import Harness, Outcome, RunContext
+from harnessrl.harnesses.base import Harness, Outcome, RunContext, last_of_type
 
 
 def _settings() -> dict[str, Any]:
@@ -48,21 +48,6 @@ def _argv(ctx: RunContext, instruction: str) -> list[str]:
 def _env(ctx: RunContext) -> dict[str, str]:
     return {"OPENAI_BASE_URL": ctx.openai_base, "OPENAI_API_KEY": ctx.key,
             "OPENAI_MODEL": ctx.model, "QWEN_TELEMETRY_ENABLED": "false"}
-
-
-def _result_record(stdout: bytes) -> dict[str, Any] | None:
-    """The last JSON record on stdout whose type is "result"."""
-    for line in reversed(stdout.decode("utf-8", "replace").splitlines()):
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and record.get("type") == "result":
-            return record
-    return None
 
 
 _API_EVENTS = ("qwen-code.api_response", "qwen-code.api_error")
@@ -91,7 +76,7 @@ def _recorded_events(path: Path) -> list[dict[str, Any]]:
 
 
 def _outcome(ctx: RunContext, code: int | None, stdout: bytes) -> Outcome:
-    record = _result_record(stdout)
+    record = last_of_type(stdout, "result")
     if record is None:
         return Outcome(False, f"no result record on stdout (exit code {code})")
     detail = (f"subtype {record.get('subtype')!r}, is_error {record.get('is_error')!r}, "
