@@ -26,6 +26,7 @@ from harnessrl.types import Turn
 
 WRITE_FILE = {"type": "function", "function": {
     "name": "write_file", "description": "Write text to a file in the workspace.",
+    "strict": True,  # vLLM then holds the arguments to the schema
     "parameters": {"type": "object", "properties": {"path": {"type": "string"},
                                                     "text": {"type": "string"}},
                    "required": ["path", "text"]}}}

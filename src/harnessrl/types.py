@@ -61,10 +61,11 @@ class Message(msgspec.Struct, frozen=True):
 
 
 # ------------------------------------------------------------------ requests
-class Tool(msgspec.Struct, frozen=True):
+class Tool(msgspec.Struct, frozen=True, omit_defaults=True):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # the client asked for schema-exact arguments
 
 
 class ToolChoice(msgspec.Struct, frozen=True):

@@ -176,6 +176,7 @@ def _parse_tools(raw: list[Any]) -> tuple[tuple[Tool, ...], list[Any]]:
             name=expect(fn.get("name"), str, f"tools[{i}].function.name"),
             description=optional(fn, "description", str, f"tools[{i}].function."),
             parameters=optional(fn, "parameters", dict, f"tools[{i}].function."),
+            strict=optional(fn, "strict", bool, f"tools[{i}].function."),
         ))
     return tuple(tools), unmapped
 

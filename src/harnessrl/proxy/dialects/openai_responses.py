@@ -205,6 +205,7 @@ def _parse_tools(raw: list[Any]) -> tuple[tuple[Tool, ...], list[Any]]:
             name=expect(item.get("name"), str, f"tools[{i}].name"),
             description=optional(item, "description", str, f"tools[{i}]."),
             parameters=optional(item, "parameters", dict, f"tools[{i}]."),
+            strict=optional(item, "strict", bool, f"tools[{i}]."),
         ))
     return tuple(tools), unmapped
 

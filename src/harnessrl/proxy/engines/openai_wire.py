@@ -68,6 +68,7 @@ def tools(items: tuple[Tool, ...]) -> list[dict[str, Any]]:
             "name": t.name,
             **({"description": t.description} if t.description is not None else {}),
             "parameters": t.parameters if t.parameters is not None else {"type": "object"},
+            **({"strict": t.strict} if t.strict is not None else {}),
         }}
         for t in items
     ]
