@@ -467,4 +467,6 @@ def _decode_json(raw: bytes) -> Any:
         return msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise InvalidRequest("the body is nested too deeply to parse") from exc
 

@@ -30,7 +30,7 @@ import msgspec
 
 from harnessrl.errors import HarnessRLError, InvalidRequest
 from harnessrl.proxy import sse
-from harnessrl.proxy.dialects.base import ReplyContext, expect, number, optional, stop_list
+from harnessrl.proxy.dialects.base import ReplyContext, expect, lookup, number, optional, stop_list
 from harnessrl.types import (
     ChatRequest,
     Chunk,
@@ -107,7 +107,7 @@ def parse_request(body: Any, *, model: str | None = None, stream: bool | None = 
 
 
 def _effort(output_config: Any) -> str | None:
-    if isinstance(output_config, dict) and output_config.get("effort") in _EFFORTS:
+    if isinstance(output_config, dict) and lookup(output_config.get("effort")) in _EFFORTS:
         return output_config["effort"]
     return None  # "max" and the like have no engine equivalent: recorded in extra only
 
@@ -135,7 +135,7 @@ def _text_block(raw: Any, where: str) -> Text:
 
 def _parse_message(raw: Any, where: str) -> Message:
     raw = expect(raw, dict, where)
-    role = _ROLES.get(raw.get("role"))  # type: ignore[arg-type]
+    role = _ROLES.get(lookup(raw.get("role")))
     if role is None:
         raise InvalidRequest(
             f"`{where}.role` must be one of {sorted(_ROLES)}, got {raw.get('role')!r}",
@@ -152,7 +152,7 @@ def _parse_message(raw: Any, where: str) -> Message:
 
 def _block(raw: Any, where: str) -> Part:
     raw = expect(raw, dict, where)
-    parse = _BLOCKS.get(raw.get("type"))  # type: ignore[arg-type]
+    parse = _BLOCKS.get(lookup(raw.get("type")))
     if parse is None:
         raise InvalidRequest(
             f"`{where}.type` {raw.get('type')!r} is not supported; send one of "
@@ -249,7 +249,7 @@ def _parse_tool_choice(raw: Any) -> tuple[ToolChoice | None, bool | None]:
     if raw is None:
         return None, None
     raw = expect(raw, dict, "tool_choice")
-    mode = _TOOL_CHOICE_MODES.get(raw.get("type"))  # type: ignore[arg-type]
+    mode = _TOOL_CHOICE_MODES.get(lookup(raw.get("type")))
     if mode is None:
         raise InvalidRequest("`tool_choice.type` must be one of 'auto', 'any', 'tool', 'none', "
                              f"got {raw.get('type')!r}", param="tool_choice.type")

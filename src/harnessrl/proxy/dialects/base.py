@@ -70,6 +70,12 @@ def number(body: dict[str, Any], key: str) -> float | None:
     return None if value is None else float(value)
 
 
+def lookup(value: Any) -> str | None:
+    """A value as a lookup key for a table of names: a list or object sent where a name
+    belongs (a wrong type) becomes a key that matches nothing, not an unhashable crash."""
+    return value if isinstance(value, str) else None if value is None else "\0"
+
+
 def stop_list(value: Any, where: str) -> tuple[str, ...] | None:
     if value is None:
         return None

@@ -27,7 +27,7 @@ import msgspec
 
 from harnessrl.errors import HarnessRLError, InvalidRequest
 from harnessrl.proxy import sse
-from harnessrl.proxy.dialects.base import ReplyContext, expect, optional, stop_list
+from harnessrl.proxy.dialects.base import ReplyContext, expect, lookup, optional, stop_list
 from harnessrl.types import (
     ChatRequest,
     Chunk,
@@ -117,11 +117,14 @@ class _Conversation:
 
     def _content(self, raw: Any, where: str) -> list[Message]:
         raw = expect(raw, dict, where)
-        role = _ROLES.get(_hashable(raw.get("role")))
+        role = _ROLES.get(lookup(raw.get("role")))
         if role is None:
             raise InvalidRequest(f"`{where}.role` must be 'user' or 'model', got "
                                  f"{raw.get('role')!r}", param=f"{where}.role")
         parts = expect(raw.get("parts"), list, f"{where}.parts")
+        if not parts:
+            raise InvalidRequest(f"`{where}.parts` must hold at least one part",
+                                 param=f"{where}.parts")
         parsed = [self._part(p, f"{where}.parts[{j}]", role) for j, p in enumerate(parts)]
         if role == "assistant":
             return [Message("assistant", tuple(x for group in parsed for x in group))]
@@ -186,11 +189,6 @@ class _Conversation:
                  for i, p in enumerate(optional(raw, "parts", list, f"{where}.") or [])]
         content = (Text(json.dumps(response, ensure_ascii=False)), *media)
         return ToolResult(call_id, content, is_error=set(response) == {"error"})
-
-
-def _hashable(value: Any) -> str | None:
-    """A table key from a JSON value: a list or object (a wrong type) matches nothing."""
-    return value if isinstance(value, str) else None if value is None else "?"
 
 
 def _inline(raw: Any, where: str) -> Image:
@@ -319,7 +317,7 @@ def _parse_tool_config(raw: dict[str, Any] | None, extra: dict[str, Any]) -> Too
     if config is None:
         return None
     where = "toolConfig.functionCallingConfig"
-    mode = _MODES.get(_hashable(config.get("mode", "AUTO")))
+    mode = _MODES.get(lookup(config.get("mode", "AUTO")))
     if mode is None:
         raise InvalidRequest(f"`{where}.mode` must be one of {sorted(_MODES)}, got "
                              f"{config.get('mode')!r}", param=f"{where}.mode")

@@ -12,6 +12,7 @@ from harnessrl.proxy.dialects import openai_common
 from harnessrl.proxy.dialects.base import (
     ReplyContext,
     expect,
+    lookup,
     number,
     optional,
     stop_list,
@@ -101,7 +102,7 @@ def _parse_sampling(body: dict[str, Any]) -> Sampling:
 
 def _parse_message(raw: Any, where: str) -> Message:
     raw = expect(raw, dict, where)
-    role = _ROLES.get(raw.get("role"))  # type: ignore[arg-type]
+    role = _ROLES.get(lookup(raw.get("role")))
     if role is None:
         raise InvalidRequest(
             f"`{where}.role` must be one of {sorted(_ROLES)}, got {raw.get('role')!r}",

@@ -19,7 +19,7 @@ import msgspec
 from harnessrl.errors import HarnessRLError, InvalidRequest
 from harnessrl.proxy import sse
 from harnessrl.proxy.dialects import openai_common
-from harnessrl.proxy.dialects.base import ReplyContext, expect, number, optional
+from harnessrl.proxy.dialects.base import ReplyContext, expect, lookup, number, optional
 from harnessrl.types import (
     ChatRequest,
     Chunk,
@@ -101,7 +101,7 @@ def _parse_input(raw: Any) -> tuple[Message, ...]:
         where = f"input[{i}]"
         item = expect(item, dict, where)
         kind = item.get("type", "message" if "role" in item else None)
-        parse = _ITEMS.get(kind)  # type: ignore[arg-type]
+        parse = _ITEMS.get(lookup(kind))
         if parse is None:
             raise InvalidRequest(f"`{where}.type` {kind!r} is not supported; send one of "
                                  f"{sorted(_ITEMS)}", param=f"{where}.type")
@@ -115,7 +115,7 @@ def _parse_input(raw: Any) -> tuple[Message, ...]:
 
 
 def _message_item(item: dict[str, Any], where: str) -> Message:
-    role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
+    role = _ROLES.get(lookup(item.get("role")))
     if role is None:
         raise InvalidRequest(
             f"`{where}.role` must be one of {sorted(_ROLES)}, got {item.get('role')!r}",
