@@ -76,7 +76,7 @@ class Anthropic:
         results = [{"type": "tool_result", "tool_use_id": b["id"], "content": "ok"}
                    for b in reply["content"] if b["type"] == "tool_use"]
         return [*history, {"role": "assistant", "content": reply["content"]},
-                {"role": "user", "content": results}]
+                *([{"role": "user", "content": results}] if results else [])]
 
 
 class Responses:
@@ -112,7 +112,7 @@ class Gemini:
                                          "id": p["functionCall"].get("id"),
                                          "response": {"output": "ok"}}}
                    for p in content["parts"] if "functionCall" in p]
-        return [*history, content, {"role": "user", "parts": results}]
+        return [*history, content, *([{"role": "user", "parts": results}] if results else [])]
 
 
 DRIVERS = [Chat(), Anthropic(), Responses(), Gemini()]
