@@ -294,7 +294,8 @@ def test_openai_responses_sdk_through_the_proxy(served, engine, tokenizer) -> No
 
 def test_root_probe_answers_200(served) -> None:
     assert httpx.head(f"{served.url}/").status_code == 200
-    assert httpx.get(f"{served.url}/").status_code == 200
+    probe = httpx.get(f"{served.url}/")
+    assert probe.status_code == 200 and probe.json() == {"status": "ok"}  # no server state
 
 
 @pytest.mark.parametrize(("body", "words"), [

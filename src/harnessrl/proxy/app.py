@@ -46,7 +46,6 @@ _encode = msgspec.json.Encoder().encode
 _JSON = "application/json"
 
 
-
 @dataclass(frozen=True)
 class Endpoint:
     """A dialect route, served at the root and under `/r/<key>`."""
@@ -132,9 +131,9 @@ class Proxy:
         routes = [
             Route("/health", self.health, methods=["GET"]),
             # Claude Code probes the root of its base URL before calling.
-            Route("/", self.health, methods=["GET", "HEAD"]),
-            Route("/r/{key}", self.health, methods=["GET", "HEAD"]),
-            Route("/r/{key}/", self.health, methods=["GET", "HEAD"]),
+            Route("/", _probe, methods=["GET", "HEAD"]),
+            Route("/r/{key}", _probe, methods=["GET", "HEAD"]),
+            Route("/r/{key}/", _probe, methods=["GET", "HEAD"]),
             Route("/rollouts", self.create_rollout, methods=["POST"]),
             Route("/rollouts/{key}", self.get_rollout, methods=["GET"]),
             Route("/rollouts/{key}", self.delete_rollout, methods=["DELETE"]),
@@ -407,6 +406,12 @@ class Proxy:
 
 
 # -------------------------------------------------------------------- helpers
+async def _probe(_request: Request) -> Response:
+    """Answers a client's reachability probe; says nothing about the server's state,
+    since it needs no key."""
+    return Response(b'{"status":"ok"}', media_type=_JSON)
+
+
 async def _prepend(first: EngineEvent, rest: AsyncGenerator[EngineEvent, None]
                    ) -> AsyncIterator[EngineEvent]:
     async with contextlib.aclosing(rest):  # closing us closes the engine's stream
