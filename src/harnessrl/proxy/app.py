@@ -193,6 +193,9 @@ class Proxy:
             return _error(openai_chat, InvalidRequest(f"bad rollout options: {exc}"))
         except HarnessRLError as err:
             return _error(openai_chat, err)
+        except sqlite3.Error as exc:  # a full disk, say: refused in shape, not a bare 500
+            return _error(openai_chat, StoreFailed(
+                f"the trace store could not record the new rollout ({exc}); none was made"))
         root = f"{str(request.base_url).rstrip('/')}/r/{record.key}"
         body = {"key": record.key, "base_url": root,
                 "base_urls": {"openai": f"{root}/v1", "anthropic": root, "gemini": root}}
@@ -223,6 +226,9 @@ class Proxy:
             record = await self.sessions.close(key)
         except HarnessRLError as err:
             return _error(openai_chat, err)
+        except sqlite3.Error as exc:
+            return _error(openai_chat, StoreFailed(
+                f"the trace store could not record the rollout as closed ({exc}); it stays open"))
         return Response(_encode(record), media_type=_JSON)
 
     # ---------------------------------------------------------------- model calls
