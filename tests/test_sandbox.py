@@ -273,3 +273,41 @@ async def test_hidden_host_paths_are_empty_but_own_files_stay(tmp_path):
     finally:
         await box.close()
         await other.close()
+
+
+async def test_confined_writes_stay_in_the_sandbox(tmp_path):
+    """Even as root, the agent writes only below its own sandbox directory: /tmp is the
+    sandbox's tmp/, every other host path is read-only."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    tag = f"hrl-escape-{os.getpid()}"
+    box = await LocalSandbox.create(tmp_path / "sandboxes", "mine", confine=True)
+    try:
+        result = await box.run(
+            f"echo a > /tmp/{tag}; echo b > /var/tmp/{tag}; echo c > /dev/shm/{tag}; "
+            f"echo d > {outside}/{tag} || echo refused-outside; "
+            f"echo e > /root/{tag} || echo refused-root; "
+            f"echo f > {box.workdir}/own.txt; cat /tmp/{tag} > /dev/null && echo tmp-ok",
+            timeout=30)
+        out = result.stdout.decode()
+        assert "refused-outside" in out and "refused-root" in out and "tmp-ok" in out, out
+        for escaped in (Path("/tmp") / tag, Path("/var/tmp") / tag, Path("/dev/shm") / tag,
+                        outside / tag, Path("/root") / tag):
+            assert not escaped.exists(), f"{escaped} escaped the sandbox"
+        assert (box.tmp / tag).read_text() == "c\n"  # /tmp, /var/tmp, /dev/shm: all tmp/
+        assert (box.workdir / "own.txt").read_text() == "f\n"
+    finally:
+        await box.close()
+
+
+@pytest.mark.skipif(not LocalSandbox.network_isolation_available(),
+                    reason="network namespaces are not available here")
+async def test_confined_sandbox_still_reaches_the_proxy(tmp_path):
+    server, port = await _echo_server()
+    box = await LocalSandbox.create(tmp_path, "box", network="loopback-proxy",
+                                    proxy_ports=[port], confine=True)
+    try:
+        assert await connect(box, "127.0.0.1", port) == "echo:ping"
+    finally:
+        await box.close()
+        server.close()

@@ -95,7 +95,8 @@ def _run_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sandbox", choices=["local", "docker"], default="local")
     p.add_argument("--no-hide", action="store_true",
                    help="local sandbox: do not hide the tasks' tests and other rollouts' "
-                        "files from the agent (hiding needs root for a mount namespace)")
+                        "files from the agent, nor keep its writes inside its sandbox "
+                        "(both need root for a mount namespace)")
     p.add_argument("--image", default="python:3.11-slim", help="docker sandbox image")
     engine = p.add_mutually_exclusive_group(required=True)
     engine.add_argument("--engine-url", help="a running vLLM server")

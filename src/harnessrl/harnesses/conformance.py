@@ -77,7 +77,9 @@ async def check(harness: Harness, *, tokenizer: Any, tools_dir: Path, root: Path
 
 async def _run(harness: Harness, rollout: dict[str, Any], tools_dir: Path, root: Path,
                line: str, timeout: float, result: Result) -> str:
-    sandbox = await LocalSandbox.create(root, f"sandbox-{harness.name}")
+    # Confined as the runner confines it, so conformance proves the harness works there.
+    sandbox = await LocalSandbox.create(root, f"sandbox-{harness.name}",
+                                        confine=LocalSandbox.confinement_available())
     try:
         ctx = RunContext(home=sandbox.home, workdir=sandbox.workdir,
                          proxy_root=rollout["base_url"], key=rollout["key"],

@@ -46,7 +46,7 @@ Network = Literal["host", "none", "loopback-proxy"]
 MARKER = "HARNESSRL_SANDBOX"  # set in every command's environment; finds escaped processes
 OUTPUT_CAP = 16 << 20  # bytes of each output stream returned; the rest is dropped
 _LAUNCHER = Path(__file__).with_name("netns_launcher.py")
-_HIDE_LAUNCHER = Path(__file__).with_name("hide_launcher.py")
+_CONFINE_LAUNCHER = Path(__file__).with_name("confine_launcher.py")
 
 # Never passed into a sandbox, even when a caller names them: they would route traffic
 # around the isolation, and the capture proxy is reached by its base URL instead.
@@ -172,19 +172,24 @@ class LocalSandbox:
         # Host-side files outside the sandbox: command output and the relay sockets (Unix
         # socket paths are limited to ~108 bytes, so not under a possibly deep root).
         self._private = Path(tempfile.mkdtemp(prefix="hrl-sbx-"))
+        self._relay_dir = self._private / "relay"
         self.closed = False
         self.hide: tuple[Path, ...] = ()
+        self.confined = False
 
     @classmethod
     async def create(cls, root: Path, name: str, *, allowed_env: Mapping[str, str] = {},
                      limits: Limits = Limits(), network: Network = "host",
                      proxy_ports: Sequence[int] = (), kill_grace: float = 2.0,
-                     hide: Sequence[Path] = ()) -> LocalSandbox:
+                     hide: Sequence[Path] = (), confine: bool = False) -> LocalSandbox:
         """A fresh sandbox at `root/name` (which must not exist yet). `allowed_env` is added
         to the minimal environment of every command; `proxy_ports` are the host loopback
         ports reachable with network="loopback-proxy". `hide` are host directories the
         commands see empty (the task's tests and solution, other rollouts' sandboxes); the
-        sandbox's own directory stays visible even when it lies below one of them."""
+        sandbox's own directory stays visible even when it lies below one of them.
+        `confine` (implied by `hide`) makes the rest of the host filesystem read-only to
+        the commands and shows them the sandbox's tmp/ as /tmp, so nothing they write
+        escapes the sandbox directory."""
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
             raise ValueError(f"sandbox name {name!r}: use letters, digits, '.', '_', '-'")
         if network not in ("host", "none", "loopback-proxy"):
@@ -201,11 +206,12 @@ class LocalSandbox:
         for sub in ("work", "home", "tmp"):
             (directory / sub).mkdir()
         env = minimal_env(directory / "home", directory / "tmp") | dict(allowed_env)
-        if hide and (problem := _mount_problem()) is not None:
-            raise SandboxError(f"cannot hide host paths from the agent: {problem}")
+        if (hide or confine) and (problem := _mount_problem()) is not None:
+            raise SandboxError(f"cannot confine the agent to its sandbox: {problem}")
         sandbox = cls(directory, env=env, limits=limits, network=network,
                       kill_grace=kill_grace)
         sandbox.hide = tuple(Path(p).resolve() for p in hide)
+        sandbox.confined = bool(hide) or confine
         if network == "loopback-proxy":
             try:
                 await sandbox._start_relays(proxy_ports)
@@ -217,6 +223,11 @@ class LocalSandbox:
     @staticmethod
     def network_isolation_available() -> bool:
         return _isolation_problem() is None
+
+    @staticmethod
+    def confinement_available() -> bool:
+        """Whether `hide` and `confine` work here (a private mount namespace)."""
+        return _mount_problem() is None
 
     @staticmethod
     def network_isolation_problem() -> str | None:
@@ -232,10 +243,11 @@ class LocalSandbox:
             relays = [a for port, path in self._relays for a in ("--relay", f"{port}={path}")]
             argv = [sys.executable, "-I", str(_LAUNCHER), *relays, "--", *argv]
             namespaces.append("--net")
-        if self.hide:
+        if self.confined:
             hidden = [a for path in self.hide for a in ("--hide", str(path))]
-            argv = [sys.executable, "-I", str(_HIDE_LAUNCHER), "--keep", str(self.directory),
-                    *hidden, "--", *argv]
+            reveal = ["--reveal", str(self._relay_dir)] if self._relays else []
+            argv = [sys.executable, "-I", str(_CONFINE_LAUNCHER), "--keep", str(self.directory),
+                    "--tmp", str(self.tmp), *reveal, *hidden, "--", *argv]
             namespaces.append("--mount")
         return ["unshare", *namespaces, "--", *argv] if namespaces else argv
 
@@ -308,8 +320,9 @@ class LocalSandbox:
     # -- network relays ------------------------------------------------------------------
 
     async def _start_relays(self, ports: Sequence[int]) -> None:
+        self._relay_dir.mkdir(exist_ok=True)
         for port in ports:
-            path = str(self._private / f"{port}.sock")
+            path = str(self._relay_dir / f"{port}.sock")
             handler = functools.partial(_forward, port=port)
             self._servers.append(await asyncio.start_unix_server(handler, path=path))
             self._relays.append((port, path))

@@ -1,0 +1,83 @@
+"""Start a command confined to its sandbox directory (run under `unshare --mount`).
+
+Usage: python -I confine_launcher.py --keep DIR --tmp DIR [--reveal PATH ...]
+                                     [--hide PATH ...] -- COMMAND...
+
+In the new mount namespace:
+- each hidden PATH gets an empty, read-only tmpfs on top (the tasks' tests and solutions,
+  other rollouts' sandboxes);
+- /tmp, /var/tmp and /dev/shm show the sandbox's own `--tmp` directory, so what a program
+  writes to a hard-coded /tmp lands in the sandbox;
+- every other mount is read-only, except `--keep` (the sandbox directory) and the
+  `--reveal` paths (the proxy relay's sockets), which are bind-mounted back in place.
+So nothing the command writes escapes the sandbox directory, even as root. Nothing
+changes outside the namespace.
+
+Standard library only, and no imports from harnessrl: it runs with `python -I`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+# Kernel interfaces: remounting them is refused or meaningless; /proc is per-process.
+_LEAVE = ("/proc",)
+
+
+def mount(*args: str) -> None:
+    subprocess.run(["mount", *args], check=True, capture_output=True)
+
+
+def _options(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, value in enumerate(argv) if value == flag]
+
+
+def _park(path: str) -> str:
+    """Hold `path` open: once it is covered, /proc/<pid>/fd/<n> still reaches it."""
+    return f"/proc/{os.getpid()}/fd/{os.open(path, os.O_RDONLY | os.O_DIRECTORY)}"
+
+
+def _mount_points() -> list[str]:
+    with open("/proc/self/mountinfo") as mountinfo:
+        points = [line.split()[4] for line in mountinfo]
+    # mountinfo escapes space, tab, newline and backslash as octal
+    return [p.encode().decode("unicode_escape") for p in points]
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def main(argv: list[str]) -> None:
+    split = argv.index("--")
+    options, command = argv[:split], argv[split + 1:]
+    (keep,), (tmp,) = _options(options, "--keep"), _options(options, "--tmp")
+    hidden, reveal = _options(options, "--hide"), _options(options, "--reveal")
+    mount("--make-rprivate", "/")  # nothing below leaks back to the host
+    parked = {path: _park(path) for path in (keep, tmp, *reveal)}
+    for path in hidden:
+        if os.path.isdir(path):
+            mount("-t", "tmpfs", "-o", "mode=755,size=64k", "hrl-hidden", path)
+    for path in TMP_DIRS:
+        if os.path.isdir(path):
+            mount("--no-canonicalize", "--bind", parked[tmp], path)
+    writable = [keep, *reveal, *TMP_DIRS]
+    for path in (keep, *reveal):  # the fd, not its path: the path may be covered now
+        os.makedirs(path, exist_ok=True)
+        mount("--no-canonicalize", "--bind", parked[path], path)
+    for point in _mount_points():
+        if _under(point, writable) or _under(point, [*_LEAVE, *hidden]):
+            continue
+        # A bind remount changes this mount in this namespace only, not the filesystem.
+        mount("-o", "remount,bind,ro", point)
+    for path in hidden:
+        if os.path.isdir(path) and not keep.startswith(path.rstrip("/") + "/"):
+            mount("-o", "remount,ro", path)
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
