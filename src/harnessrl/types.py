@@ -118,6 +118,9 @@ class ChatRequest(msgspec.Struct, frozen=True):
     stream: bool = False
     reasoning_effort: str | None = None
     extra: dict[str, Any] = {}
+    # Set by the proxy on the request it hands the engine (never on the stored one), for
+    # engines that keep per-rollout state, such as token mode's reusable prompt ids.
+    rollout: str | None = None
 
 
 # ------------------------------------------------------------------ engine output
@@ -147,10 +150,12 @@ class Usage(msgspec.Struct, frozen=True):
 
 
 class Started(msgspec.Struct, tag="started", frozen=True):
-    """The engine accepted the call; `prompt_ids` as it tokenized the prompt (if told)."""
+    """The engine accepted the call; `prompt_ids` as it tokenized the prompt (if told).
+    `flags` name anything the engine wants on the turn's record (see `Turn.flags`)."""
 
     model: str
     prompt_ids: tuple[int, ...] | None = None
+    flags: tuple[str, ...] = ()
 
 
 class Chunk(msgspec.Struct, tag="chunk", frozen=True):

@@ -39,12 +39,14 @@ class Accumulator:
         self._chunks = 0
         self.finish_reason: FinishReason | None = None
         self.usage: Usage | None = None
+        self._engine_flags: tuple[str, ...] = ()
 
     def feed(self, event: EngineEvent) -> None:
         if isinstance(event, Chunk):
             self._chunk(event)
         elif isinstance(event, Started):
             self.model, self.prompt_ids = event.model, event.prompt_ids
+            self._engine_flags = event.flags
         elif isinstance(event, Finished):
             self.finish_reason, self.usage = event.finish_reason, event.usage
 
@@ -81,7 +83,7 @@ class Accumulator:
 
     def flags(self) -> list[str]:
         """Names of capture problems; an empty list means the tokens can be trusted."""
-        flags = []
+        flags = list(self._engine_flags)
         if self.prompt_ids is None:
             flags.append("prompt_ids_missing")
         if self._chunks_with_ids not in (0, self._chunks) or not self._chunks_with_ids:

@@ -119,6 +119,9 @@ class Proxy:
 
     # ---------------------------------------------------------------- lifecycle
     async def startup(self) -> None:
+        # Engines with per-rollout state (token mode) recover it from the store.
+        if (bind := getattr(self.engine, "bind_store", None)) is not None:
+            bind(self.store)
         await self.engine.start()
         self.served = await self.engine.models()
         if not self.served:
@@ -292,7 +295,8 @@ class Proxy:
             ctx=ReplyContext(f"{dialect.id_prefix}{uuid.uuid4().hex}", int(received),
                              parsed.model or engine_model),
             encoder=encoder or {}, media_type=media_type)
-        engine_request = msgspec.structs.replace(parsed, model=engine_model, sampling=used)
+        engine_request = msgspec.structs.replace(parsed, model=engine_model, sampling=used,
+                                                 rollout=rollout.record.key)
         if parsed.stream:
             return await self._open_stream(call, engine_request)
         return await self._complete(call, engine_request)

@@ -27,9 +27,13 @@ _NEWLINE_BEFORE = frozenset({_THINK[1], _CALL[0]})
 
 
 class HermesParser:
-    def __init__(self, new_id: Callable[[], str] | None = None) -> None:
+    """`in_reasoning`: the prompt already opened `<think>` (templates that start the reply
+    in reasoning), so the text starts as reasoning."""
+
+    def __init__(self, new_id: Callable[[], str] | None = None, *,
+                 in_reasoning: bool = False) -> None:
         self._pending = ""
-        self._mode = "text"  # text | think | call
+        self._mode = "think" if in_reasoning else "text"  # text | think | call
         self._call = ""
         self._calls = 0
         self._skip = ""  # layout still to drop from the text that follows
@@ -96,16 +100,25 @@ class HermesParser:
 
     def _finish_call(self) -> Delta:
         raw, self._call = self._call.strip(), ""
+        parsed = self.parse_call(raw)
+        if parsed is None:
+            # Not a well-formed call: the model's text is kept as text, not dropped.
+            return TextDelta(f"{_CALL[0]}{raw}{_CALL[1]}")
+        name, arguments = parsed
+        index, self._calls = self._calls, self._calls + 1
+        return ToolCallDelta(index=index, id=self._new_id(), name=name, arguments=arguments)
+
+    def parse_call(self, raw: str) -> tuple[str, str] | None:
+        """(name, arguments JSON) from the text between the call tags, or None when it is
+        not a call. Subclasses parse other call formats inside the same tags."""
         try:
             call = json.loads(raw)
             name, arguments = call["name"], call.get("arguments", {})
         except (ValueError, KeyError, TypeError):
-            # Not a well-formed call: the model's text is kept as text, not dropped.
-            return TextDelta(f"{_CALL[0]}{raw}{_CALL[1]}")
+            return None
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments, ensure_ascii=False)
-        index, self._calls = self._calls, self._calls + 1
-        return ToolCallDelta(index=index, id=self._new_id(), name=str(name), arguments=arguments)
+        return str(name), arguments
 
     def finish(self) -> list[Delta]:
         out: list[Delta] = []

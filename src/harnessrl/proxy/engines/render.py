@@ -1,0 +1,250 @@
+"""Token mode's prompt rendering: the model's own chat template and tokenizer, reusing the
+exact ids of a rollout's earlier turns wherever the new prompt's text extends them.
+
+Why: a harness sends its whole history back each turn. Tokenizing that text again gives
+the tokenizer's canonical ids, which are not always the ids the model sampled (a model
+may write "hello" as "hel"+"lo"); the next prompt then no longer starts with the
+previous prompt + completion, and the turns cannot be trained on as one sequence. Here
+the earlier ids are kept and only the new text is tokenized, so a history sent back
+unchanged is, token for token, what the model saw and produced.
+
+Cost: per turn, the template is rendered (string work) and only the text after the
+longest reused prefix is tokenized, so tokenizing grows with a turn's new tokens.
+
+The seam: tokenizing `prefix` and `suffix` apart equals tokenizing `prefix + suffix` when
+the cut sits next to an added token (`<|im_end|>`, `<tool_call>`, ...), because the
+tokenizer splits the text at those before any merge. Elsewhere a merge could cross the
+cut, so the text from the last added token before the cut is tokenized again and checked
+against the kept ids; if they disagree the whole prompt is tokenized afresh (`fallback`).
+
+Pure: no I/O; the tokenizer is any Hugging Face (fast) tokenizer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from harnessrl.proxy.engines import openai_wire
+from harnessrl.types import ChatRequest
+
+RenderMode = Literal["full", "extended", "fallback"]
+# Kept (text offset, id count) pairs per state, newest last: enough to find the last few
+# turns' prompts and completions without scanning a rollout's whole history.
+_ANCHORS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """A rendered prompt. `reused` ids came from an earlier turn; `mode` says how:
+    `full` (nothing to reuse), `extended` (earlier ids + the new text's ids) or
+    `fallback` (an earlier turn's text matched but the seam was unsafe, so the whole
+    prompt was tokenized again)."""
+
+    text: str
+    ids: array  # array('i')
+    reused: int
+    mode: RenderMode
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    """Text and ids of one turn (prompt + completion) with the points where they align."""
+
+    text: str
+    ids: array
+    anchors: tuple[tuple[int, int], ...]  # (text offset, id count), ascending
+
+
+class Renderer:
+    """Renders requests for one model; remembers each rollout's last few turns.
+
+    `memory` turns per rollout are kept (several, because harnesses interleave side calls
+    such as titles with the main conversation) and `max_rollouts` rollouts, least
+    recently used first out; a forgotten rollout is rendered in full (or re-loaded by
+    the engine from the store).
+    """
+
+    def __init__(self, tokenizer: Any, *, chat_template: str | None = None,
+                 memory: int = 4, max_rollouts: int = 4096) -> None:
+        self.tokenizer = tokenizer
+        self.template = chat_template or tokenizer.chat_template
+        if not self.template:
+            raise ValueError("the tokenizer has no chat template; token mode needs one")
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        # Templates that test `arguments is string` render the sampled JSON text verbatim
+        # (exact); the others iterate a mapping, so they get the parsed object.
+        self._string_arguments = "arguments is string" in self.template
+        self._boundaries = _boundary_tokens(tokenizer)
+        self._lengths = sorted({len(t) for t in self._boundaries}, reverse=True)
+        self._seam_tokens = [t for t in self._boundaries if t in self.template]
+        self.memory = memory
+        self.max_rollouts = max_rollouts
+        self._states: OrderedDict[str, list[_State]] = OrderedDict()
+
+    # ------------------------------------------------------------ tokenizer access
+    def encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self._backend is not None:
+            return self._backend.decode(list(ids), skip_special_tokens=False)
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False,
+                                     clean_up_tokenization_spaces=False)
+
+    def text(self, request: ChatRequest) -> str:
+        """The prompt text the template makes of `request`, ready for the reply."""
+        messages = openai_wire.messages(request)
+        if not self._string_arguments:
+            messages = [_parsed_arguments(m) for m in messages]
+        kwargs: dict[str, Any] = {}
+        if request.tools:
+            kwargs["tools"] = openai_wire.tools(request.tools)
+        if request.reasoning_effort is not None:
+            kwargs["reasoning_effort"] = request.reasoning_effort
+        return self.tokenizer.apply_chat_template(
+            messages, chat_template=self.template, tokenize=False,
+            add_generation_prompt=True, **kwargs)
+
+    # ------------------------------------------------------------ rendering
+    def render(self, request: ChatRequest, rollout: str | None = None) -> Rendered:
+        return self.render_text(self.text(request), rollout)
+
+    def render_text(self, text: str, rollout: str | None = None) -> Rendered:
+        """Ids for `text`, reusing the longest matching earlier turn of `rollout`."""
+        offset, count, state = self._best_match(text, self._states.get(rollout or "", ()))
+        if state is None or offset == 0:
+            return Rendered(text, array("i", self.encode(text)), 0, "full")
+        ids = self._extend(text, state.ids, offset, count)
+        if ids is None:
+            return Rendered(text, array("i", self.encode(text)), 0, "fallback")
+        return Rendered(text, ids, count, "extended")
+
+    def _best_match(self, text: str, states: Sequence[_State]
+                    ) -> tuple[int, int, _State | None]:
+        best: tuple[int, int, _State | None] = (0, 0, None)
+        # The common case first: the whole previous turn is a prefix of the new prompt.
+        for state in states:
+            if len(state.text) > best[0] and text.startswith(state.text):
+                best = (len(state.text), len(state.ids), state)
+        if best[2] is not None:
+            return best
+        for state in states:
+            for offset, count in reversed(state.anchors):
+                if offset <= best[0]:
+                    break
+                if text.startswith(state.text[:offset]):
+                    best = (offset, count, state)
+                    break
+        return best
+
+    def _extend(self, text: str, ids: array, offset: int, count: int) -> array | None:
+        if self._safe_cut(text, offset):
+            out = ids[:count]
+            out.extend(self.encode(text[offset:]))
+            return out
+        # Tokenize again from the last added token before the cut: the kept ids of that
+        # stretch must be its canonical ids, and no merge may cross the cut.
+        start = self._last_boundary(text, offset)
+        head = self.encode(text[start:offset])
+        window = self.encode(text[start:])
+        if (len(head) <= count and window[:len(head)] == head
+                and ids[count - len(head):count].tolist() == head):
+            out = ids[:count]
+            out.extend(window[len(head):])
+            return out
+        return None
+
+    def _safe_cut(self, text: str, offset: int) -> bool:
+        if offset >= len(text):
+            return True
+        for size in self._lengths:
+            if ((size <= offset and text[offset - size:offset] in self._boundaries)
+                    or text[offset:offset + size] in self._boundaries):
+                return True
+        return False
+
+    def _last_boundary(self, text: str, offset: int) -> int:
+        found = 0
+        for token in self._seam_tokens:
+            at = text.rfind(token, found, offset)
+            if at >= 0:
+                found = max(found, at + len(token))
+        return found
+
+    # ------------------------------------------------------------ memory
+    def remember(self, rollout: str | None, rendered: Rendered, completion_ids: Sequence[int],
+                 completion_text: str | None = None) -> None:
+        """Keep a finished turn so the rollout's next prompt can reuse its ids."""
+        if not rollout:
+            return
+        prompt_len = len(rendered.ids)
+        text = rendered.text + (completion_text if completion_text is not None
+                                else self.decode(completion_ids))
+        ids = array("i", rendered.ids)
+        ids.extend(completion_ids)
+        states = self._states.pop(rollout, [])
+        # The state this prompt extended is contained in the new one: drop it, keep its
+        # anchors (they still describe the new text's start).
+        base = next((s for s in states if rendered.mode == "extended"
+                     and text.startswith(s.text)), None)
+        inherited = base.anchors if base is not None else ()
+        anchors = (*inherited, (len(rendered.text), prompt_len), (len(text), len(ids)))
+        states = [s for s in states if s is not base]
+        states.append(_State(text, ids, tuple(sorted(set(anchors)))[-_ANCHORS:]))
+        self._states[rollout] = states[-self.memory:]
+        while len(self._states) > self.max_rollouts:
+            self._states.popitem(last=False)
+
+    def restore(self, rollout: str, turns: Sequence[tuple[Sequence[int], Sequence[int]]]
+                ) -> None:
+        """Re-create a rollout's memory from stored (prompt ids, completion ids), oldest
+        first: after a restart the text is the ids' own decoding."""
+        for prompt_ids, completion_ids in turns[-self.memory:]:
+            prompt_text = self.decode(prompt_ids)
+            self.remember(rollout, Rendered(prompt_text, array("i", prompt_ids), 0, "full"),
+                          completion_ids)
+        self._states.setdefault(rollout, [])
+
+    def knows(self, rollout: str) -> bool:
+        if rollout in self._states:
+            self._states.move_to_end(rollout)
+            return True
+        return False
+
+    def forget(self, rollout: str) -> None:
+        self._states.pop(rollout, None)
+
+
+def _boundary_tokens(tokenizer: Any) -> frozenset[str]:
+    """Added tokens the tokenizer splits on before any merge, whole and without eating
+    the whitespace next to them (lstrip/rstrip would move the seam)."""
+    found: set[str] = set()
+    for token in getattr(tokenizer, "added_tokens_decoder", {}).values():
+        if any(getattr(token, flag, False) for flag in ("lstrip", "rstrip", "single_word")):
+            continue
+        content = getattr(token, "content", str(token))
+        if content:
+            found.add(content)
+    return frozenset(found)
+
+
+def _parsed_arguments(message: dict[str, Any]) -> dict[str, Any]:
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    fixed = []
+    for call in calls:
+        function = dict(call["function"])
+        # Not JSON: the template gets the text the model wrote.
+        with contextlib.suppress(TypeError, ValueError):
+            function["arguments"] = json.loads(function["arguments"])
+        fixed.append({**call, "function": function})
+    return {**message, "tool_calls": fixed}

@@ -1,0 +1,310 @@
+"""vLLM in token mode (token-in, token-out): the proxy renders the prompt itself.
+
+The conversation is rendered with the model's own tokenizer and chat template
+(`render.Renderer`), reusing the exact ids of the rollout's earlier turns wherever the new
+text extends them; the ids go to vLLM's `/v1/completions` as a token prompt with
+`return_token_ids` and `logprobs`, streamed when the client streams; the sampled text is
+parsed into reasoning and tool calls here (`toolformats`), in the model's own format.
+
+Why: in chat mode vLLM tokenizes the re-sent history again, and any reply the model did
+not write in the tokenizer's canonical ids (or whose text the harness or the template
+changes) breaks the chain of turns that training needs. Here the ids the model sampled
+stay in the prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, Protocol
+
+import msgspec
+
+from harnessrl.errors import EngineError
+from harnessrl.proxy.engines import openai_wire
+from harnessrl.proxy.engines.render import Rendered, Renderer
+from harnessrl.proxy.engines.toolformats import make_parser
+from harnessrl.proxy.engines.vllm import (
+    VLLMEngine,
+    _engine_error,
+    _json_or_error,
+    _loose,
+    merge_chunks,
+)
+from harnessrl.proxy.sse import SSEDecoder
+from harnessrl.types import (
+    ChatRequest,
+    Chunk,
+    EngineEvent,
+    Finished,
+    FinishReason,
+    Started,
+    Turn,
+    Usage,
+)
+
+log = logging.getLogger(__name__)
+_encode = msgspec.json.encode
+# Tokens that end an assistant message in the templates we know, besides the tokenizer's
+# EOS; one is a stop token only if the template writes it (its text then follows the
+# reply in the next prompt, so the sampled ids are reused there).
+_END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+ExtraBody = Callable[[ChatRequest], dict[str, Any] | None]
+
+
+class TurnSource(Protocol):
+    def turns(self, key: str, offset: int = 0, limit: int = -1) -> list[Turn]: ...
+
+
+class TokenEngine(VLLMEngine):
+    """`tokenizer`: the served model's tokenizer (a local path or a loaded tokenizer);
+    `tool_parser`: a `toolformats.TOOL_FORMATS` name; `extra_body`: fields merged into
+    each vLLM request (tests use it to force text with structured outputs)."""
+
+    name = "vllm-token"
+
+    def __init__(self, base_url: str, tokenizer: Any, *, tool_parser: str = "hermes",
+                 chat_template: str | None = None, extra_body: ExtraBody | None = None,
+                 read_timeout: float = 600.0, connect_timeout: float = 10.0,
+                 api_key: str | None = None, memory: int = 4) -> None:
+        super().__init__(base_url, read_timeout=read_timeout, connect_timeout=connect_timeout,
+                         api_key=api_key)
+        if isinstance(tokenizer, str):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        self.renderer = Renderer(tokenizer, chat_template=chat_template, memory=memory)
+        make_parser(tool_parser)  # an unknown format fails here, not on the first call
+        self.tool_parser = tool_parser
+        self.extra_body = extra_body
+        self.stop_ids = _stop_ids(tokenizer, self.renderer.template)
+        self.max_model_len: int | None = None
+        self.renders: Counter[str] = Counter()  # render modes so far: full/extended/fallback
+        self._store: TurnSource | None = None
+
+    def bind_store(self, store: TurnSource) -> None:
+        """Where a rollout's earlier turns are found after a restart."""
+        self._store = store
+
+    async def start(self) -> None:
+        await super().start()
+        with self._upstream("list its models"):
+            async with self._http.get(f"{self.base_url}/v1/models") as resp:
+                body = await _json_or_error(resp)
+        lengths = [m.get("max_model_len") for m in body.get("data", [])]
+        self.max_model_len = next((n for n in lengths if isinstance(n, int)), None)
+
+    async def count_tokens(self, request: ChatRequest) -> int:
+        rendered = await asyncio.to_thread(self.renderer.render, request)
+        return len(rendered.ids)
+
+    # ---------------------------------------------------------------- rendering
+    async def render(self, request: ChatRequest) -> Rendered:
+        key = request.rollout
+        if key and self._store is not None and not self.renderer.knows(key):
+            await asyncio.to_thread(self._restore, key)
+        rendered = await asyncio.to_thread(self.renderer.render, request, key)
+        self.renders[rendered.mode] += 1
+        if rendered.mode == "fallback":
+            log.warning("token mode: rollout %s: the prompt extends an earlier turn's text "
+                        "but not at a safe token boundary; tokenized in full", key)
+        return rendered
+
+    def _restore(self, key: str) -> None:
+        assert self._store is not None
+        done = []
+        for turn in self._store.turns(key):
+            tokens = turn.completion.tokens if turn.completion is not None else None
+            if (turn.status == "ok" and turn.engine == self.name and tokens is not None
+                    and tokens.prompt_ids and tokens.completion_ids is not None):
+                done.append((tokens.prompt_ids, tokens.completion_ids))
+        self.renderer.restore(key, done)
+
+    def _body(self, request: ChatRequest, rendered: Rendered, *, stream: bool) -> bytes:
+        body: dict[str, Any] = {
+            "model": request.model, "prompt": rendered.ids.tolist(),
+            **openai_wire.sampling(request.sampling),
+            "logprobs": 0, "return_token_ids": True, "stream": stream,
+            "stop_token_ids": self.stop_ids,
+        }
+        if request.sampling.max_tokens is None and self.max_model_len is not None:
+            # /v1/completions defaults to 16 tokens; chat mode's default is the room left.
+            body["max_tokens"] = max(1, self.max_model_len - len(rendered.ids))
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if self.extra_body is not None:
+            body.update(self.extra_body(request) or {})
+        return _encode(body)
+
+    def _started(self, request: ChatRequest, rendered: Rendered, reported: Any) -> Started:
+        ids = tuple(reported) if reported is not None else tuple(rendered.ids)
+        flags = ("render_fallback",) if rendered.mode == "fallback" else ()
+        if len(ids) != len(rendered.ids) or ids != tuple(rendered.ids):
+            flags += ("prompt_ids_changed",)  # the engine did not use the ids we sent
+        return Started(request.model, ids, flags)
+
+    def _parser(self, request: ChatRequest, rendered: Rendered) -> Any:
+        thinking = rendered.text.rstrip("\n").endswith("<think>")
+        return make_parser(self.tool_parser, request.tools, in_reasoning=thinking)
+
+    # ---------------------------------------------------------------- calls
+    async def complete(self, request: ChatRequest) -> list[EngineEvent]:
+        rendered = await self.render(request)
+        payload = self._body(request, rendered, stream=False)
+        with self._upstream("answer"):
+            async with self._http.post(f"{self.base_url}/v1/completions",
+                                       data=payload) as resp:
+                raw = await resp.read()
+                if resp.status != 200:
+                    raise _engine_error(resp.status, _loose(raw), raw)
+        body = _decode(raw, "an answer")
+        if not body.choices:
+            raise EngineError("the engine answered with no choices")
+        choice = body.choices[0]
+        parser = self._parser(request, rendered)
+        deltas = parser.feed(choice.text) + parser.finish()
+        ids, logprobs = _tokens(choice)
+        self._remember(request, rendered, ids, choice.finish_reason)
+        return [self._started(request, rendered, choice.prompt_token_ids),
+                Chunk(tuple(deltas), ids, logprobs),
+                Finished(_finish(choice.finish_reason, parser.calls), _usage(body))]
+
+    async def stream(self, request: ChatRequest) -> AsyncGenerator[EngineEvent, None]:
+        rendered = await self.render(request)
+        payload = self._body(request, rendered, stream=True)
+        parser = self._parser(request, rendered)
+        state = _StreamState()
+        with self._upstream("send its next tokens"):
+            async with self._http.post(f"{self.base_url}/v1/completions",
+                                       data=payload) as resp:
+                if resp.status != 200:
+                    await _json_or_error(resp)
+                decoder = SSEDecoder()
+                async for piece in resp.content.iter_any():
+                    # Tokens that arrived in one read go on as one chunk (one write).
+                    events = [e for sse in decoder.feed(piece)
+                              for e in state.feed(sse.data, parser)]
+                    for event in self._started_first(request, rendered, state, events):
+                        yield event
+                tail = [e for sse in decoder.finish() for e in state.feed(sse.data, parser)]
+                for event in self._started_first(request, rendered, state, tail, last=True):
+                    yield event
+        if state.finish is None:
+            raise EngineError("the engine stream ended before a finish_reason")
+        yield Chunk(tuple(parser.finish()), (), ())
+        self._remember(request, rendered, tuple(state.ids), state.finish)
+        yield Finished(_finish(state.finish, parser.calls), state.usage)
+
+    def _started_first(self, request: ChatRequest, rendered: Rendered, state: _StreamState,
+                       events: list[EngineEvent], *, last: bool = False) -> list[EngineEvent]:
+        """`Started` goes out before the first chunk, with the prompt ids vLLM reports in
+        its first chunk."""
+        events = merge_chunks(events)
+        if not state.started and (events or last):
+            state.started = True
+            events.insert(0, self._started(request, rendered, state.prompt_ids))
+        return events
+
+    def _remember(self, request: ChatRequest, rendered: Rendered,
+                  ids: tuple[int, ...] | None, finish: str | None) -> None:
+        if ids is not None and finish in ("stop", "length"):
+            self.renderer.remember(request.rollout, rendered, ids)
+
+
+# ---------------------------------------------------------------- vLLM's answer, typed
+class _Logprobs(msgspec.Struct):
+    token_logprobs: list[float | None] = []
+
+
+class _Choice(msgspec.Struct):
+    text: str = ""
+    finish_reason: str | None = None
+    token_ids: tuple[int, ...] | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+    logprobs: _Logprobs | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class _Body(msgspec.Struct):
+    choices: list[_Choice] = []
+    usage: _Usage | None = None
+    error: Any = None
+
+
+_decode_body = msgspec.json.Decoder(_Body).decode
+
+
+def _decode(raw: bytes | str, what: str) -> _Body:
+    try:
+        body = _decode_body(raw)
+    except msgspec.DecodeError as exc:
+        raise EngineError(f"the engine sent {what} that is not the expected JSON ({exc}): "
+                          f"{raw[:200]!r}") from exc
+    if body.error is not None:
+        raise _engine_error(500, {"error": body.error}, b"")
+    return body
+
+
+def _tokens(choice: _Choice) -> tuple[tuple[int, ...] | None, tuple[float, ...] | None]:
+    values = choice.logprobs.token_logprobs if choice.logprobs is not None else None
+    if values is None or any(v is None for v in values):
+        return choice.token_ids, None  # a missing logprob is left missing, never invented
+    return choice.token_ids, tuple(values)  # type: ignore[arg-type]
+
+
+def _usage(body: _Body) -> Usage | None:
+    usage = body.usage
+    return None if usage is None else Usage(usage.prompt_tokens, usage.completion_tokens)
+
+
+def _finish(reason: str | None, calls: int) -> FinishReason:
+    if reason == "length":
+        return "length"
+    if reason == "abort":
+        return "error"
+    return "tool_calls" if calls else "stop"
+
+
+class _StreamState:
+    """vLLM completion chunks (already split from SSE) in, engine events out."""
+
+    def __init__(self) -> None:
+        self.prompt_ids: tuple[int, ...] | None = None
+        self.started = False
+        self.ids: list[int] = []
+        self.finish: str | None = None
+        self.usage: Usage | None = None
+
+    def feed(self, data: str, parser: Any) -> list[EngineEvent]:
+        if data == "[DONE]":
+            return []
+        body = _decode(data, "a chunk")
+        self.usage = _usage(body) or self.usage
+        events: list[EngineEvent] = []
+        for choice in body.choices:
+            if choice.prompt_token_ids is not None and self.prompt_ids is None:
+                self.prompt_ids = choice.prompt_token_ids
+            ids, logprobs = _tokens(choice)
+            self.ids.extend(ids or ())
+            deltas = parser.feed(choice.text) if choice.text else []
+            if deltas or ids:
+                events.append(Chunk(tuple(deltas), ids, logprobs))
+            if choice.finish_reason is not None:
+                self.finish = choice.finish_reason
+        return events
+
+
+def _stop_ids(tokenizer: Any, template: str) -> list[int]:
+    """The template's end-of-turn token and EOS: where a reply ends."""
+    vocab = tokenizer.get_vocab()
+    found = [vocab[t] for t in _END_TOKENS if t in vocab and t in template]
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        found.insert(0, eos)
+    return list(dict.fromkeys(found))
