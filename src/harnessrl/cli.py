@@ -53,6 +53,14 @@ def _parser() -> argparse.ArgumentParser:
                                            "and why chains broke")
     report.add_argument("run_dir", type=Path)
     report.set_defaults(func=_report)
+    ui = sub.add_parser("ui", help="the trace viewer: a web page over runs, rollouts and tokens")
+    ui.add_argument("run_dir", type=Path, nargs="?", default=DEFAULT_RUN_DIR.parent,
+                    help="a run directory, or a directory of them (default: runs)")
+    ui.add_argument("--host", default="127.0.0.1")
+    ui.add_argument("--port", type=int, default=8200)
+    ui.add_argument("--tokenizer", help="tokenizer (model dir or hub id) to show ids as text "
+                                        "(default: the run's model, if a local directory)")
+    ui.set_defaults(func=_ui)
     demo = sub.add_parser("demo", help="the embedded default: vLLM + proxy + one captured call")
     demo.add_argument("--run-dir", type=Path, default=Path("runs/demo"))
     demo.add_argument("--model", help="a local model directory (default: SmolLM2-135M)")
@@ -370,6 +378,16 @@ def _report(args: argparse.Namespace) -> int:
         Console().print(render_report(report(store)))
     finally:
         store.close()
+    return 0
+
+
+def _ui(args: argparse.Namespace) -> int:
+    from harnessrl.ui.app import serve
+
+    if not _is_loopback(args.host):
+        print(f"harnessrl: the viewer shows every trace to anyone who can reach "
+              f"{args.host}:{args.port}", file=sys.stderr)
+    serve(args.run_dir, host=args.host, port=args.port, tokenizer=args.tokenizer)
     return 0
 
 

@@ -82,6 +82,14 @@ CREATE TABLE IF NOT EXISTS outcomes (
     PRIMARY KEY (harness, task, sample)
 );
 """
+# What the trace viewer's pages look up (harnessrl.ui.queries): models of a run without a
+# scan of the turns, outcomes by rollout, rollouts by age. Small, cheap to keep on insert.
+VIEW_INDEXES = """
+CREATE INDEX IF NOT EXISTS turns_by_model ON turns (model);
+CREATE INDEX IF NOT EXISTS outcomes_by_rollout ON outcomes (rollout);
+CREATE INDEX IF NOT EXISTS rollouts_by_created ON rollouts (created);
+"""
+_SCHEMA += VIEW_INDEXES
 # Steps that bring an older file up to SCHEMA_VERSION, by the version they start from.
 _MIGRATIONS = {1: "ALTER TABLE turns ADD COLUMN reply_id TEXT"}
 _TURN_COLUMNS = (
@@ -89,6 +97,7 @@ _TURN_COLUMNS = (
     " error, flags, requested_sampling, used_sampling, request, completion, prompt_ids,"
     " completion_ids, logprobs, raw_request, raw_response, reply_id"
 )
+TURN_COLUMNS = _TURN_COLUMNS  # for readers outside this module (the viewer)
 _INSERT_TURN = f"INSERT INTO turns ({_TURN_COLUMNS}) VALUES ({', '.join('?' * 22)})"
 # Fold the WAL back into the database after about this much has been written to it.
 CHECKPOINT_BYTES = 8 * 1024 * 1024
@@ -159,6 +168,11 @@ def _row_turn(row: tuple[Any, ...]) -> Turn:
         engine=engine, model=model, weight_version=weight_version, error=error,
         flags=tuple(msgspec.json.decode(flags)), reply_id=reply_id,
     )
+
+
+def row_turn(row: tuple[Any, ...]) -> Turn:
+    """A `Turn` from a row of `SELECT {TURN_COLUMNS} FROM turns`."""
+    return _row_turn(row)
 
 
 def _row_rollout(row: tuple[Any, ...]) -> Rollout:

@@ -1,0 +1,255 @@
+"""Reads behind the trace viewer: every page is one bounded SQL query or a few.
+
+Nothing here loads a run whole. Lists are paginated with LIMIT/OFFSET; per-run summaries
+aggregate the `outcomes` table (one row per rollout, never per turn) and read the turns
+table only through indexes (`VIEW_INDEXES` in the store); a rollout's turns are read a
+page at a time, and the chain view reads only the token columns of one rollout.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from harnessrl.proxy.store import DB_NAME, TURN_COLUMNS, VIEW_INDEXES, connect, row_turn, unpack
+from harnessrl.types import Completion, Outcome, Tokens, Turn
+
+MAX_PAGE = 200
+HISTOGRAM_BINS = 10
+# SQL expressions over `rollouts r LEFT JOIN outcomes o`: what a rollout row is known by
+# before its outcome exists (a running rollout, or an attempt a retry replaced).
+_META = "CAST(r.metadata AS TEXT)"
+_HARNESS = f"COALESCE(o.harness, json_extract({_META}, '$.harness'))"
+_TASK = f"COALESCE(o.task, json_extract({_META}, '$.task'))"
+_PASSED = "(json_extract(CAST(o.outcome AS TEXT), '$.verifier_reward') >= 1)"
+_STATE = (f"CASE WHEN o.status = 'done' AND {_PASSED} THEN 'passed' "
+          "WHEN o.status = 'done' THEN 'failed' WHEN o.status IS NOT NULL THEN o.status "
+          "WHEN r.closed IS NULL THEN 'running' ELSE 'no_outcome' END")
+STATES = ("passed", "failed", "infra_error", "running", "no_outcome")
+
+
+def page_bounds(offset: int, limit: int) -> tuple[int, int]:
+    """Clamp a client's paging so that no request reads more than MAX_PAGE rows."""
+    return max(0, offset), min(max(1, limit), MAX_PAGE)
+
+
+@dataclass(frozen=True)
+class Filters:
+    harness: str | None = None
+    task: str | None = None
+    state: str | None = None
+
+    def where(self) -> tuple[str, list[Any]]:
+        clauses, params = [], []
+        if self.harness:
+            clauses.append(f"{_HARNESS} = ?")
+            params.append(self.harness)
+        if self.task:
+            clauses.append(f"{_TASK} = ?")
+            params.append(self.task)
+        if self.state:
+            clauses.append(f"({_STATE}) = ?")
+            params.append(self.state)
+        return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+
+class RunReader:
+    """One run directory's store, read through one connection per thread."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.path = run_dir / DB_NAME
+        self._local = threading.local()
+        self._ensure_indexes()
+
+    def _ensure_indexes(self) -> None:
+        # A store written before the viewer existed lacks them; building them takes one
+        # pass, once. If the store is busy or read-only the pages still work, slower.
+        db = sqlite3.connect(self.path, timeout=1.0)
+        try:
+            db.executescript(VIEW_INDEXES)
+        except sqlite3.Error:
+            pass
+        finally:
+            db.close()
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = self._local.db = connect(self.path)
+        return db
+
+    # ------------------------------------------------------------ the run
+    def summary(self) -> dict[str, Any]:
+        db = self.db
+        models = db.execute("SELECT model, COUNT(*) FROM turns GROUP BY model").fetchall()
+        opened, running = db.execute(
+            "SELECT COUNT(*), SUM(closed IS NULL) FROM rollouts").fetchone()
+        tasks = db.execute(f"SELECT COUNT(DISTINCT {_TASK}) FROM rollouts r "
+                           "LEFT JOIN outcomes o ON o.rollout = r.key").fetchone()[0]
+        task_names = [r[0] for r in db.execute(
+            f"SELECT DISTINCT {_TASK} AS t FROM rollouts r LEFT JOIN outcomes o "
+            "ON o.rollout = r.key WHERE t IS NOT NULL ORDER BY t LIMIT 12")]
+        return {
+            "models": [{"model": m, "turns": n} for m, n in models],
+            "turns": sum(n for _, n in models),
+            "rollouts": opened, "running": running or 0,
+            "outcomes": db.execute("SELECT COUNT(*) FROM outcomes").fetchone()[0],
+            "tasks": tasks, "task_names": task_names,
+            "harnesses": self.harness_stats(),
+        }
+
+    def harness_stats(self) -> list[dict[str, Any]]:
+        """Per harness, from the outcomes: pass rate among scored rollouts (infrastructure
+        errors left out, as in the eval report), tool calls and tokens per solved task."""
+        rows = self.db.execute(
+            "SELECT harness, MAX(json_extract(CAST(outcome AS TEXT), '$.harness_version')),"
+            " COUNT(*), SUM(status = 'done'), SUM(status = 'done' AND "
+            " json_extract(CAST(outcome AS TEXT), '$.verifier_reward') >= 1), AVG(reward),"
+            " MIN(reward), MAX(reward) FROM outcomes GROUP BY harness ORDER BY harness"
+        ).fetchall()
+        # One reward axis for every harness of the run, 0 and 1 included, so that the
+        # small plots compare at a glance.
+        low = min([0.0, *(r[6] for r in rows if r[6] is not None)])
+        high = max([1.0, *(r[7] for r in rows if r[7] is not None)])
+        stats = []
+        for harness, version, count, done, passed, mean, _low, _high in rows:
+            solved = self.db.execute(
+                "SELECT AVG(json_extract(CAST(outcome AS TEXT), '$.tool_calls')),"
+                " AVG(json_extract(CAST(outcome AS TEXT), '$.completion_tokens'))"
+                " FROM outcomes WHERE harness = ? AND status = 'done' AND"
+                " json_extract(CAST(outcome AS TEXT), '$.verifier_reward') >= 1",
+                (harness,)).fetchone()
+            stats.append({
+                "harness": harness, "version": version, "outcomes": count, "scored": done,
+                "passed": passed, "infra_errors": count - done,
+                "pass_rate": passed / done if done else None, "mean_reward": mean,
+                "tool_calls_per_solved": solved[0], "tokens_per_solved": solved[1],
+                "rewards": self.histogram(harness, low, high) if _low is not None else None,
+            })
+        return stats
+
+    def histogram(self, harness: str, low: float, high: float) -> dict[str, Any]:
+        """The harness's reward counts in HISTOGRAM_BINS equal bins from `low` to `high`."""
+        width = (high - low) / HISTOGRAM_BINS or 1.0
+        counts = [0] * HISTOGRAM_BINS
+        for b, n in self.db.execute(
+                "SELECT MIN(CAST((reward - ?) / ? AS INTEGER), ?), COUNT(*) FROM outcomes "
+                "WHERE harness = ? AND reward IS NOT NULL GROUP BY 1",
+                (low, width, HISTOGRAM_BINS - 1, harness)):
+            counts[b] = n
+        return {"low": low, "high": high, "counts": counts}
+
+    # ------------------------------------------------------------ rollouts
+    def rollouts(self, filters: Filters, offset: int = 0, limit: int = 50) -> dict[str, Any]:
+        offset, limit = page_bounds(offset, limit)
+        where, params = filters.where()
+        base = "FROM rollouts r LEFT JOIN outcomes o ON o.rollout = r.key" + where
+        total = self.db.execute(f"SELECT COUNT(*) {base}", params).fetchone()[0]
+        rows = self.db.execute(
+            f"SELECT r.key, r.created, r.closed, {_META}, CAST(o.outcome AS TEXT), {_STATE},"
+            " (SELECT COUNT(*) FROM turns t WHERE t.rollout = r.key),"
+            " (SELECT COUNT(*) FROM turns t WHERE t.rollout = r.key AND t.status != 'ok')"
+            f" {base} ORDER BY r.created DESC, r.key LIMIT ? OFFSET ?",
+            [*params, limit, offset]).fetchall()
+        return {"total": total, "offset": offset, "limit": limit,
+                "rows": [_rollout_row(*row) for row in rows]}
+
+    def facets(self, limit: int = 500) -> dict[str, list[str]]:
+        """Harness and task names for the filter boxes (tasks capped: a big task set
+        is filtered by typing, not by scrolling a list)."""
+        def names(expr: str) -> list[str]:
+            return [r[0] for r in self.db.execute(
+                f"SELECT DISTINCT {expr} AS v FROM rollouts r LEFT JOIN outcomes o "
+                "ON o.rollout = r.key WHERE v IS NOT NULL ORDER BY v LIMIT ?", (limit,))]
+        return {"harnesses": names(_HARNESS), "tasks": names(_TASK), "states": list(STATES)}
+
+    def rollout(self, key: str) -> dict[str, Any] | None:
+        row = self.db.execute(
+            f"SELECT r.key, r.created, r.closed, {_META}, CAST(o.outcome AS TEXT), {_STATE},"
+            " (SELECT COUNT(*) FROM turns t WHERE t.rollout = r.key),"
+            " (SELECT COUNT(*) FROM turns t WHERE t.rollout = r.key AND t.status != 'ok')"
+            " FROM rollouts r LEFT JOIN outcomes o ON o.rollout = r.key WHERE r.key = ?",
+            (key,)).fetchone()
+        return None if row is None else _rollout_row(*row)
+
+    def siblings(self, key: str, task: str | None, limit: int = 50) -> list[dict[str, Any]]:
+        """Other rollouts of the same task, for the compare view."""
+        if not task:
+            return []
+        rows = self.rollouts(Filters(task=task), 0, limit)["rows"]
+        return [r for r in rows if r["key"] != key]
+
+    # ------------------------------------------------------------ turns
+    def turns(self, key: str, offset: int = 0, limit: int = 20) -> list[Turn]:
+        offset, limit = page_bounds(offset, limit)
+        rows = self.db.execute(
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE rollout = ? AND idx >= ? ORDER BY idx "
+            "LIMIT ?", (key, offset, limit)).fetchall()
+        return [row_turn(r) for r in rows]
+
+    def turn(self, key: str, index: int) -> Turn | None:
+        row = self.db.execute(f"SELECT {TURN_COLUMNS} FROM turns WHERE rollout = ? AND idx = ?",
+                              (key, index)).fetchone()
+        return None if row is None else row_turn(row)
+
+    def turn_count(self, key: str) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM turns WHERE rollout = ?",
+                               (key,)).fetchone()[0]
+
+    def token_turns(self, key: str) -> list[Turn]:
+        """The rollout's turns with only what chain linking reads (status, flags, ids,
+        logprobs): the raw bodies and canonical messages stay on disk."""
+        rows = self.db.execute(
+            "SELECT idx, status, error, flags, weight_version, completion IS NOT NULL,"
+            " prompt_ids, completion_ids, logprobs, received FROM turns WHERE rollout = ?"
+            " ORDER BY idx", (key,)).fetchall()
+        return [_token_turn(key, *row) for row in rows]
+
+
+def _token_turn(key: str, idx: int, status: str, error: str | None, flags: str,
+                weight_version: str | None, has_completion: int, prompt: bytes | None,
+                completion: bytes | None, logprobs: bytes | None, received: float) -> Turn:
+    from harnessrl.types import Timings
+
+    tokens = Tokens(unpack(prompt, "i"), unpack(completion, "i"), unpack(logprobs, "d"))
+    # Only the tokens are read; the rest of the completion is never shown from this Turn.
+    reply = Completion("", (), "stop", None, tokens) if has_completion else None
+    return Turn(rollout=key, index=idx, dialect="", status=status,  # type: ignore[arg-type]
+                timings=Timings(received), raw_request=b"", completion=reply,
+                weight_version=weight_version, error=error,
+                flags=tuple(msgspec.json.decode(flags)))
+
+
+def _rollout_row(key: str, created: float, closed: float | None, metadata: str,
+                 outcome: str | None, state: str, turns: int, failed: int) -> dict[str, Any]:
+    meta = msgspec.json.decode(metadata) if metadata else {}
+    o = msgspec.json.decode(outcome, type=Outcome) if outcome else None
+    row: dict[str, Any] = {
+        "key": key, "created": created, "closed": closed, "state": state,
+        "harness": o.harness if o else meta.get("harness"),
+        "task": o.task if o else meta.get("task"),
+        "sample": o.sample if o else meta.get("sample"),
+        "attempt": meta.get("attempt"), "metadata": meta,
+        "turns": turns, "failed_turns": failed,
+        "outcome": msgspec.to_builtins(o) if o else None,
+    }
+    return row
+
+
+def discover(root: Path, depth: int = 2) -> list[Path]:
+    """Run directories at or under `root`: those holding a trace store."""
+    if (root / DB_NAME).is_file():
+        return [root]
+    found: list[Path] = []
+    if depth > 0 and root.is_dir():
+        for child in sorted(p for p in root.iterdir() if p.is_dir()):
+            if child.name != "sandboxes":
+                found.extend(discover(child, depth - 1))
+    return found

@@ -1,0 +1,477 @@
+// harnessrl trace viewer: a hash-routed page over the JSON API in harnessrl/ui/app.py.
+// Trace contents are untrusted text (model output, tool output): they only ever reach the
+// page through textContent, never innerHTML.
+"use strict";
+
+const POLL_MS = 3000;
+const $view = document.getElementById("view");
+let pollTimer = null;
+let renderSeq = 0;
+
+// ------------------------------------------------------------------ helpers
+function h(tag, attrs, ...kids) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (k === "class") el.className = v;
+    else el.setAttribute(k, v === true ? "" : v);
+  }
+  for (const kid of kids.flat()) {
+    if (kid === null || kid === undefined || kid === false) continue;
+    el.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+  }
+  return el;
+}
+
+function svg(tag, attrs, ...kids) {
+  const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, v);
+  for (const kid of kids.flat()) {
+    if (kid === null || kid === undefined) continue;
+    el.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+  }
+  return el;
+}
+
+async function api(path, params) {
+  const qs = new URLSearchParams();
+  for (const [k, v] of Object.entries(params || {})) {
+    if (v !== null && v !== undefined && v !== "") qs.set(k, v);
+  }
+  const resp = await fetch(`/api/${path}?${qs}`);
+  if (!resp.ok) throw new Error(`${path}: ${resp.status} ${await resp.text()}`);
+  return resp.json();
+}
+
+function link(route, params, ...kids) {
+  return h("a", { href: href(route, params) }, ...kids);
+}
+
+function href(route, params) {
+  const qs = new URLSearchParams();
+  for (const [k, v] of Object.entries(params || {})) {
+    if (v !== null && v !== undefined && v !== "") qs.set(k, v);
+  }
+  const s = qs.toString();
+  return `#/${route}${s ? "?" + s : ""}`;
+}
+
+const absent = () => h("span", { class: "muted", title: "not recorded" }, "—");
+const fmt = (x, digits = 3) =>
+  x === null || x === undefined ? absent() : Number.isInteger(x) ? String(x) : x.toFixed(digits);
+const pct = (x) => (x === null || x === undefined ? absent() : `${(100 * x).toFixed(0)}%`);
+const secs = (x) => (x === null || x === undefined ? absent() : `${x.toFixed(1)} s`);
+const when = (t) => (t ? new Date(t * 1000).toLocaleString() : absent());
+const badge = (state) => h("span", { class: `badge s-${state}` }, state.replace("_", " "));
+
+function crumbs(...items) {
+  const nav = document.getElementById("crumbs");
+  nav.replaceChildren(...items.map(([text, route, params]) =>
+    route !== undefined ? link(route, params, text) : h("span", {}, text)));
+}
+
+function live(on) {
+  document.getElementById("live").textContent = on ? "live · refreshes every 3 s" : "";
+}
+
+// A live page re-fetches its data part every POLL_MS while the tab is visible.
+function poll(fn, seq) {
+  clearInterval(pollTimer);
+  live(true);
+  pollTimer = setInterval(() => {
+    if (seq !== renderSeq) clearInterval(pollTimer);
+    else if (!document.hidden) fn().catch(showError);
+  }, POLL_MS);
+}
+
+function showError(err) {
+  $view.append(h("p", { class: "error" }, String(err)));
+}
+
+// ------------------------------------------------------------------ runs
+function histogram(hist) {
+  if (!hist) return absent();
+  const W = 130, H = 34, n = hist.counts.length, max = Math.max(...hist.counts, 1);
+  const bw = W / n, step = (hist.high - hist.low) / n;
+  const bars = hist.counts.map((c, i) => {
+    const bh = (c / max) * (H - 2);
+    const lo = hist.low + i * step;
+    return svg("rect", { x: i * bw + 1, y: H - bh, width: bw - 2, height: bh },
+      svg("title", {}, `${lo.toFixed(3)} – ${(lo + step).toFixed(3)}: ${c}`));
+  });
+  return svg("svg", { class: "hist", width: W, height: H + 12, "data-counts": hist.counts.join(",") },
+    ...bars,
+    svg("text", { x: 0, y: H + 11 }, hist.low.toFixed(2)),
+    svg("text", { x: W, y: H + 11, "text-anchor": "end" }, hist.high.toFixed(2)));
+}
+
+function runCard(run) {
+  const rows = run.harnesses.map((s) => h("tr", {},
+    h("td", {}, link("rollouts", { run: run.id, harness: s.harness }, s.harness),
+      " ", h("span", { class: "muted" }, s.version || "")),
+    h("td", { class: "num" }, s.outcomes), h("td", { class: "num" }, s.passed),
+    h("td", { class: "num pass-rate" }, pct(s.pass_rate)),
+    h("td", { class: "num" }, fmt(s.mean_reward)), h("td", {}, histogram(s.rewards)),
+    h("td", { class: "num" }, fmt(s.tool_calls_per_solved, 1)),
+    h("td", { class: "num" }, fmt(s.tokens_per_solved, 0)),
+    h("td", { class: "num" }, s.infra_errors)));
+  const models = run.models.length
+    ? run.models.map((m) => `${m.model ?? "(none)"} (${m.turns} turns)`).join(", ") : absent();
+  return h("div", { class: "card run", "data-run": run.id },
+    h("h2", {}, link("rollouts", { run: run.id }, run.id === "." ? run.path : run.id)),
+    h("dl", { class: "kv" },
+      h("dt", {}, "path"), h("dd", { class: "mono" }, run.path),
+      h("dt", {}, "model"), h("dd", {}, models),
+      h("dt", {}, "harnesses"), h("dd", {}, run.harnesses.map((s) => s.harness).join(", ") || absent()),
+      h("dt", {}, "tasks"), h("dd", {}, `${run.tasks}: ${run.task_names.join(", ")}`,
+        run.tasks > run.task_names.length ? " …" : ""),
+      h("dt", {}, "progress"), h("dd", { class: "progress" },
+        `${run.outcomes} rollouts with an outcome, ${run.running} running, `,
+        `${run.rollouts} started (retries included), ${run.turns} turns`)),
+    h("h3", {}, "per harness"),
+    h("table", {}, h("tr", {}, ...["harness", "outcomes", "passed", "pass rate", "mean reward",
+      "reward distribution", "tool calls / solved", "tokens / solved", "infra errors"]
+      .map((c) => h("th", {}, c))), ...rows));
+}
+
+async function viewRuns() {
+  crumbs(["runs"]);
+  const body = h("div", {});
+  const load = async () => {
+    const data = await api("runs");
+    body.replaceChildren(...(data.runs.length ? data.runs.map(runCard)
+      : [h("p", { class: "muted" }, `no trace store (trace.db) under ${data.root} yet`)]));
+  };
+  await load();
+  return { nodes: [h("h1", {}, "Runs"), body], load };
+}
+
+// ------------------------------------------------------------------ rollouts
+function shaping(o) {
+  if (!o || !o.shaping || !Object.keys(o.shaping).length) return "";
+  return Object.entries(o.shaping).map(([k, v]) => `${k} ${v >= 0 ? "+" : ""}${v.toFixed(3)}`)
+    .join(", ");
+}
+
+function duration(r) {
+  if (r.outcome && r.outcome.timings && r.outcome.timings.total !== undefined)
+    return secs(r.outcome.timings.total);
+  return r.closed ? secs(r.closed - r.created) : absent();
+}
+
+function infra(r) {
+  const bits = [];
+  if (r.outcome && r.outcome.error) bits.push(r.outcome.error);
+  if (r.failed_turns) bits.push(`${r.failed_turns} failed turn(s)`);
+  return bits.length ? h("span", { class: "error" }, bits.join("; ")) : "";
+}
+
+function rolloutRow(run, r) {
+  const o = r.outcome;
+  return h("tr", { class: "click rollout-row", "data-key": r.key,
+    onclick: () => { location.hash = href("rollout", { run, key: r.key }); } },
+    h("td", {}, r.harness ?? absent()), h("td", {}, r.task ?? absent()),
+    h("td", { class: "num" }, r.sample ?? absent(), r.attempt > 1 ? ` (try ${r.attempt})` : ""),
+    h("td", {}, badge(r.state)),
+    h("td", { class: "num reward" }, o ? fmt(o.reward) : absent()),
+    h("td", { class: "mono" }, shaping(o)),
+    h("td", { class: "num" }, r.turns),
+    h("td", { class: "num" }, o ? o.tool_calls : absent()),
+    h("td", { class: "num" }, o ? o.completion_tokens : absent()),
+    h("td", { class: "num" }, duration(r)), h("td", {}, infra(r)));
+}
+
+function select(name, values, current, onchange) {
+  return h("select", { name, onchange },
+    h("option", { value: "" }, "all"),
+    ...values.map((v) => h("option", { value: v, selected: v === current }, v)));
+}
+
+async function viewRollouts(p) {
+  const run = p.run || ".", offset = Number(p.offset || 0), limit = 50;
+  crumbs(["runs", ""], [run === "." ? "run" : run]);
+  const go = (changes) => { location.hash = href("rollouts", { ...p, offset: 0, ...changes }); };
+  const filters = h("div", { class: "filters" });
+  const table = h("div", {});
+  const pager = h("div", { class: "pager" });
+  const load = async () => {
+    const data = await api("rollouts", { run, offset, limit, harness: p.harness, task: p.task,
+      state: p.state });
+    const f = data.facets;
+    if (!filters.childElementCount) {
+      filters.append(
+        h("label", {}, "harness "), select("harness", f.harnesses, p.harness, (e) => go({ harness: e.target.value })),
+        h("label", {}, "task "), h("input", { name: "task", list: "tasks", value: p.task || "",
+          placeholder: "any task", onchange: (e) => go({ task: e.target.value }) }),
+        h("datalist", { id: "tasks" }, ...f.tasks.map((t) => h("option", { value: t }))),
+        h("label", {}, "outcome "), select("state", f.states, p.state, (e) => go({ state: e.target.value })));
+    }
+    table.replaceChildren(h("table", { id: "rollouts" },
+      h("tr", {}, ...["harness", "task", "sample", "outcome", "reward", "shaping", "turns",
+        "tool calls", "tokens", "duration", "infra errors"].map((c) => h("th", {}, c))),
+      ...data.rows.map((r) => rolloutRow(run, r))));
+    const last = Math.min(offset + limit, data.total);
+    pager.replaceChildren(
+      offset > 0 ? link("rollouts", { ...p, offset: Math.max(0, offset - limit) }, "‹ previous") : "",
+      h("span", { class: "muted" }, data.total ? `${offset + 1}–${last} of ${data.total}` : "no rollouts"),
+      last < data.total ? link("rollouts", { ...p, offset: offset + limit }, "next ›") : "");
+  };
+  await load();
+  return { nodes: [h("h1", {}, "Rollouts"), filters, table, pager], load };
+}
+
+// ------------------------------------------------------------------ one rollout
+function part(p) {
+  switch (p.type) {
+    case "text": return h("div", { class: "part-text" }, p.text);
+    case "reasoning": return h("details", { class: "reasoning" },
+      h("summary", {}, p.redacted ? "reasoning (redacted)" : "reasoning"), h("div", { class: "part-text" }, p.text));
+    case "tool_call": return h("div", { class: "call tool-call" },
+      h("b", {}, `▸ ${p.name}`), h("span", { class: "muted" }, ` ${p.id}`), h("pre", {}, p.arguments));
+    case "tool_result": return h("div", { class: "call tool-result" },
+      h("span", { class: "muted" }, `result of ${p.call_id}${p.is_error ? " (error)" : ""}`),
+      ...p.content.map((c) => (c.type === "text" ? h("pre", {}, c.text) : h("div", {}, `[image ${c.url.slice(0, 60)}]`))));
+    case "image": return h("div", {}, `[image ${p.url.slice(0, 80)}]`);
+    default: return h("pre", {}, JSON.stringify(p));
+  }
+}
+
+function message(m) {
+  const role = h("div", { class: "role" }, m.role + (m.name ? ` · ${m.name}` : ""));
+  if (m.role === "system") {  // long and the same every turn: folded until asked for
+    const size = m.parts.reduce((n, p) => n + (p.text ? p.text.length : 0), 0);
+    return h("details", { class: "msg system" }, h("summary", { class: "role" }, `system · ${size} characters`),
+      ...m.parts.map(part));
+  }
+  return h("div", { class: `msg ${m.role}` }, role, ...m.parts.map(part));
+}
+
+function rawBox(run, key, index, which) {
+  const box = h("div", { class: `raw raw-${which}` });
+  const btn = h("button", { class: `btn-raw-${which}`, onclick: async () => {
+    if (box.childElementCount) { box.replaceChildren(); btn.classList.remove("on"); return; }
+    const d = await api("turn", { run, key, index });
+    const raw = d[`raw_${which}`];
+    btn.classList.add("on");
+    box.replaceChildren(h("div", { class: "muted" }, `raw ${which} · ${raw.kind} · ${raw.bytes} bytes`,
+      raw.clipped ? " (clipped)" : ""), h("pre", {}, raw.text));
+  } }, `raw ${which}`);
+  return [btn, box];
+}
+
+function historyNote(how, from) {
+  if (how === "diverges") return h("div", { class: "note history-note" },
+    `this request's history differs from the previous turn's after its first ${from} messages: shown from there`);
+  if (how === "absent") return h("div", { class: "note" }, "no canonical request recorded");
+  return "";
+}
+
+function turnCard(run, key, t, mode) {
+  const [reqBtn, reqBox] = rawBox(run, key, t.index, "request");
+  const [respBtn, respBox] = rawBox(run, key, t.index, "response");
+  const took = t.timings.done ? t.timings.done - t.timings.received : null;
+  const head = h("div", { class: "turn-head" },
+    h("b", {}, `turn ${t.index}`), h("span", { class: "muted" }, t.dialect), badge(t.status),
+    h("span", {}, "prompt ", fmt(t.prompt_tokens), " · completion ", fmt(t.completion_tokens), " tokens"),
+    h("span", {}, secs(took)),
+    t.completion ? h("span", { class: "muted" }, `finish: ${t.completion.finish_reason}`) : "",
+    t.flags.length ? h("span", { class: "note" }, `flags: ${t.flags.join(", ")}`) : "",
+    h("span", { class: "acts" },
+      link("tokens", { run, key, index: t.index }, h("span", { class: "tokens-link" }, "tokens")),
+      reqBtn, respBtn));
+  let body;
+  if (mode === "native") {
+    body = [t.native.history === "absent" ? h("div", { class: "note" }, "request body is not JSON with a message list")
+      : historyNote(t.native.history, t.native.shown_from),
+    ...t.native.items.map((it) => h("pre", { class: "native-item" }, JSON.stringify(it, null, 2))),
+    h("div", { class: "muted" }, "the reply as sent to the harness: open “raw response”")];
+  } else {
+    body = [historyNote(t.history, t.shown_from),
+      t.history !== "extends" && t.tools.length ? h("div", { class: "muted" }, `tools offered: ${t.tools.join(", ")}`) : "",
+      ...t.messages.map(message),
+      t.completion ? message({ role: "assistant", parts: t.completion.parts }) : h("div", { class: "muted" }, "no completion recorded")];
+  }
+  return h("div", { class: `card turn ${t.status === "ok" ? "" : "failed"}`, "data-index": t.index },
+    head, t.error ? h("div", { class: "error" }, t.error) : "", ...body, reqBox, respBox);
+}
+
+function outcomeCard(r) {
+  const o = r.outcome;
+  if (!o) return h("div", { class: "card" }, h("p", { class: "muted" },
+    r.state === "running" ? "running: no outcome yet" : "no outcome recorded for this rollout (a retry may have replaced it)"));
+  const terms = Object.entries(o.shaping || {});
+  const breakdown = h("table", { class: "breakdown" },
+    h("tr", {}, h("th", {}, "verifier reward"), ...terms.map(([k]) => h("th", {}, k)), h("th", {}, "reward")),
+    h("tr", {}, h("td", { class: "num" }, fmt(o.verifier_reward)),
+      ...terms.map(([, v]) => h("td", { class: "num" }, (v >= 0 ? "+" : "") + v.toFixed(4))),
+      h("td", { class: "num reward" }, fmt(o.reward))));
+  return h("div", { class: "card outcome" },
+    h("dl", { class: "kv" },
+      h("dt", {}, "status"), h("dd", {}, o.status, o.error ? h("span", { class: "error" }, ` — ${o.error}`) : ""),
+      h("dt", {}, "agent"), h("dd", {}, `finished: ${o.agent_finished ?? "?"}, exit code ${o.agent_exit_code ?? "—"}`,
+        o.agent_timed_out ? ", timed out" : "", o.agent_detail ? ` · ${o.agent_detail}` : ""),
+      h("dt", {}, "counts"), h("dd", {}, `${o.turns} turns, ${o.tool_calls} tool calls, ${o.completion_tokens} completion tokens, attempt ${o.attempts}`),
+      h("dt", {}, "timings"), h("dd", {}, Object.entries(o.timings || {}).map(([k, v]) => `${k} ${v.toFixed(2)} s`).join(" · ")),
+      h("dt", {}, "verifier"), h("dd", {}, o.verifier_status ?? absent())),
+    h("h3", {}, "reward breakdown"), breakdown,
+    h("h3", {}, "verifier output"), o.verifier_output ? h("pre", { class: "verifier" }, o.verifier_output) : absent());
+}
+
+async function viewRollout(p) {
+  const run = p.run || ".", key = p.key, mode = p.mode || "canonical";
+  const r = await api("rollout", { run, key });
+  crumbs(["runs", ""], [run === "." ? "run" : run, "rollouts", { run }], [`${r.harness} · ${r.task}`]);
+  const turns = h("div", { id: "turns" });
+  const more = h("div", {});
+  let offset = 0;
+  const loadMore = async () => {
+    const page = await api("turns", { run, key, offset, limit: 20 });
+    turns.append(...page.rows.map((t) => turnCard(run, key, t, mode)));
+    offset += page.rows.length;
+    more.replaceChildren(offset < page.total
+      ? h("button", { onclick: loadMore }, `more turns (${offset} of ${page.total} shown)`) : "");
+  };
+  await loadMore();
+  const others = r.siblings.filter((s) => s.key !== key);
+  const compare = others.length ? h("span", {}, "compare with ",
+    select("compare", others.map((s) => s.key), null, (e) => {
+      if (e.target.value) location.hash = href("compare", { run, a: key, b: e.target.value });
+    }), h("span", { class: "muted" }, ` (${others.map((s) => s.harness).join(", ")})`)) : "";
+  return { nodes: [
+    h("h1", {}, `${r.harness ?? "?"} · ${r.task ?? "?"} · sample ${r.sample ?? "?"} `, badge(r.state)),
+    h("div", { class: "muted mono" }, key, " · started ", when(r.created)),
+    h("div", { class: "filters" }, compare),
+    outcomeCard(r),
+    h("h2", {}, "Conversation ",
+      ...["canonical", "native"].map((m) => h("button", { class: m === mode ? "on" : "",
+        onclick: () => { location.hash = href("rollout", { run, key, mode: m }); } }, m === "native" ? "harness dialect" : "canonical"))),
+    turns, more] };
+}
+
+// ------------------------------------------------------------------ tokens
+function lpColour(lp) {
+  const p = Math.exp(lp);  // red where the model was unsure, green where it was sure
+  return `hsl(${Math.round(120 * p)}, 70%, ${88 - 10 * (1 - p)}%)`;
+}
+
+function tokenSpans(ids, texts, lps, masked) {
+  return ids.map((id, i) => {
+    const lp = lps ? lps[i] : null;
+    const text = texts ? texts[i] : `‹${id}›`;
+    const title = masked ? `id ${id} · inserted by the environment (masked, no logprob)`
+      : lp === null || lp === undefined ? `id ${id} · no logprob recorded`
+        : `id ${id} · logprob ${lp.toFixed(4)} · p ${Math.exp(lp).toFixed(3)}`;
+    const kind = masked ? `masked m${i % 2}` : lp === null || lp === undefined ? "nolp" : "";
+    const attrs = { class: `tok ${kind}`,
+      title, "data-id": id };
+    if (!masked && lp !== null && lp !== undefined) {
+      attrs["data-lp"] = lp;
+      attrs.style = `background:${lpColour(lp)}`;
+    }
+    return h("span", attrs, text.replace(/\n/g, "↵\n"));
+  });
+}
+
+function chainsDiagram(run, key, d) {
+  const rows = d.chains.map((c, n) => {
+    const s = c.start;
+    const where = s.reason === "first" ? "" : ` — left the chain ending at turn ${s.against} at token ${s.diverged_at}` +
+      ` (in the ${s.within} of turn ${s.within_turn})`;
+    return h("div", { class: "row chain", "data-reason": s.reason },
+      h("span", { class: "label", title: c.why }, `chain ${n + 1}: `, h("b", {}, s.reason.replace("_", " ")), where),
+      ...c.turns.flatMap((t, i) => [i ? h("span", { class: "link-arrow" }, "→") : "",
+        h("a", { class: `chip ${t === d.index ? "here" : ""}`, href: href("tokens", { run, key, index: t }) }, t)]));
+  });
+  const excl = d.excluded.length ? [h("div", { class: "row" }, h("span", { class: "label" }, "in no chain:"),
+    ...d.excluded.map((e) => h("a", { class: `chip excl ${e.turn === d.index ? "here" : ""}`, title: e.why,
+      href: href("tokens", { run, key, index: e.turn }) }, `${e.turn}: ${e.reason}`)))] : [];
+  return h("div", { class: "card chains" }, h("h3", {}, "chains across turns"),
+    ...rows, ...excl, h("div", { class: "muted" }, "hover a reason for its meaning; a chain is one training sequence"));
+}
+
+async function viewTokens(p) {
+  const run = p.run || ".", key = p.key, index = Number(p.index || 0);
+  const [r, d] = await Promise.all([api("rollout", { run, key }),
+    api("tokens", { run, key, index, ctx: p.ctx })]);
+  crumbs(["runs", ""], [run === "." ? "run" : run, "rollouts", { run }],
+    [`${r.harness} · ${r.task}`, "rollout", { run, key }], [`turn ${index} tokens`]);
+  const c = d.completion, ctx = d.context;
+  const nav = h("div", { class: "filters" },
+    index > 0 ? link("tokens", { run, key, index: index - 1 }, "‹ turn " + (index - 1)) : "",
+    index + 1 < r.turns ? link("tokens", { run, key, index: index + 1 }, "turn " + (index + 1) + " ›") : "",
+    h("span", { class: "muted" }, d.tokenizer ? `text by tokenizer ${d.tokenizer}` : ""),
+    d.tokenizer_problem ? h("span", { class: "note" }, d.tokenizer_problem) : "");
+  const ctxTitle = ctx.kind === "inserted"
+    ? `inserted by the environment after turn ${ctx.from_turn} (tool results, new user text, template): masked in training`
+    : "prompt of the chain's first turn (not trained)";
+  const end = ctx.offset + ctx.ids.length;
+  const ctxPager = h("span", { class: "muted" }, ` — ${ctx.total} tokens`,
+    ctx.total > ctx.ids.length ? `, showing ${ctx.offset}–${end}` : "", " ",
+    ctx.offset > 0 ? link("tokens", { run, key, index, ctx: Math.max(0, ctx.offset - 2000) }, "earlier") : "", " ",
+    end < ctx.total ? link("tokens", { run, key, index, ctx: end }, "later") : "");
+  const ctxBox = h("div", { class: "toks ctx-tokens" }, ...tokenSpans(ctx.ids, ctx.text, null, true));
+  // A prompt window ends at the reply; start scrolled there.
+  const after = () => { if (ctx.kind === "prompt") ctxBox.scrollTop = ctxBox.scrollHeight; };
+  const legend = h("div", { class: "legend" }, "logprob:",
+    ...[-4, -2, -1, -0.3, -0.05, 0].map((lp) => h("span", {}, h("span", { class: "sw", style: `background:${lpColour(lp)}` }), ` ${lp}`)),
+    h("span", {}, h("span", { class: "sw", style: "background:#e6e6e6" }), " masked"));
+  return { nodes: [
+    h("h1", {}, `Turn ${index} tokens `, badge(d.status)), nav,
+    d.flags.length ? h("div", { class: "note" }, `flags: ${d.flags.join(", ")}`) : "",
+    chainsDiagram(run, key, d),
+    h("div", { class: "card" }, h("h3", {}, ctxTitle, ctxPager),
+      ctxBox),
+    h("div", { class: "card" }, h("h3", {}, `completion — ${c.ids ? c.ids.length : 0} sampled tokens`,
+      c.logprobs ? "" : " (no logprobs recorded)"), legend,
+      c.ids ? h("div", { class: "toks completion-tokens" }, ...tokenSpans(c.ids, c.text, c.logprobs, false))
+        : h("p", { class: "muted" }, "no completion ids recorded"))], after };
+}
+
+// ------------------------------------------------------------------ compare
+async function compareColumn(run, key) {
+  const [r, page] = await Promise.all([api("rollout", { run, key }), api("turns", { run, key, limit: 50 })]);
+  const o = r.outcome;
+  return h("div", { class: "compare-col", "data-key": key },
+    h("h2", {}, link("rollout", { run, key }, `${r.harness} · sample ${r.sample}`), " ", badge(r.state)),
+    h("dl", { class: "kv card" },
+      h("dt", {}, "reward"), h("dd", { class: "reward" }, o ? fmt(o.reward) : absent()),
+      h("dt", {}, "shaping"), h("dd", {}, shaping(o) || absent()),
+      h("dt", {}, "turns"), h("dd", {}, r.turns), h("dt", {}, "tool calls"), h("dd", {}, o ? o.tool_calls : absent()),
+      h("dt", {}, "tokens"), h("dd", {}, o ? o.completion_tokens : absent()),
+      h("dt", {}, "duration"), h("dd", {}, duration(r))),
+    ...page.rows.map((t) => turnCard(run, key, t, "canonical")),
+    page.total > page.rows.length ? h("p", { class: "muted" }, `first ${page.rows.length} of ${page.total} turns`) : "");
+}
+
+async function viewCompare(p) {
+  const run = p.run || ".";
+  const cols = await Promise.all([compareColumn(run, p.a), compareColumn(run, p.b)]);
+  crumbs(["runs", ""], [run === "." ? "run" : run, "rollouts", { run }], ["compare"]);
+  return { nodes: [h("h1", {}, "Compare"), h("div", { class: "cols" }, ...cols)] };
+}
+
+// ------------------------------------------------------------------ router
+const ROUTES = { "": viewRuns, rollouts: viewRollouts, rollout: viewRollout, tokens: viewTokens,
+  compare: viewCompare };
+
+async function route() {
+  clearInterval(pollTimer);
+  live(false);
+  const seq = ++renderSeq;
+  const [path, query] = location.hash.replace(/^#\/?/, "").split("?");
+  const view = ROUTES[path] || viewRuns;
+  try {
+    const page = await view(Object.fromEntries(new URLSearchParams(query || "")));
+    if (seq !== renderSeq) return;  // the user moved on while this page was loading
+    $view.replaceChildren(...page.nodes);
+    window.scrollTo(0, 0);
+    if (page.after) page.after();
+    if (page.load) poll(page.load, seq);
+  } catch (err) {
+    if (seq === renderSeq) $view.replaceChildren(h("p", { class: "error" }, String(err)));
+  }
+}
+
+window.addEventListener("hashchange", route);
+route();
