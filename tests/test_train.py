@@ -218,3 +218,226 @@ def test_grpo_step_keeps_infra_failures_out_of_the_baseline(setting, tmp_path, t
     assert loss_mask[0].sum() == sum(batch.records[0].sample.mask)
     changed = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
     assert changed, "the GRPO step changed no weight"
+
+
+# ------------------------------------------------------------------ real vLLM
+def _vllm_logprobs(url: str, prompt: list[int], n: int = 8) -> tuple[list[int], list[float]]:
+    """Greedy tokens after `prompt` and vLLM's logprob of each."""
+    import httpx
+
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": n, "temperature": 0,
+            "logprobs": 0, "return_token_ids": True, "ignore_eos": True}
+    choice = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    return list(choice["token_ids"]), list(choice["logprobs"]["token_logprobs"])
+
+
+def _trainer_logprobs(model, prompt: list[int], completion: list[int]) -> list[float]:
+    """The same positions through transformers: log-softmax of the logits, no sampling."""
+    import torch
+
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+    return torch.log_softmax(logits, -1).gather(
+        1, torch.tensor(completion)[:, None])[:, 0].tolist()
+
+
+@pytest.mark.vllm
+@pytest.mark.harness
+@pytest.mark.slow
+def test_grpo_step_on_cpu_from_real_rollouts_syncs_vllm(tiny_model, tokenizer, tmp_path):
+    import dataclasses
+    import itertools
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOTrainer
+
+    from harnessrl.harnesses import get
+    from harnessrl.proxy.engines.managed import VLLMServer
+    from harnessrl.proxy.engines.vllm import VLLMEngine
+    from harnessrl.rollout.rewards import Shaping
+    from harnessrl.train.weights import VLLMWeightSync
+    from harnessrl.types import Sampling
+    from tests.conftest import CACHE
+
+    tools = Path("~/.cache/harnessrl/tools").expanduser()
+    stock = get("mini-swe-agent")
+    stock.install(tools, log=lambda _line: None)
+    # The random model never makes a valid call; two steps bound the run.
+    mini = dataclasses.replace(stock, argv=lambda ctx, instruction: [
+        *stock.argv(ctx, instruction), "-c", "agent.step_limit=2"])
+    # Noise fails every task alike; a test-only term makes the rewards differ, so the
+    # step has a gradient (the runner records it as a shaping term like any other).
+    order = itertools.count()
+    shaping = Shaping(custom={"test_order": lambda _verdict, _stats: float(next(order))})
+    tasks = load_tasks("bundled:create-hello-file")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    server = VLLMServer(model=str(tiny_model), served_name="tiny", dtype="float32",
+                        max_model_len=32768, extra_args=["--seed", "0"],
+                        log_path=CACHE / "vllm-train-test.log")
+    with server:
+        engine = VLLMEngine(server.url)
+        sync = VLLMWeightSync(server.url, tmp_path / "weights")
+        with HarnessRollouts(tasks=tasks, harnesses=[mini], engine=engine,
+                             run_dir=tmp_path / "run", pad_token_id=tokenizer.pad_token_id,
+                             sync=sync, sampling=Sampling(max_tokens=48), shaping=shaping,
+                             tools_dir=tools) as rollouts:
+            trainer = GRPOTrainer(
+                model=model, reward_funcs=[harness_reward],
+                args=grpo_args(tmp_path / "out", per_device_train_batch_size=2,
+                               num_generations=2, learning_rate=5e-2),
+                train_dataset=Dataset.from_dict({"prompt": ["create-hello-file"]}),
+                processing_class=tokenizer, rollout_func=rollouts,
+                callbacks=[rollouts.callback()])
+            trainer.train()
+            [batch] = rollouts.batches
+            after = rollouts.rollouts(rollouts.plan(["create-hello-file"], generations=1))
+            store = rollouts.store
+            before_turns = [t for r in batch.records for t in store.turns(r.outcome.rollout)]
+            after_turns = store.turns(after[0].outcome.rollout)
+
+            prompt = list(batch.records[0].sample.prompt_ids[:64])
+            ids, served = _vllm_logprobs(server.url, prompt)
+            trained = _trainer_logprobs(model, prompt, ids)
+            old = _trainer_logprobs(initial, prompt, ids)
+            served_version = sync.served_version()
+
+    assert all(r.outcome.status == "done" and r.sample is not None for r in batch.records)
+    rewards = sorted(r.outcome.reward for r in batch.records)
+    assert rewards[0] != rewards[1]
+    # The rollouts were sampled by the initial weights, exactly: vLLM's logprobs of the
+    # sampled tokens are the initial model's, through transformers.
+    for record in batch.records:
+        s = record.sample
+        sampled = [i for i, m in zip(s.completion_ids, s.mask, strict=True) if m]
+        recomputed = _trainer_logprobs(initial, list(s.prompt_ids), list(s.completion_ids))
+        mine = [lp for lp, m in zip(recomputed, s.mask, strict=True) if m]
+        assert len(mine) == len(sampled) == len(s.logprobs)
+        assert max(abs(a - b) for a, b in zip(mine, s.logprobs, strict=True)) < 1e-4
+    # The step changed the weights, vLLM serves the new ones exactly, and it says so.
+    assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), initial.parameters(),
+                                                     strict=True))
+    assert max(abs(a - b) for a, b in zip(trained, served, strict=True)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(old, served, strict=True)) > 1e-3
+    assert served_version == "step-1" and len(sync.seconds) == 2
+    assert {t.weight_version for t in before_turns} == {"step-0"}
+    assert after_turns and {t.weight_version for t in after_turns} == {"step-1"}
+
+
+# ------------------------------------------------------------------ SFT export
+class TextOnly:
+    """An OpenAI-compatible teacher that returns text and tool calls but no token ids and
+    no logprobs, as most hosted endpoints do."""
+
+    name = "teacher"
+    weight_version = None
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def models(self) -> list[str]:
+        return await self.inner.models()
+
+    async def count_tokens(self, request) -> int:
+        return await self.inner.count_tokens(request)
+
+    async def complete(self, request):
+        from harnessrl.types import Chunk, Started
+
+        events = await self.inner.complete(request)
+        return [Started(e.model, None) if isinstance(e, Started)
+                else Chunk(e.deltas, None, None) if isinstance(e, Chunk) else e
+                for e in events]
+
+    def stream(self, request):
+        raise NotImplementedError  # the agent script does not stream
+
+
+def _collect(setting, tmp_path: Path, engine=None) -> Path:
+    from harnessrl.rollout.runner import RunConfig
+
+    tasks, scripted, h = setting
+    config = RunConfig(harnesses=[h["solve"], h["idle"]], tasks=tasks[:1], retries=0,
+                       hide_host=False)
+    from harnessrl.rollout.run import execute
+
+    outcomes = execute(config, engine or scripted, tmp_path / "run", console=QUIET)
+    assert sorted(o.verifier_reward for o in outcomes) == [0.0, 1.0]
+    return tmp_path / "run"
+
+
+@pytest.mark.slow
+def test_sft_token_export_is_exact_and_sfttrainer_takes_it(setting, tmp_path, tokenizer,
+                                                           tiny_model):
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from harnessrl.proxy.store import TraceStore
+    from harnessrl.train.sft import export_sft
+
+    run = _collect(setting, tmp_path)
+    result = export_sft(run, tmp_path / "sft.parquet")
+    assert result.rows == result.rollouts == 1 and not result.retokenized
+    data = Dataset.from_parquet(str(result.path))
+    [row] = list(data)
+    assert row["harness"] == "agent-solve" and row["retokenized"] is False
+    store = TraceStore(run)
+    turns = store.turns(row["rollout"])
+    store.close()
+    last = turns[-1].completion.tokens
+    assert row["input_ids"] == [*last.prompt_ids, *last.completion_ids]
+    sampled = [t for turn in turns for t in turn.completion.tokens.completion_ids]
+    assert [i for i, m in zip(row["input_ids"], row["assistant_masks"], strict=True)
+            if m] == sampled
+    assert sum(row["assistant_masks"]) == len(sampled) < len(row["input_ids"])
+
+    trainer = SFTTrainer(model=str(tiny_model), train_dataset=data,
+                         processing_class=tokenizer, args=SFTConfig(
+                             output_dir=str(tmp_path / "sft"), max_steps=1, use_cpu=True,
+                             bf16=False, per_device_train_batch_size=1, report_to="none",
+                             save_strategy="no", max_length=None))
+    labels = trainer.train_dataset[0]["labels"]
+    assert [i for i in labels if i != -100] == sampled  # loss on exactly the sampled tokens
+    assert trainer.train().training_loss > 0
+
+
+@pytest.mark.slow
+def test_sft_messages_export_from_a_teacher_without_token_ids(setting, tmp_path, tokenizer,
+                                                              tiny_model):
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from harnessrl.train.sft import RETOKENIZED_NOTE, export_sft
+
+    _tasks, scripted, _h = setting
+    run = _collect(setting, tmp_path, TextOnly(scripted))
+    tokens = export_sft(run, tmp_path / "tokens.parquet")
+    assert tokens.rows == 0 and tokens.skipped == {"no trainable turn": 1}
+    result = export_sft(run, tmp_path / "chat.parquet", kind="messages")
+    assert result.rows == 1 and result.retokenized and "tokenize" in RETOKENIZED_NOTE
+    [row] = list(Dataset.from_parquet(str(result.path)))
+    assert row["retokenized"] is True and row["turns_with_ids"] == 0
+    roles = [m["role"] for m in row["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "assistant"]
+    call = row["messages"][2]["tool_calls"][0]["function"]
+    assert call["name"] == "bash" and "base64" in json.loads(call["arguments"])["command"]
+    assert json.loads(row["tools"])[0]["function"]["name"] == "bash"
+
+    data = Dataset.from_parquet(str(result.path)).select_columns(["messages", "tools"])
+    trainer = SFTTrainer(model=str(tiny_model), train_dataset=data, processing_class=tokenizer,
+                         args=SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=1,
+                                        use_cpu=True, bf16=False, report_to="none",
+                                        per_device_train_batch_size=1, save_strategy="no",
+                                        max_length=None))
+    text = tokenizer.decode(trainer.train_dataset[0]["input_ids"])
+    assert "<tool_call>" in text and "<tool_response>" in text
+    assert trainer.train().training_loss > 0
