@@ -193,6 +193,14 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--script", type=Path, help="scripted engine: JSON list of reply texts")
     p.add_argument("--token-delay", type=float, default=0.0, help="scripted engine: s/token")
     p.add_argument("--served-model-name")
+    p.add_argument("--engine-mode", choices=["chat", "token"], default="chat",
+                   help="chat: vLLM renders the chat template and parses tool calls; token: "
+                        "the proxy renders with the model's tokenizer, reuses a rollout's "
+                        "earlier token ids, and parses replies itself")
+    p.add_argument("--tokenizer", help="token mode: the model's local directory (default: "
+                                       "--model)")
+    p.add_argument("--chat-template", type=Path, help="token mode: a Jinja chat template file "
+                                                      "instead of the tokenizer's")
     p.add_argument("--tool-call-parser")
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--dtype")
@@ -238,7 +246,8 @@ def _serve(args: argparse.Namespace) -> int:
         server = VLLMServer(model=args.model, served_name=args.served_model_name,
                             tool_call_parser=args.tool_call_parser,
                             max_model_len=args.max_model_len, dtype=args.dtype,
-                            extra_args=args.vllm_arg, log_path=args.vllm_log)
+                            extra_args=args.vllm_arg, log_path=args.vllm_log,
+                            engine_mode=args.engine_mode)
         print(f"starting vLLM for {args.model} ...", file=sys.stderr)
         args.engine_url = server.start()
     try:
@@ -279,9 +288,24 @@ def _engine(args: argparse.Namespace) -> Any:
         return ScriptedEngine(AutoTokenizer.from_pretrained(args.scripted), replay(replies),
                               model=args.served_model_name or "scripted",
                               token_delay=args.token_delay)
+    if args.engine_mode == "token":
+        return _token_engine(args)
     from harnessrl.proxy.engines.vllm import VLLMEngine
 
     return VLLMEngine(args.engine_url, read_timeout=args.engine_timeout)
+
+
+def _token_engine(args: argparse.Namespace) -> Any:
+    from harnessrl.proxy.engines.managed import tool_call_parser_for
+    from harnessrl.proxy.engines.token import TokenEngine
+
+    tokenizer = args.tokenizer or args.model
+    if not tokenizer:
+        raise SystemExit("--engine-mode token needs --tokenizer DIR (or --model)")
+    parser = args.tool_call_parser or tool_call_parser_for(tokenizer) or "hermes"
+    template = args.chat_template.read_text() if args.chat_template else None
+    return TokenEngine(args.engine_url, tokenizer, tool_parser=parser, chat_template=template,
+                       read_timeout=args.engine_timeout)
 
 
 async def _run_proxy(args: argparse.Namespace) -> None:

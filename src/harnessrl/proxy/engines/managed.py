@@ -47,13 +47,21 @@ class VLLMServer:
     log_path: Path | None = None
     startup_timeout: float = 900.0
     process: subprocess.Popen[bytes] | None = None
+    # chat: vLLM renders and parses (needs its tool/reasoning parsers); token: the proxy
+    # renders and parses, vLLM only samples from ids (/v1/completions), so none are set.
+    engine_mode: str = "chat"
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def parser(self) -> str | None:
+        """The tool-call format name for this model (vLLM's and token mode's)."""
+        return self.tool_call_parser or tool_call_parser_for(self.model)
+
     def command(self) -> list[str]:
-        parser = self.tool_call_parser or tool_call_parser_for(self.model)
+        chat = self.engine_mode == "chat"
+        parser = self.parser() if chat else None
         cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
                "--host", self.host, "--port", str(self.port)]
         if self.served_name:
@@ -61,7 +69,7 @@ class VLLMServer:
         if parser:
             cmd += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
         reasoning = self.reasoning_parser or _match(self.model, _REASONING_PARSERS)
-        if reasoning:
+        if reasoning and chat:
             cmd += ["--reasoning-parser", reasoning]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
@@ -125,8 +133,9 @@ class VLLMServer:
 
 
 def tool_call_parser_for(model: str) -> str | None:
-    """A local model whose template emits `<tool_call>` JSON is Hermes-style; otherwise
-    the family decides."""
+    """A local model whose template writes Qwen3-Coder XML calls (`<function=…>`) is
+    qwen3_coder, one that writes `<tool_call>` JSON is Hermes-style; otherwise the family
+    decides."""
     path = Path(model)
     template = ""
     config = path / "tokenizer_config.json"
@@ -136,7 +145,7 @@ def tool_call_parser_for(model: str) -> str | None:
     if jinja.is_file():
         template += jinja.read_text(errors="replace")
     if "<tool_call>" in template:
-        return "hermes"
+        return "qwen3_coder" if "<function=" in template else "hermes"
     model_type = ""
     if (path / "config.json").is_file():
         model_type = json.loads((path / "config.json").read_text()).get("model_type", "")
