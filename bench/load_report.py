@@ -1,0 +1,159 @@
+"""Figures and the Markdown report of `bench/load.py`."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+FLAT = 0.10  # allowed RSS deviation from the first sample after the warm-up
+TURNS_TARGET = 20_000  # at the default duration (10 minutes)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of a results table: a figure, its baseline from the same run, a target."""
+
+    figure: str
+    measured: str
+    baseline: str = ""
+    target: str = ""
+    verdict: str = ""
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    ordered = sorted(v for v in values if not math.isnan(v))
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def memory(result: Any) -> tuple[float, float, float, float]:
+    """RSS at the first sample after the warm-up, min and max after it, worst deviation."""
+    steady = [s.rss for s in result.samples if s.t >= result.args.warmup]
+    if not steady:
+        return (float("nan"),) * 4
+    base = steady[0]
+    return base, min(steady), max(steady), max(abs(v - base) for v in steady) / base
+
+
+def figures(result: Any) -> list[Row]:
+    args, tally, store = result.args, result.tally, result.store
+    errors = sum(tally.errors.values())
+    turns = len(tally.completed)
+    base, low, high, deviation = memory(result)
+    steady_turns = turns - next((s.turns for s in result.samples if s.t >= args.warmup), 0)
+    tokens_per_turn = store["tokens"] / max(1, store["statuses"].get("ok", 0))
+    turn_p50 = pct(tally.turn_s, 50)
+    lag, idle = result.lag, result.idle_lag
+    target_turns = TURNS_TARGET * args.duration / 600
+    return [
+        Row("errors (HTTP, error events, broken streams)", f"{errors}", "", "0",
+            verdict(errors == 0)),
+        Row("turns completed by the clients", f"{turns:,}",
+            f"{turns / result.wall:.1f} turns/s over {result.wall:.0f} s",
+            f"≥ {target_turns:,.0f}", verdict(turns >= target_turns)),
+        Row("lost turns (completed, no ok turn stored)", f"{store['lost']}",
+            f"{store['rows']:,} turns stored", "0", verdict(store["lost"] == 0)),
+        Row("duplicated turns (reply id stored twice, or more turns than requests)",
+            f"{store['duplicated'] + store['beyond_sent']}", "", "0",
+            verdict(store["duplicated"] + store["beyond_sent"] == 0)),
+        Row("store integrity_check", store["integrity"], _statuses(store["statuses"]), "ok",
+            verdict(store["integrity"] == "ok")),
+        Row("proxy RSS after warm-up (min / max)", f"{low:.1f} / {high:.1f} MiB",
+            f"{base:.1f} MiB at warm-up end ({args.warmup:g} s)",
+            f"within {FLAT:.0%} over {steady_turns:,} turns",
+            verdict(deviation <= FLAT) + f" ({deviation:.1%})"),
+        Row("event-loop lag p99 (p50, max)",
+            f"{lag['p99_ms']:.1f} ms ({lag['p50_ms']:.1f}, {lag['max_ms']:.0f})",
+            f"idle proxy {idle['p99_ms']:.1f} ms ({idle['p50_ms']:.1f}, {idle['max_ms']:.0f})",
+            "reported", ""),
+        Row("turn time mean (p50, p99)", f"{statistics.fmean(tally.turn_s or [math.nan]):.2f} s "
+            f"({turn_p50:.2f}, {pct(tally.turn_s, 99):.2f})",
+            f"engine pace {(tokens_per_turn - 1) / args.rate:.2f} s "
+            f"({tokens_per_turn:.0f} tokens at {args.rate:g}/s)", "", ""),
+        Row("time to first token p50 (p99)",
+            f"{pct(tally.ttft, 50) * 1000:.0f} ms ({pct(tally.ttft, 99) * 1000:.0f})",
+            "engine: first token at once", "", ""),
+        Row("tokens streamed", f"{store['tokens'] / result.wall:,.0f} tokens/s",
+            f"{args.streams} streams x {args.rate:g} = {args.streams * args.rate:,.0f} "
+            "tokens/s ceiling", "", ""),
+        Row("CPU (% of one core, mean)", f"proxy {_mean_cpu(result, 'proxy_cpu'):.0f}%",
+            f"load generator {_mean_cpu(result, 'client_cpu'):.0f}%", "", ""),
+    ]
+
+
+def _mean_cpu(result: Any, name: str) -> float:
+    values = [getattr(s, name) for s in result.samples]
+    return statistics.fmean(values) if values else float("nan")
+
+
+def _statuses(statuses: dict[str, int]) -> str:
+    return "statuses " + ", ".join(f"{k} {v:,}" for k, v in sorted(statuses.items()))
+
+
+def md_table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return lines + ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
+
+
+def figure_table(rows: Sequence[Row]) -> list[str]:
+    return md_table(("figure", "measured", "baseline (same run)", "target", "verdict"),
+                    [(r.figure, r.measured, r.baseline, r.target, r.verdict) for r in rows])
+
+
+def render(result: Any, command: str, system_words: int) -> str:
+    args = result.args
+    lines = [f"# Load: {args.streams} concurrent streaming rollouts, four dialects "
+             f"({time.strftime('%Y-%m-%d %H:%M')})", "", f"Command: `{command}`", "",
+             machine_line(), "",
+             f"Workload: {args.streams} streams split evenly over chat, responses, anthropic "
+             f"and gemini, raw aiohttp SSE clients in a separate process; conversations of "
+             f"{args.min_turns}-{args.max_turns} turns that resend the growing history (a "
+             f"{system_words}-word system prompt, every reply), then a new rollout; "
+             f"scripted engine at {args.rate:g} tokens/s per stream, replies of "
+             f"{args.min_tokens}-{args.max_tokens} tokens; {args.duration:g} s of load, "
+             f"warm-up {args.warmup:g} s.", "",
+             f"Also running on the machine meanwhile: {result.others}; load {result.loadavg}.",
+             "", *figure_table(figures(result)), ""]
+    if result.tally.error_samples:
+        lines += ["Errors seen:", "", *[f"- `{e}`" for e in result.tally.error_samples], ""]
+    lines += ["## Proxy memory over time", "",
+              *md_table(("s", "turns", "RSS MiB", "proxy CPU %", "load generator CPU %"),
+                        [(f"{s.t:.0f}", f"{s.turns:,}", f"{s.rss:.1f}", f"{s.proxy_cpu:.0f}",
+                          f"{s.client_cpu:.0f}") for s in thin(result.samples, 24)]), "",
+              "Lag is measured inside the proxy process by a task that sleeps 10 ms and "
+              "records how late it wakes (bench/load_server.py). Memory is VmRSS of the "
+              "proxy process, sampled every "
+              f"{args.sample_every:g} s. Lost and duplicated turns are checked against the "
+              "store after the proxy stopped: each request the client saw complete must "
+              "have exactly one `ok` turn with its reply id."]
+    return "\n".join(lines) + "\n"
+
+
+def thin(samples: Sequence[Any], most: int) -> list[Any]:
+    if len(samples) <= most:
+        return list(samples)
+    step = (len(samples) - 1) / (most - 1)
+    return [samples[round(i * step)] for i in range(most)]
+
+
+def machine_line() -> str:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next((line.split(":", 1)[1].strip() for line in fh
+                          if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return (f"Machine: {os.cpu_count()} cores ({model}), Python {platform.python_version()}, "
+            f"{platform.system()} {platform.release()}")
