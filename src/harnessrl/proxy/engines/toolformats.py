@@ -87,8 +87,8 @@ def typed(value: str, schema: Any) -> Any:
     kinds = _types(schema)
     if value.lower() == "null" and (not kinds or "null" in kinds):
         return None
-    if kinds & _STRING_TYPES or schema is None:
-        return value
+    if schema is None or (kinds and kinds <= _STRING_TYPES | {"null"}):
+        return value  # in a union with other types, those are tried first
     if kinds & _INT_TYPES:
         try:
             return int(value.strip())

@@ -1,0 +1,341 @@
+"""Token mode, pure parts: prompt rendering that reuses a rollout's earlier ids, the seam
+check and its fallback, the tool-call formats (Hermes JSON, Qwen3-Coder XML, reasoning)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from array import array
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harnessrl.proxy.engines.managed import VLLMServer, tool_call_parser_for
+from harnessrl.proxy.engines.render import Rendered, Renderer
+from harnessrl.proxy.engines.toolformats import Qwen3CoderParser, make_parser, typed
+from harnessrl.types import (
+    ChatRequest,
+    Message,
+    ReasoningDelta,
+    Text,
+    TextDelta,
+    Tool,
+    ToolCall,
+    ToolCallDelta,
+    ToolResult,
+)
+
+# A Qwen3-Coder style template for the tiny model's vocabulary: XML calls, arguments as a
+# mapping (like the real one), reasoning kept in history.
+QWEN3_CODER_TEMPLATE = r"""
+{%- macro text(c) -%}{%- if c is string -%}{{- c -}}{%- elif c -%}
+{{- c | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('\n') -}}
+{%- endif -%}{%- endmacro -%}
+{%- if tools -%}
+{{- '<|im_start|>system\n' -}}
+{%- if messages[0].role == 'system' -%}{{- text(messages[0].content) + '\n\n' -}}{%- endif -%}
+{{- '# Tools\n\n<tools>' -}}
+{%- for tool in tools -%}{{- '\n' + (tool | tojson) -}}{%- endfor -%}
+{{- '\n</tools>\n\nCall a function like this:\n<tool_call>\n<function=example>\n'
+    '<parameter=name>\nvalue\n</parameter>\n</function>\n</tool_call><|im_end|>\n' -}}
+{%- elif messages[0].role == 'system' -%}
+{{- '<|im_start|>system\n' + text(messages[0].content) + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- for m in messages -%}
+{%- if m.role == 'system' and loop.first -%}
+{%- elif m.role == 'assistant' -%}
+{{- '<|im_start|>assistant\n' -}}
+{%- if m.reasoning_content -%}{{- '<think>\n' + m.reasoning_content + '\n</think>\n\n' -}}
+{%- endif -%}
+{{- text(m.content) -}}
+{%- for call in m.tool_calls or [] -%}
+{%- set call = call.function -%}
+{%- if text(m.content) or not loop.first -%}{{- '\n' -}}{%- endif -%}
+{{- '<tool_call>\n<function=' + call.name + '>\n' -}}
+{%- for name, value in call.arguments | items -%}
+{{- '<parameter=' + name + '>\n' -}}
+{%- if value is mapping or (value is sequence and value is not string) -%}
+{{- value | tojson -}}{%- else -%}{{- value | string -}}{%- endif -%}
+{{- '\n</parameter>\n' -}}
+{%- endfor -%}
+{{- '</function>\n</tool_call>' -}}
+{%- endfor -%}
+{{- '<|im_end|>\n' -}}
+{%- elif m.role == 'tool' -%}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}
+{%- endif -%}
+{{- '\n<tool_response>\n' + text(m.content) + '\n</tool_response>' -}}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\n' -}}
+{%- endif -%}
+{%- else -%}
+{{- '<|im_start|>' + m.role + '\n' + text(m.content) + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
+"""
+
+BASH = Tool("bash", "Run a command", {"type": "object", "properties": {
+    "command": {"type": "string"}, "timeout": {"type": "integer"},
+    "ratio": {"type": "number"}, "verbose": {"type": "boolean"},
+    "env": {"type": "object"}, "paths": {"type": "array"}, "note": {}}})
+XML_CALL = ("<tool_call>\n<function=bash>\n<parameter=command>\nls -la\n</parameter>\n"
+            "<parameter=timeout>\n30\n</parameter>\n<parameter=verbose>\ntrue\n</parameter>\n"
+            "<parameter=env>\n{\"A\": \"1\"}\n</parameter>\n</function>\n</tool_call>")
+XML_TEXT = f"<think>\nList first.\n</think>\n\nLooking.\n{XML_CALL}"
+
+
+def _request(*messages: Message, tools: tuple[Tool, ...] = (BASH,)) -> ChatRequest:
+    return ChatRequest(model="m", messages=messages, tools=tools)
+
+
+def _user(text: str) -> Message:
+    return Message("user", (Text(text),))
+
+
+def _assistant(text: str, *calls: ToolCall) -> Message:
+    return Message("assistant", ((Text(text),) if text else ()) + calls)
+
+
+def _result(call_id: str, text: str) -> Message:
+    return Message("tool", (ToolResult(call_id, (Text(text),)),))
+
+
+def _odd_ids(renderer: Renderer, text: str) -> list[int]:
+    """`text` as the model might sample it: one id per character, not the canonical ids."""
+    return [i for ch in text for i in renderer.encode(ch)]
+
+
+@pytest.fixture(scope="module")
+def renderer(tokenizer) -> Renderer:
+    return Renderer(tokenizer)
+
+
+# ------------------------------------------------------------------ rendering
+def test_first_render_is_the_template_tokenized(renderer, tokenizer) -> None:
+    request = _request(Message("system", (Text("sys"),)), _user("hi"))
+    rendered = renderer.render(request, "r-first")
+    text = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}],
+        tools=[{"type": "function", "function": {"name": "bash", "description": "Run a command",
+                                                 "parameters": BASH.parameters}}],
+        tokenize=False, add_generation_prompt=True)
+    assert rendered.mode == "full" and rendered.text == text
+    assert rendered.ids.tolist() == tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_history_sent_back_keeps_the_sampled_ids(renderer) -> None:
+    """The model wrote its reply in odd ids; the next prompt starts with them."""
+    call = ToolCall("c1", "bash", '{"command": "ls"}')
+    first = renderer.render(_request(_user("list")), "r-keep")
+    reply = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
+    sampled = [*_odd_ids(renderer, reply), renderer.tokenizer.eos_token_id]
+    renderer.remember("r-keep", first, sampled)
+    second = renderer.render(_request(_user("list"), _assistant("", call),
+                                      _result("c1", "a.txt")), "r-keep")
+    assert second.mode == "extended" and second.reused == len(first.ids) + len(sampled)
+    assert second.ids[:second.reused].tolist() == [*first.ids, *sampled]
+    assert renderer.decode(second.ids) == second.text
+    fresh = renderer.render(_request(_user("list"), _assistant("", call),
+                                     _result("c1", "a.txt")))  # no rollout: full
+    assert fresh.mode == "full" and fresh.ids != second.ids  # canonical ids differ
+
+
+def test_render_cost_follows_the_new_text(tokenizer) -> None:
+    """Only the text after the reused prefix is tokenized."""
+    seen: list[int] = []
+    renderer = Renderer(tokenizer)
+    encode = renderer.encode
+    renderer.encode = lambda text: seen.append(len(text)) or encode(text)  # type: ignore
+    messages = [_user("x " * 5000)]
+    rendered = renderer.render(_request(*messages), "r-cost")
+    for turn in range(5):
+        reply = f"step {turn}"
+        renderer.remember("r-cost", rendered, [*encode(reply), tokenizer.eos_token_id])
+        messages += [_assistant(reply), _user(f"go on {turn}")]
+        seen.clear()
+        rendered = renderer.render(_request(*messages), "r-cost")
+        assert rendered.mode == "extended"
+        assert sum(seen) < 100 < len(rendered.text) // 100  # the suffix, not the context
+
+
+def test_side_call_between_turns_does_not_break_the_main_chain(renderer) -> None:
+    main = renderer.render(_request(_user("task")), "r-side")
+    renderer.remember("r-side", main, [*renderer.encode("ok"), renderer.tokenizer.eos_token_id])
+    title = renderer.render(_request(_user("title for: task"), tools=()), "r-side")
+    assert title.mode == "full"
+    renderer.remember("r-side", title, [*renderer.encode("T"), renderer.tokenizer.eos_token_id])
+    after = renderer.render(_request(_user("task"), _assistant("ok"), _user("more")), "r-side")
+    assert after.mode == "extended" and after.reused > len(main.ids)
+
+
+def test_edited_history_reuses_the_prompt_only(renderer) -> None:
+    """The harness changed the reply: the earlier prompt's ids are still reused."""
+    first = renderer.render(_request(_user("q")), "r-edit")
+    renderer.remember("r-edit", first, [*_odd_ids(renderer, "answer"),
+                                        renderer.tokenizer.eos_token_id])
+    second = renderer.render(_request(_user("q"), _assistant("ANSWER"), _user("next")), "r-edit")
+    assert second.mode == "extended" and second.reused == len(first.ids)
+    assert second.ids.tolist() == renderer.encode(second.text)
+
+
+def test_restore_from_stored_ids(tokenizer) -> None:
+    """After a restart the memory comes back from stored ids."""
+    before = Renderer(tokenizer)
+    first = before.render(_request(_user("q")), "r-restart")
+    sampled = [*_odd_ids(before, "fine"), tokenizer.eos_token_id]
+    after = Renderer(tokenizer)
+    assert not after.knows("r-restart")
+    after.restore("r-restart", [(first.ids.tolist(), sampled)])
+    second = after.render(_request(_user("q"), _assistant("fine"), _user("next")), "r-restart")
+    assert second.mode == "extended"
+    assert second.ids[:len(first.ids) + len(sampled)].tolist() == [*first.ids, *sampled]
+
+
+# ------------------------------------------------------------------ the seam
+def _state(renderer: Renderer, key: str, text: str, ids: list[int]) -> None:
+    """Remember a prompt whose text ends away from any added token."""
+    renderer.remember(key, Rendered(text, array("i", ids), 0, "full"), [])
+
+
+def test_unsafe_seam_with_canonical_ids_is_verified_and_reused(renderer) -> None:
+    prefix = "<|im_start|>user\nhello world"
+    _state(renderer, "r-seam-ok", prefix, renderer.encode(prefix))
+    text = prefix + "<|im_end|>\n"  # the cut is right before an added token: safe
+    assert renderer.render_text(text, "r-seam-ok").mode == "extended"
+    text = prefix + ", and more"  # not next to an added token: checked by re-tokenizing
+    rendered = renderer.render_text(text, "r-seam-ok")
+    assert rendered.mode == "extended" and rendered.ids.tolist() == renderer.encode(text)
+
+
+def test_unsafe_seam_with_odd_ids_falls_back_to_full(renderer) -> None:
+    prefix = "<|im_start|>user\nhello world"
+    _state(renderer, "r-seam-odd", prefix, [*renderer.encode("<|im_start|>user\n"),
+                                            *_odd_ids(renderer, "hello world")])
+    rendered = renderer.render_text(prefix + "ly things", "r-seam-odd")
+    assert rendered.mode == "fallback"
+    assert rendered.ids.tolist() == renderer.encode(prefix + "ly things")
+
+
+def test_merge_across_the_seam_falls_back(renderer) -> None:
+    """Canonical ids on both sides, but the joined text merges across the cut."""
+    prefix = "<|im_start|>user\nimp"
+    joined = prefix + "ort os"
+    assert renderer.encode(prefix) + renderer.encode("ort os") != renderer.encode(joined)
+    _state(renderer, "r-merge", prefix, renderer.encode(prefix))
+    rendered = renderer.render_text(joined, "r-merge")
+    assert rendered.mode == "fallback" and rendered.ids.tolist() == renderer.encode(joined)
+
+
+_ATOMS = [*"ab \n\t.:{}\"é😀_<>/", "<|im_end|>", "<tool_call>", "\n\n", "  ", "import", "def"]
+_CHUNK = st.lists(st.sampled_from(_ATOMS), max_size=8).map("".join)
+
+
+@settings(max_examples=150)
+@given(st.lists(_CHUNK, min_size=1, max_size=6))
+def test_extending_equals_tokenizing_whole_when_ids_are_canonical(renderer, pieces) -> None:
+    """Whatever the text and wherever the cuts, reusing canonical ids and tokenizing the
+    rest gives the ids of tokenizing the whole (or a flagged full tokenization)."""
+    key = f"r-prop-{abs(hash(tuple(pieces)))}"
+    renderer.forget(key)
+    text = "<|im_start|>user\n"
+    _state(renderer, key, text, renderer.encode(text))
+    for piece in pieces:
+        text += piece
+        rendered = renderer.render_text(text, key)
+        assert rendered.ids.tolist() == renderer.encode(text)
+        _state(renderer, key, text, rendered.ids.tolist())
+
+
+# ------------------------------------------------------------------ formats
+def _parse(parser, text: str, cuts: list[int]) -> tuple[str, str, list[tuple[str, str]]]:
+    deltas, start = [], 0
+    for cut in sorted(cuts):
+        deltas += parser.feed(text[start:cut])
+        start = cut
+    deltas += parser.feed(text[start:]) + parser.finish()
+    return ("".join(d.text for d in deltas if isinstance(d, TextDelta)),
+            "".join(d.text for d in deltas if isinstance(d, ReasoningDelta)),
+            [(d.name, d.arguments) for d in deltas if isinstance(d, ToolCallDelta)])
+
+
+def _xml(cuts: list[int], text: str = XML_TEXT):
+    return _parse(Qwen3CoderParser((BASH,), new_id=lambda: "c"), text, cuts)
+
+
+def test_qwen3_coder_call_with_typed_arguments() -> None:
+    text, reasoning, calls = _xml([])
+    assert (text, reasoning) == ("Looking.", "List first.")
+    [(name, arguments)] = calls
+    assert name == "bash"
+    assert json.loads(arguments) == {"command": "ls -la", "timeout": 30, "verbose": True,
+                                     "env": {"A": "1"}}
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(XML_TEXT)), max_size=15))
+def test_qwen3_coder_any_split_parses_the_same(cuts: list[int]) -> None:
+    assert _xml(cuts) == _xml([])
+
+
+@given(st.lists(st.integers(min_value=0, max_value=len(XML_TEXT)), max_size=15))
+def test_reasoning_opened_by_the_prompt_any_split(cuts: list[int]) -> None:
+    body = XML_TEXT.removeprefix("<think>\n")
+    parse = lambda c: _parse(make_parser("qwen3_coder", (BASH,), in_reasoning=True), body, c)  # noqa: E731
+    assert parse(cuts)[:2] == ("Looking.", "List first.") and parse(cuts) == parse([])
+
+
+def test_qwen3_coder_malformed_or_cut_call_stays_text() -> None:
+    assert _xml([], "a <tool_call>\n{json?}\n</tool_call>")[2] == []
+    assert _xml([], "a <tool_call>\n<function=bash>\nstray\n</function>\n</tool_call>")[2] == []
+    cut = "x<tool_call>\n<function=bash>\n<parameter=command>\nls"
+    assert _xml([5, 20], cut) == (cut, "", [])
+
+
+def test_schema_types() -> None:
+    assert typed("42", {"type": "integer"}) == 42
+    assert typed("4x", {"type": "integer"}) == "4x"  # kept as written, not guessed
+    assert typed("2.5", {"type": "number"}) == 2.5 and typed("2", {"type": "number"}) == 2
+    assert typed("False", {"type": "boolean"}) is False
+    assert typed("[1, 2]", {"type": "array"}) == [1, 2]
+    assert typed("007", {"type": "string"}) == "007" and typed("x", None) == "x"
+    assert typed("null", {"type": ["string", "null"]}) is None
+    assert typed("3", {"anyOf": [{"type": "integer"}, {"type": "string"}]}) == 3
+    assert typed('{"a": 1}', {}) == {"a": 1}
+
+
+def test_hermes_by_name_and_unknown_format() -> None:
+    text = '<think>\nhm\n</think>\n\n<tool_call>\n{"name": "bash", "arguments": {}}\n</tool_call>'
+    assert _parse(make_parser("hermes"), text, [3, 17]) == ("", "hm", [("bash", "{}")])
+    with pytest.raises(ValueError, match="llama3_json"):
+        make_parser("llama3_json")
+
+
+def test_xml_call_renders_back_to_the_sampled_text(tokenizer) -> None:
+    """Parse then render through a Qwen3-Coder template is the identity on the reply."""
+    reply = ("Looking.\n<tool_call>\n<function=bash>\n<parameter=command>\nls -la\n</parameter>\n"
+             "<parameter=timeout>\n30\n</parameter>\n</function>\n</tool_call>")
+    text, _, [(name, arguments)] = _xml([], reply)
+    renderer = Renderer(tokenizer, chat_template=QWEN3_CODER_TEMPLATE)
+    request = _request(_user("q"), _assistant(text, ToolCall("c", name, arguments)))
+    assert f"<|im_start|>assistant\n{reply}<|im_end|>" in renderer.text(request)
+
+
+# ------------------------------------------------------------------ wiring
+def test_parser_names_and_token_mode_flags(tmp_path) -> None:
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": QWEN3_CODER_TEMPLATE}))
+    assert tool_call_parser_for(str(tmp_path)) == "qwen3_coder"
+    chat = VLLMServer(model=str(tmp_path), port=1).command()
+    token = VLLMServer(model=str(tmp_path), port=1, engine_mode="token").command()
+    assert "--tool-call-parser" in chat and "--tool-call-parser" not in token
+
+
+def test_serve_builds_a_token_engine(tiny_model) -> None:
+    from harnessrl.cli import _engine
+
+    args = argparse.Namespace(scripted=None, engine_mode="token", tokenizer=str(tiny_model),
+                              model=None, tool_call_parser=None, chat_template=None,
+                              engine_url="http://127.0.0.1:9", engine_timeout=5.0)
+    engine = _engine(args)
+    assert engine.name == "vllm-token" and engine.tool_parser == "hermes"
+    assert engine.stop_ids == [engine.renderer.tokenizer.eos_token_id]
