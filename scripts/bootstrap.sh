@@ -21,4 +21,14 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
   echo "$want" > "$stamp"
 fi
+# The viewer's browser tests drive Debian's chromium (Playwright never downloads one).
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && SUDO="sudo -n"
+  APT="$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -q"
+  echo "bootstrap: installing chromium (for the viewer's browser tests)" >&2
+  { $APT install -y chromium >/dev/null 2>&1 \
+    || { $APT update >/dev/null 2>&1 && $APT install -y chromium >/dev/null 2>&1; }; } \
+    || echo "bootstrap: could not install chromium; browser tests will be skipped" >&2
+fi
 export PATH="$VENV/bin:$PATH"

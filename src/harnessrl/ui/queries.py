@@ -238,7 +238,8 @@ def _rollout_row(key: str, created: float, closed: float | None, metadata: str,
         "sample": o.sample if o else meta.get("sample"),
         "attempt": meta.get("attempt"), "metadata": meta,
         "turns": turns, "failed_turns": failed,
-        "outcome": msgspec.to_builtins(o) if o else None,
+        # Every field, defaults included (the stored JSON omits them: attempts 1, ...).
+        "outcome": msgspec.to_builtins(msgspec.structs.asdict(o)) if o else None,
     }
     return row
 

@@ -182,10 +182,14 @@ function rolloutRow(run, r) {
     h("td", { class: "num" }, duration(r)), h("td", {}, infra(r)));
 }
 
-function select(name, values, current, onchange) {
+// `values`: plain strings, or [value, label] pairs.
+function select(name, values, current, onchange, blank = "all") {
   return h("select", { name, onchange },
-    h("option", { value: "" }, "all"),
-    ...values.map((v) => h("option", { value: v, selected: v === current }, v)));
+    h("option", { value: "" }, blank),
+    ...values.map((v) => {
+      const [value, label] = Array.isArray(v) ? v : [v, v];
+      return h("option", { value, selected: value === current }, label);
+    }));
 }
 
 async function viewRollouts(p) {
@@ -335,9 +339,10 @@ async function viewRollout(p) {
   await loadMore();
   const others = r.siblings.filter((s) => s.key !== key);
   const compare = others.length ? h("span", {}, "compare with ",
-    select("compare", others.map((s) => s.key), null, (e) => {
+    select("compare", others.map((s) => [s.key, `${s.harness} · sample ${s.sample} · ${s.state}` +
+      (s.outcome && s.outcome.reward !== null ? ` · reward ${s.outcome.reward.toFixed(3)}` : "")]), null, (e) => {
       if (e.target.value) location.hash = href("compare", { run, a: key, b: e.target.value });
-    }), h("span", { class: "muted" }, ` (${others.map((s) => s.harness).join(", ")})`)) : "";
+    }, "another rollout of this task…")) : "";
   return { nodes: [
     h("h1", {}, `${r.harness ?? "?"} · ${r.task ?? "?"} · sample ${r.sample ?? "?"} `, badge(r.state)),
     h("div", { class: "muted mono" }, key, " · started ", when(r.created)),
