@@ -48,7 +48,8 @@ from typing import Any
 import aiohttp
 import msgspec
 import uvloop
-from load_report import figure_table, figures, render
+from load_report import figures, render
+from table import figure_table
 
 HERE = Path(__file__).resolve().parent
 DIALECTS = ("chat", "responses", "anthropic", "gemini")

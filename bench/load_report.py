@@ -3,38 +3,15 @@
 from __future__ import annotations
 
 import math
-import os
-import platform
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
+
+from table import Row, figure_table, machine_line, md_table, pct, verdict
 
 FLAT = 0.10  # allowed RSS deviation from the first sample after the warm-up
 TURNS_TARGET = 20_000  # at the default duration (10 minutes)
-
-
-@dataclass(frozen=True)
-class Row:
-    """One line of a results table: a figure, its baseline from the same run, a target."""
-
-    figure: str
-    measured: str
-    baseline: str = ""
-    target: str = ""
-    verdict: str = ""
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    ordered = sorted(v for v in values if not math.isnan(v))
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
-
-
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
 
 
 def memory(result: Any) -> tuple[float, float, float, float]:
@@ -101,16 +78,6 @@ def _statuses(statuses: dict[str, int]) -> str:
     return "statuses " + ", ".join(f"{k} {v:,}" for k, v in sorted(statuses.items()))
 
 
-def md_table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return lines + ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
-
-
-def figure_table(rows: Sequence[Row]) -> list[str]:
-    return md_table(("figure", "measured", "baseline (same run)", "target", "verdict"),
-                    [(r.figure, r.measured, r.baseline, r.target, r.verdict) for r in rows])
-
-
 def render(result: Any, command: str, system_words: int) -> str:
     args = result.args
     lines = [f"# Load: {args.streams} concurrent streaming rollouts, four dialects "
@@ -145,15 +112,3 @@ def thin(samples: Sequence[Any], most: int) -> list[Any]:
         return list(samples)
     step = (len(samples) - 1) / (most - 1)
     return [samples[round(i * step)] for i in range(most)]
-
-
-def machine_line() -> str:
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            model = next((line.split(":", 1)[1].strip() for line in fh
-                          if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return (f"Machine: {os.cpu_count()} cores ({model}), Python {platform.python_version()}, "
-            f"{platform.system()} {platform.release()}")

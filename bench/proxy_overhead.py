@@ -191,13 +191,14 @@ class Bench:
     tools: Path
     engine_url: str
     work: Path
+    dialects: str = "chat"  # proxy_bench's --dialect: a comma list or "all"
 
     def argv(self, proxy_url: str, pid: int, out: Path, extra: Sequence[str],
              delay_ms: float = ENGINE_DELAY_MS) -> list[str]:
         return [sys.executable, str(self.tools / "proxy_bench.py"),
                 "--engine", f"{self.engine_url}/v1", "--proxy", f"{proxy_url}/r/{{key}}",
                 "--mint", f"{proxy_url}/rollouts", "--mint-field", "key",
-                "--proxy-pid", str(pid), "--dialect", "chat",
+                "--proxy-pid", str(pid), "--dialect", self.dialects,
                 "--engine-tokens", str(ENGINE_TOKENS), "--engine-delay-ms", f"{delay_ms:g}",
                 "--json", str(out), *extra]
 
@@ -249,6 +250,7 @@ class Cell:
     direct: dict[str, Any]
     proxy: dict[str, Any]
     client_cpu: str = ""
+    dialect: str = "chat"
 
     def ms(self, side: str, metric: str, q: float) -> float:
         return pct(getattr(self, side)[metric], q) * 1000
@@ -281,13 +283,19 @@ def cells_from(raw: dict[str, Any]) -> list[Cell]:
     for row in raw["rows"]:
         if row[3] == "req/s":
             found = re.search(r"bench client CPU (.*)$", str(row[11]))
-            client[(row[1], int(row[2]))] = found.group(1) if found else ""
+            client[(row[0], row[1], int(row[2]))] = found.group(1) if found else ""
     return [Cell(c["mode"], c["concurrency"], c["n"], c["direct"], c["proxy"],
-                 client.get((c["mode"], c["concurrency"]), "")) for c in raw["raw"]]
+                 client.get((c["dialect"], c["mode"], c["concurrency"]), ""),
+                 c.get("dialect", "chat")) for c in raw["raw"]]
 
 
-def find(cells: list[Cell], mode: str, conc: int) -> Cell | None:
-    return next((c for c in cells if c.mode == mode and c.conc == conc), None)
+def find(cells: list[Cell], mode: str, conc: int, dialect: str = "chat") -> Cell | None:
+    return next((c for c in cells if c.mode == mode and c.conc == conc
+                 and c.dialect == dialect), None)
+
+
+def dialects_of(cells: list[Cell]) -> list[str]:
+    return list(dict.fromkeys(c.dialect for c in cells))
 
 
 # ------------------------------------------------------------------ phases
@@ -479,19 +487,29 @@ class Check:
 
 
 def _where(cell: Cell, workload: str) -> str:
-    return f"{workload}: {'streamed' if cell.mode == 'sse' else 'non-streamed'} c={cell.conc}"
+    dialect = "" if cell.dialect == "chat" else f"{cell.dialect} "
+    return (f"{workload}: {dialect}{'streamed' if cell.mode == 'sse' else 'non-streamed'} "
+            f"c={cell.conc}")
 
 
 def latency_checks(cells: list[Cell], workload: str, concurrency: Sequence[int]) -> list[Check]:
     """Added TTFT (streamed) and added latency (non-streamed), p50, at the given c."""
     out: list[Check] = []
+    for dialect in dialects_of(cells):
+        out += _latency_checks(cells, workload, concurrency, dialect)
+    return out
+
+
+def _latency_checks(cells: list[Cell], workload: str, concurrency: Sequence[int],
+                    dialect: str) -> list[Check]:
+    out: list[Check] = []
     for conc in concurrency:
-        if cell := find(cells, "sse", conc):
+        if cell := find(cells, "sse", conc, dialect):
             out.append(Check("TTFT added (p50) ≤ 2 ms", _where(cell, workload),
                              cell.added("ttft"), 2.0, "ms"))
     for conc in concurrency:
         limit = 2.0 if conc == 1 else 5.0
-        if cell := find(cells, "json", conc):
+        if cell := find(cells, "json", conc, dialect):
             out.append(Check(f"latency added (p50) ≤ {limit:g} ms", _where(cell, workload),
                              cell.added("total"), limit, "ms",
                              f"n={cell.n}; added p99 {fmt(cell.added('total', 99), 1)} ms"))
@@ -551,12 +569,14 @@ def cell_rows(cell: Cell, idle_cpu: float) -> list[list[str]]:
     for label, key in metrics:
         d50, d99 = cell.ms("direct", key, 50), cell.ms("direct", key, 99)
         p50, p99 = cell.ms("proxy", key, 50), cell.ms("proxy", key, 99)
-        rows.append([cell.mode, cell.conc, cell.n, label, fmt(d50), fmt(d99), fmt(p50), fmt(p99),
+        rows.append([cell.dialect, cell.mode, cell.conc, cell.n, label, fmt(d50), fmt(d99),
+                     fmt(p50), fmt(p99),
                      fmt(ratio(p50, d50), 2), fmt(ratio(p99, d99), 2), fmt(p50 - d50),
                      fmt(p99 - d99)])
     drps, prps = cell.rps("direct"), cell.rps("proxy")
     net = cell.net_cpu_ms(idle_cpu)
-    rows.append([cell.mode, cell.conc, cell.n, "req/s", fmt(drps, 2), "", fmt(prps, 2), "",
+    rows.append([cell.dialect, cell.mode, cell.conc, cell.n, "req/s", fmt(drps, 2), "",
+                 fmt(prps, 2), "",
                  fmt(ratio(prps, drps), 2), "",
                  f"proxy CPU {fmt(cell.cpu_ms, 2)} ms/call (net {fmt(net, 2)})",
                  f"errors d={cell.direct['errors']} p={cell.proxy['errors']}; "
@@ -585,8 +605,8 @@ def render(report: Report, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-CELL_HEAD = ("mode", "c", "n", "metric", "direct p50", "direct p99", "proxy p50", "proxy p99",
-             "ratio p50", "ratio p99", "added p50 ms", "added p99 ms")
+CELL_HEAD = ("dialect", "mode", "c", "n", "metric", "direct p50", "direct p99", "proxy p50",
+             "proxy p99", "ratio p50", "ratio p99", "added p50 ms", "added p99 ms")
 
 
 def render_floor(report: Report) -> list[str]:
@@ -668,6 +688,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help=f"comma list of {', '.join(PHASES)} (profile needs py-spy)")
     ap.add_argument("--profile", action="store_true", help="add the profile phase")
     ap.add_argument("--concurrency", default="1,16,64")
+    ap.add_argument("--dialects", default="chat",
+                    help="chat, responses, anthropic, gemini: a comma list, or all")
     ap.add_argument("--tools-dir", type=Path,
                     default=Path(os.environ.get("HARNESSRL_BENCH_TOOLS", DEFAULT_TOOLS)),
                     help="folder holding bench_engine.py and proxy_bench.py")
@@ -685,7 +707,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run_phases(args: argparse.Namespace, work: Path, report: Report) -> None:
     engine, engine_url = start_engine(args.tools_dir, work)
     with running(engine):
-        bench = Bench(args.tools_dir, engine_url, work)
+        bench = Bench(args.tools_dir, engine_url, work, args.dialects)
         runners = {"cells": lambda: phase_cells(bench, report, args.concurrency),
                    "floor": lambda: phase_floor(bench, report),
                    "profile": lambda: phase_profile(bench, report),
@@ -695,12 +717,12 @@ def run_phases(args: argparse.Namespace, work: Path, report: Report) -> None:
             runners[phase]()
 
 
-def main(argv: list[str] | None = None) -> int:
+def measure(argv: list[str] | None = None) -> Report:
+    """Run the phases, write the Markdown report to --out; raises RuntimeError on failure."""
     args = parse_args(argv)
     for tool in ("bench_engine.py", "proxy_bench.py"):
         if not (args.tools_dir / tool).exists():
-            print(f"no {tool} in {args.tools_dir}; pass --tools-dir", file=sys.stderr)
-            return 2
+            raise RuntimeError(f"no {tool} in {args.tools_dir}; pass --tools-dir")
     report = Report(QUICK if args.quick else FULL, source=source_state())
     work = Path(tempfile.mkdtemp(prefix="harnessrl-bench-"))
     print(f"work directory: {work}", flush=True)
@@ -709,8 +731,7 @@ def main(argv: list[str] | None = None) -> int:
         run_phases(args, work, report)
     except (RuntimeError, httpx.HTTPError) as exc:
         keep = True
-        print(f"\nbenchmark failed: {exc}\n(logs kept in {work})", file=sys.stderr)
-        return 1
+        raise RuntimeError(f"benchmark failed: {exc}\n(logs kept in {work})") from exc
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -721,6 +742,15 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(render(report, command))
     print_summary(report)
     print(f"\nreport written to {args.out}")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        measure(argv)
+    except RuntimeError as exc:
+        print(f"\n{exc}", file=sys.stderr)
+        return 1
     return 0
 
 
