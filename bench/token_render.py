@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Token mode's per-turn render cost as a conversation grows, against a full re-render.
+
+A harness-shaped conversation (a system prompt with tools, then per turn an assistant
+reply with a tool call and a tool result, Python source as text) grows over `--turns`
+turns to about `--tokens` prompt tokens. After each turn the reply's ids are remembered,
+as the engine does. At turns 10, 50 and 100 the next prompt is rendered, in the same run:
+
+  token mode   `Renderer.render`: the chat template rendered, the longest earlier turn
+               found, only the text after it tokenized, ids joined
+  full         the same template text tokenized whole (what rendering without reuse costs)
+
+Each is timed `--repeat` times; the median is reported, split into the template render
+(string work over the whole conversation, in both) and the tokenizing. Uses the tiny
+model's tokenizer (built locally on first use).
+
+    .venv/bin/python bench/token_render.py [--turns 100] [--tokens 50000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import sysconfig
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from harnessrl.proxy.engines.render import Renderer
+from harnessrl.types import ChatRequest, Message, Text, Tool, ToolCall, ToolResult
+
+DEFAULT_TOKENIZER = Path("~/.cache/harnessrl/models/tiny-qwen2")
+REPORT_AT = (10, 50, 100)
+_TOOLS = tuple(Tool(name, f"{name}: " + "does a thing. " * 20, {"type": "object", "properties": {
+    "command": {"type": "string"}, "path": {"type": "string"}}}) for name in
+    ("bash", "read_file", "write_file", "edit", "grep", "glob", "web_fetch", "todo"))
+
+
+def _corpus() -> str:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return "".join(p.read_text(errors="replace") for p in sorted(stdlib.glob("*.py"))[:40])
+
+
+class Conversation:
+    """Deterministic turns cut from a corpus, sized to reach `tokens` in `turns` turns."""
+
+    def __init__(self, renderer: Renderer, turns: int, tokens: int) -> None:
+        self.corpus = _corpus()
+        self.renderer = renderer
+        self.messages: list[Message] = [
+            Message("system", (Text("You are a coding agent. " + self.corpus[:6000]),)),
+            Message("user", (Text("Fix the failing test in the repository."),))]
+        base = len(renderer.encode(renderer.text(self.request())))
+        chars_per_token = 3.2  # this tokenizer on Python source; corrected as we go
+        self.turn_chars = int((tokens - base) / turns * chars_per_token)
+        self.cursor = 6000
+
+    def request(self) -> ChatRequest:
+        return ChatRequest(model="m", messages=tuple(self.messages), tools=_TOOLS)
+
+    def _take(self, size: int) -> str:
+        start = self.cursor % (len(self.corpus) - size)
+        self.cursor += size
+        return self.corpus[start:start + size]
+
+    def reply(self, turn: int) -> tuple[str, ToolCall]:
+        thought = self._take(self.turn_chars // 5)
+        call = ToolCall(f"call_{turn}", "bash", '{"command": "pytest -x tests/"}')
+        return thought, call
+
+    def add_turn(self, turn: int, thought: str, call: ToolCall) -> None:
+        self.messages.append(Message("assistant", (Text(thought), call)))
+        result = self._take(self.turn_chars - len(thought))
+        self.messages.append(Message("tool", (ToolResult(call.id, (Text(result),)),)))
+
+
+def _median(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    times, value = [], None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        value = fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), value
+
+
+def measure(tokenizer: Any, turns: int, tokens: int, repeat: int) -> list[dict[str, Any]]:
+    renderer = Renderer(tokenizer)
+    convo = Conversation(renderer, turns, tokens)
+    rows = []
+    for turn in range(1, turns + 1):
+        request = convo.request()
+        if turn in REPORT_AT:
+            rows.append(_measure_turn(renderer, request, turn, repeat))
+        rendered = renderer.render(request, "bench")
+        thought, call = convo.reply(turn)
+        reply = f'{thought}\n<tool_call>\n{{"name": "bash", "arguments": {call.arguments}}}\n' \
+                "</tool_call>"
+        renderer.remember("bench", rendered, [*renderer.encode(reply), tokenizer.eos_token_id])
+        convo.add_turn(turn, thought, call)
+    return rows
+
+
+def _measure_turn(renderer: Renderer, request: ChatRequest, turn: int,
+                  repeat: int) -> dict[str, Any]:
+    template_s, text = _median(lambda: renderer.text(request), repeat)
+    reuse_s, rendered = _median(lambda: renderer.render_text(text, "bench"), repeat)
+    full_s, full_ids = _median(lambda: renderer.encode(text), repeat)
+    # The reused ids hold the replies as "sampled" (tokenized on their own), which need not
+    # be the whole text's canonical ids; but they must spell the same text.
+    if renderer.decode(rendered.ids) != text or rendered.mode != "extended":
+        raise AssertionError(f"turn {turn}: the reused render does not spell the prompt")
+    return {"turn": turn, "tokens": len(full_ids), "new": len(rendered.ids) - rendered.reused,
+            "mode": rendered.mode, "template_ms": template_s * 1e3,
+            "token_ms": (template_s + reuse_s) * 1e3, "tokenize_ms": reuse_s * 1e3,
+            "full_ms": (template_s + full_s) * 1e3, "full_tokenize_ms": full_s * 1e3}
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| turn | prompt tokens | new tokens | token mode ms (template + tokenize) "
+        "| full re-render ms (template + tokenize) | tokenize: reuse vs full |",
+        "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['turn']} | {r['tokens']:,} | {r['new']:,} | {r['token_ms']:.2f} "
+            f"({r['template_ms']:.2f} + {r['tokenize_ms']:.2f}) | {r['full_ms']:.2f} "
+            f"({r['template_ms']:.2f} + {r['full_tokenize_ms']:.2f}) | "
+            f"{r['full_tokenize_ms'] / max(r['tokenize_ms'], 1e-9):.0f}x less |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--turns", type=int, default=100)
+    ap.add_argument("--tokens", type=int, default=50_000, help="prompt tokens at the last turn")
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--tokenizer", type=Path, help="a model directory (default: the tiny model)")
+    args = ap.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    path = args.tokenizer
+    if path is None:
+        from harnessrl.models.tiny import build_tiny_model
+
+        path = build_tiny_model(DEFAULT_TOKENIZER.expanduser())
+    rows = measure(AutoTokenizer.from_pretrained(path), args.turns, args.tokens, args.repeat)
+    print("### Token mode: per-turn render cost\n")
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
