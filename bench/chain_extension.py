@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""Chain extension in chat mode vs token mode, on the same sessions of the real harnesses.
+
+Each harness (unmodified, headless, in a local sandbox) is run once per engine mode
+through the proxy against one real vLLM serving the tiny model. Its replies are the
+conformance policy's (call the shell tool to write a file, then finish the harness's
+way), forced on the model with vLLM's structured outputs (a regex that only the policy's
+text matches), so both modes see the same conversation; the ids are still the model's
+own: under the constraint it picks its own tokenization of that text, often not the
+tokenizer's canonical one, as real models sometimes do.
+
+Then `harnessrl.train.samples.report` gives, per harness and mode, how many turns extend
+the turn before them (prompt ids = earlier prompt + completion ids + new ids).
+
+  chat mode   vLLM renders the history the harness sends back and tokenizes it again
+  token mode  the proxy renders it and reuses the ids the model sampled (`--engine-mode token`)
+
+    .venv/bin/python bench/chain_extension.py [--harness mini-swe-agent,hermes] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+import tempfile
+import time
+from collections.abc import AsyncGenerator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+
+from harnessrl.harnesses import MODULES, get
+from harnessrl.harnesses.base import Harness
+from harnessrl.harnesses.conformance import FILENAME, Result, _run, random_line
+from harnessrl.harnesses.policy import WriteFilePolicy
+from harnessrl.proxy.app import Proxy
+from harnessrl.proxy.engines import openai_wire
+from harnessrl.proxy.engines.managed import VLLMServer
+from harnessrl.proxy.engines.token import TokenEngine
+from harnessrl.proxy.engines.vllm import (
+    VLLMEngine,
+    _engine_error,
+    _events_from_completion,
+    _json_or_error,
+    _loose,
+    _StreamParser,
+    merge_chunks,
+)
+from harnessrl.proxy.serve import in_thread
+from harnessrl.proxy.sessions import Sessions
+from harnessrl.proxy.sse import SSEDecoder
+from harnessrl.proxy.store import TraceStore
+from harnessrl.train.samples import ChainStats, report
+from harnessrl.types import ChatRequest, EngineEvent
+
+TOOLS_DIR = Path("~/.cache/harnessrl/tools").expanduser()
+MODEL_CACHE = Path("~/.cache/harnessrl/models/tiny-qwen2").expanduser()
+Force = Callable[[ChatRequest], dict[str, Any]]
+
+
+def forcing(policy: Callable[[ChatRequest], Any]) -> Force:
+    """Structured outputs that let the model write nothing but the policy's reply."""
+    return lambda request: {"structured_outputs": {"regex": re.escape(policy(request).text)}}
+
+
+class ForcedChatEngine(VLLMEngine):
+    """Chat mode with extra fields in each request (the same forcing token mode gets)."""
+
+    def __init__(self, base_url: str, force: Force) -> None:
+        super().__init__(base_url)
+        self.force = force
+
+    def _payload(self, request: ChatRequest, *, stream: bool) -> bytes:
+        body = openai_wire.chat_body(request, stream=stream)
+        return msgspec.json.encode({**body, **self.force(request)})
+
+    async def complete(self, request: ChatRequest) -> list[EngineEvent]:
+        with self._upstream("answer"):
+            async with self._http.post(f"{self.base_url}/v1/chat/completions",
+                                       data=self._payload(request, stream=False)) as resp:
+                raw = await resp.read()
+                if resp.status != 200:
+                    raise _engine_error(resp.status, _loose(raw), raw)
+        return _events_from_completion(raw)
+
+    async def stream(self, request: ChatRequest) -> AsyncGenerator[EngineEvent, None]:
+        parser = _StreamParser()
+        with self._upstream("send its next tokens"):
+            async with self._http.post(f"{self.base_url}/v1/chat/completions",
+                                       data=self._payload(request, stream=True)) as resp:
+                if resp.status != 200:
+                    await _json_or_error(resp)
+                decoder = SSEDecoder()
+                async for piece in resp.content.iter_any():
+                    for event in merge_chunks(
+                            [e for sse in decoder.feed(piece) for e in parser.feed(sse.data)]):
+                        yield event
+                for event in [e for sse in decoder.finish() for e in parser.feed(sse.data)]:
+                    yield event
+        yield parser.finish()
+
+
+class Policies:
+    """The policy of the harness running now (one harness at a time per proxy)."""
+
+    def __init__(self) -> None:
+        self.current: WriteFilePolicy | None = None
+
+    def __call__(self, request: ChatRequest) -> Any:
+        assert self.current is not None
+        return self.current(request)
+
+
+def run_mode(mode: str, harnesses: list[Harness], engine_url: str, model: Path, root: Path,
+             timeout: float) -> tuple[dict[str, ChainStats], dict[str, str]]:
+    policies = Policies()
+    force = forcing(policies)
+    engine: VLLMEngine = (TokenEngine(engine_url, str(model), extra_body=force)
+                          if mode == "token" else ForcedChatEngine(engine_url, force))
+    store = TraceStore(root / mode)
+    notes: dict[str, str] = {}
+    try:
+        with in_thread(Proxy(engine, Sessions(store)).app()) as (url, _server):
+            for harness in harnesses:
+                notes[harness.name] = _one(harness, policies, url, root / mode, timeout)
+        stats = report(store).harnesses
+    finally:
+        store.close()
+    return stats, notes
+
+
+def _one(harness: Harness, policies: Policies, url: str, root: Path, timeout: float) -> str:
+    line = random_line()
+    policies.current = WriteFilePolicy(FILENAME, line, harness.finish)
+    rollout = httpx.post(f"{url}/rollouts", json={"metadata": {"harness": harness.name}}).json()
+    result = Result(harness.name, harness.version, harness.dialect)
+    started = time.monotonic()
+    asyncio.run(_run(harness, rollout, TOOLS_DIR, root, line, timeout, result))
+    seconds = time.monotonic() - started
+    print(f"  {harness.name}: {seconds:.0f} s {'; '.join(result.problems) or 'ok'}",
+          file=sys.stderr, flush=True)
+    return "; ".join(result.problems) or "wrote the file"
+
+
+def _cell(stats: ChainStats | None) -> str:
+    if stats is None or not stats.turns:
+        return "no turns"
+    rate = stats.extension_rate
+    breaks = ", ".join(f"{k} {n}" for k, n in sorted(stats.breaks.items()) if k != "first")
+    excluded = ", ".join(f"{k} {n}" for k, n in sorted(stats.excluded.items()))
+    text = (f"{'-' if rate is None else f'{rate:.0%}'} ({stats.extended}/"
+            f"{stats.extended + stats.breaks['history_rewritten']}; {stats.turns} turns")
+    return text + (f"; {breaks}" if breaks else "") + (f"; excl. {excluded}" if excluded
+                                                        else "") + ")"
+
+
+def markdown(results: dict[str, tuple[dict[str, ChainStats], dict[str, str]]],
+             names: list[str]) -> str:
+    modes = list(results)
+    lines = ["| harness | " + " | ".join(f"{m} mode: extension rate" for m in modes)
+             + " | harness run |", "|---|" + "---|" * len(modes) + "---|"]
+    totals = {m: ChainStats() for m in modes}
+    for name in names:
+        cells = []
+        for mode in modes:
+            stats = results[mode][0].get(name)
+            if stats is not None:
+                totals[mode].add(stats)
+            cells.append(_cell(stats))
+        runs = "; ".join(f"{m}: {results[m][1].get(name, '-')}" for m in modes)
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {runs} |")
+    lines.append("| **all** | " + " | ".join(_cell(totals[m]) for m in modes) + " | |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--harness", default=",".join(sorted(MODULES)),
+                    help="comma-separated (default: all twelve)")
+    ap.add_argument("--modes", default="chat,token")
+    ap.add_argument("--engine-url", help="a running vLLM with --tool-call-parser hermes "
+                                         "(default: start one)")
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds per harness run")
+    ap.add_argument("--out", type=Path, help="also write the table here")
+    args = ap.parse_args(argv)
+    from harnessrl.models.tiny import build_tiny_model
+
+    model = build_tiny_model(MODEL_CACHE)
+    harnesses = [get(n) for n in args.harness.split(",")]
+    for harness in harnesses:
+        harness.install(TOOLS_DIR, log=lambda _line: None)
+    server = None
+    if args.engine_url is None:
+        server = VLLMServer(model=str(model), served_name="tiny", dtype="float32",
+                            max_model_len=65536, tool_call_parser="hermes",
+                            extra_args=["--seed", "0"])
+        args.engine_url = server.start()
+    results = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="hrl-chain-") as work:
+            for mode in args.modes.split(","):
+                print(f"{mode} mode:", file=sys.stderr, flush=True)
+                results[mode] = run_mode(mode, harnesses, args.engine_url, model, Path(work),
+                                         args.timeout)
+    finally:
+        if server is not None:
+            server.stop()
+    table = ("### Chain extension: chat mode vs token mode, real harnesses, tiny model on "
+             "vLLM\n\n" + markdown(results, [h.name for h in harnesses]))
+    print(table)
+    if args.out:
+        args.out.write_text(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
