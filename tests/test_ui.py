@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from starlette.testclient import TestClient
 
@@ -163,6 +164,32 @@ def test_tokens_without_a_tokenizer_show_ids_and_no_text(big_run: Path):
     assert ctx["kind"] == "inserted" and ctx["from_turn"] == 2 and ctx["ids"] == [50, 51]
     assert ctx["text"] is None
     assert [c["turns"] for c in view["chains"]] == [list(range(40))]
+
+
+def _broken_rollout(key: str) -> list[Turn]:
+    """Turn 1 extends turn 0; turn 2 rewrites turn 0's reply (a break inside a completion);
+    turn 3 failed."""
+    history = [Message("user", (Text("go"),))]
+    t0 = _turn(key, 0, history, (1, 2, 3))
+    t1 = _turn(key, 1, history, (1, 2, 3, 7, 8, 9, 0, 50, 51))
+    t2 = _turn(key, 2, history, (1, 2, 3, 7, 99, 50, 51))
+    t3 = msgspec.structs.replace(_turn(key, 3, history, (1, 2)), status="failed",
+                                 error="engine_error: boom")
+    return [t0, t1, t2, t3]
+
+
+def test_chain_breaks_and_excluded_turns_are_explained():
+    view = token_view(_broken_rollout("k"), 2, Decoder(None), None)
+    assert view is not None
+    assert [c["turns"] for c in view["chains"]] == [[0, 1], [2]]
+    start = view["chains"][1]["start"]
+    assert start == {"reason": "history_rewritten", "turn": 2, "against": 1, "diverged_at": 4,
+                     "within": "completion", "within_turn": 0}
+    assert "re-tokenization" in view["chains"][1]["why"]
+    assert view["excluded"][0]["turn"] == 3 and view["excluded"][0]["reason"] == "failed"
+    ctx = view["context"]
+    assert ctx["kind"] == "prompt" and ctx["ids"] == [1, 2, 3, 7, 99, 50, 51]
+    assert ctx["diverged_at"] == 4
 
 
 def test_history_that_diverges_is_shown_from_where_it_differs():
@@ -341,3 +368,63 @@ async def _one_outcome(store: TraceStore) -> None:
     await store.put_outcome(Outcome(harness="h", harness_version="1", task="t", sample=0,
                                     rollout="live-1", status="done", reward=0.0,
                                     verifier_reward=0.0))
+
+
+@pytest.mark.slow
+def test_browse_pages_breaks_and_ids_without_a_tokenizer(tmp_path: Path):
+    from playwright.sync_api import expect, sync_playwright
+
+    from harnessrl.proxy.serve import in_thread
+
+    build_store(tmp_path / "paged", rollouts=60, turns=2).close()
+    store = TraceStore(tmp_path / "breaks")
+    turns = _broken_rollout("hrl-broken")
+
+    async def write() -> None:
+        await store.put_rollout(Rollout("hrl-broken", 5.0, None, metadata={"harness": "h"}))
+        await asyncio.gather(*(store.add_turn(t) for t in turns))
+
+    _in_thread(write())
+    store.close()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with in_thread(build_app(tmp_path)) as (url, _server), sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=_chromium())
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(f"{url}/#/rollouts?run=paged")
+        rows = page.locator("tr.rollout-row")
+        expect(rows).to_have_count(50)  # one page, not the whole run
+        expect(page.locator(".pager")).to_contain_text("1\u201350 of 60")
+        page.get_by_role("link", name="next \u203a").click()
+        expect(rows).to_have_count(10)
+        expect(rows.first).to_have_attribute("data-key", "k0009")
+
+        page.goto(f"{url}/#/rollouts?run=breaks")
+        expect(rows.locator(".badge")).to_have_text(["running"])  # no outcome yet, open
+        rows.first.click()
+        expect(page.locator(".turn.failed")).to_contain_text("engine_error: boom")
+        page.locator('.turn[data-index="2"] .tokens-link').click()
+        chains = page.locator(".chain")
+        expect(chains).to_have_count(2)
+        expect(chains.nth(1)).to_have_attribute("data-reason", "history_rewritten")
+        expect(chains.nth(1)).to_contain_text("at token 4 (in the completion of turn 0)")
+        expect(page.locator(".chip.excl")).to_have_text(["3: failed"])
+        diverge = page.locator(".ctx-tokens .tok.diverge")  # prompt position 4: id 99
+        expect(diverge).to_have_count(1)
+        expect(diverge).to_have_attribute("data-id", "99")
+        expect(page.locator(".note")).to_contain_text("--tokenizer")
+        # No tokenizer: ids, never made-up text.
+        expect(page.locator(".completion-tokens .tok")).to_have_text(
+            [f"\u2039{i}\u203a" for i in (7, 8, 9, 2)])  # the page's id marks
+        page.screenshot(path=ARTIFACTS / "ui-breaks.png", full_page=True)
+        browser.close()
+        assert errors == []
+
+
+def test_ui_command_binds_loopback_by_default():
+    from harnessrl.cli import _parser
+
+    args = _parser().parse_args(["ui", "some/run"])
+    assert args.host == "127.0.0.1" and args.run_dir == Path("some/run")
+    assert args.tokenizer is None

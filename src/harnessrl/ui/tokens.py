@@ -99,16 +99,16 @@ def _context(turns: Sequence[Turn], linked: Linked, index: int) -> dict[str, Any
         pos = next((i for i, t in enumerate(chain.turns) if t.index == index), None)
         if pos is None:
             continue
-        if pos == 0:
-            return {"kind": "prompt", "chain": number, "from_turn": None,
-                    "start": 0, "ids": prompt or ()}
+        if pos == 0:  # where its prompt left the closest chain, when it broke away
+            return {"kind": "prompt", "chain": number, "from_turn": None, "start": 0,
+                    "diverged_at": chain.start.diverged_at, "ids": prompt or ()}
         before = chain.turns[pos - 1]
         p, c, _ = _ids(before)
         start = len(p or ()) + len(c or ())
         return {"kind": "inserted", "chain": number, "from_turn": before.index,
-                "start": start, "ids": (prompt or ())[start:]}
+                "start": start, "diverged_at": None, "ids": (prompt or ())[start:]}
     return {"kind": "prompt", "chain": None, "from_turn": None, "start": 0,
-            "ids": prompt or ()}
+            "diverged_at": None, "ids": prompt or ()}
 
 
 def token_view(turns: Sequence[Turn], index: int, decoder: Decoder, model: str | None,
@@ -123,7 +123,9 @@ def token_view(turns: Sequence[Turn], index: int, decoder: Decoder, model: str |
     ctx = _context(turns, linked, index)
     ids = ctx.pop("ids")
     total = len(ids)
-    if ctx_offset is None:  # a long prompt: its end (the newest messages) matters most
+    if ctx_offset is None and ctx["diverged_at"] is not None:  # a break: show where
+        ctx_offset = max(0, ctx["diverged_at"] - WINDOW // 4)
+    elif ctx_offset is None:  # a long prompt: its end (the newest messages) matters most
         ctx_offset = max(0, total - WINDOW) if ctx["kind"] == "prompt" else 0
     ctx_offset = min(max(0, ctx_offset), max(0, total - 1))
     window = list(ids[ctx_offset:ctx_offset + WINDOW])

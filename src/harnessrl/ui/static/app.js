@@ -325,7 +325,7 @@ function outcomeCard(r) {
 async function viewRollout(p) {
   const run = p.run || ".", key = p.key, mode = p.mode || "canonical";
   const r = await api("rollout", { run, key });
-  crumbs(["runs", ""], [run === "." ? "run" : run, "rollouts", { run }], [`${r.harness} · ${r.task}`]);
+  crumbs(["runs", ""], [run === "." ? "run" : run, "rollouts", { run }], [`${r.harness ?? "?"} · ${r.task ?? "?"}`]);
   const turns = h("div", { id: "turns" });
   const more = h("div", {});
   let offset = 0;
@@ -360,14 +360,17 @@ function lpColour(lp) {
   return `hsl(${Math.round(120 * p)}, 70%, ${88 - 10 * (1 - p)}%)`;
 }
 
-function tokenSpans(ids, texts, lps, masked) {
+// `mark`: the position (within `ids`) where a broken chain's prompt diverged, or -1.
+function tokenSpans(ids, texts, lps, masked, mark = -1) {
   return ids.map((id, i) => {
     const lp = lps ? lps[i] : null;
     const text = texts ? texts[i] : `‹${id}›`;
-    const title = masked ? `id ${id} · inserted by the environment (masked, no logprob)`
+    const title = i === mark ? `id ${id} · the first token that differs from the chain this prompt left`
+      : masked ? `id ${id} · inserted by the environment (masked, no logprob)`
       : lp === null || lp === undefined ? `id ${id} · no logprob recorded`
         : `id ${id} · logprob ${lp.toFixed(4)} · p ${Math.exp(lp).toFixed(3)}`;
-    const kind = masked ? `masked m${i % 2}` : lp === null || lp === undefined ? "nolp" : "";
+    const kind = (masked ? `masked m${i % 2}` : lp === null || lp === undefined ? "nolp" : "") +
+      (i === mark ? " diverge" : "");
     const attrs = { class: `tok ${kind}`,
       title, "data-id": id };
     if (!masked && lp !== null && lp !== undefined) {
@@ -400,7 +403,7 @@ async function viewTokens(p) {
   const [r, d] = await Promise.all([api("rollout", { run, key }),
     api("tokens", { run, key, index, ctx: p.ctx })]);
   crumbs(["runs", ""], [run === "." ? "run" : run, "rollouts", { run }],
-    [`${r.harness} · ${r.task}`, "rollout", { run, key }], [`turn ${index} tokens`]);
+    [`${r.harness ?? "?"} · ${r.task ?? "?"}`, "rollout", { run, key }], [`turn ${index} tokens`]);
   const c = d.completion, ctx = d.context;
   const nav = h("div", { class: "filters" },
     index > 0 ? link("tokens", { run, key, index: index - 1 }, "‹ turn " + (index - 1)) : "",
@@ -415,9 +418,14 @@ async function viewTokens(p) {
     ctx.total > ctx.ids.length ? `, showing ${ctx.offset}–${end}` : "", " ",
     ctx.offset > 0 ? link("tokens", { run, key, index, ctx: Math.max(0, ctx.offset - 2000) }, "earlier") : "", " ",
     end < ctx.total ? link("tokens", { run, key, index, ctx: end }, "later") : "");
-  const ctxBox = h("div", { class: "toks ctx-tokens" }, ...tokenSpans(ctx.ids, ctx.text, null, true));
-  // A prompt window ends at the reply; start scrolled there.
-  const after = () => { if (ctx.kind === "prompt") ctxBox.scrollTop = ctxBox.scrollHeight; };
+  const mark = ctx.diverged_at === null ? -1 : ctx.diverged_at - ctx.offset;
+  const ctxBox = h("div", { class: "toks ctx-tokens" }, ...tokenSpans(ctx.ids, ctx.text, null, true, mark));
+  // Start scrolled to what matters: the divergence of a broken chain, else the prompt's end.
+  const after = () => {
+    const at = ctxBox.querySelector(".diverge");
+    if (at) ctxBox.scrollTop = at.offsetTop - ctxBox.offsetTop - 40;
+    else if (ctx.kind === "prompt") ctxBox.scrollTop = ctxBox.scrollHeight;
+  };
   const legend = h("div", { class: "legend" }, "logprob:",
     ...[-4, -2, -1, -0.3, -0.05, 0].map((lp) => h("span", {}, h("span", { class: "sw", style: `background:${lpColour(lp)}` }), ` ${lp}`)),
     h("span", {}, h("span", { class: "sw", style: "background:#e6e6e6" }), " masked"));
