@@ -49,7 +49,7 @@ import aiohttp
 import msgspec
 import uvloop
 from load_report import figures, render
-from table import figure_table
+from table import Row, figure_table
 
 HERE = Path(__file__).resolve().parent
 DIALECTS = ("chat", "responses", "anthropic", "gemini")
@@ -452,12 +452,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--idle", type=float, default=5.0, help="idle lag baseline, s")
     ap.add_argument("--sample-every", type=float, default=5.0, help="RSS sampling period, s")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=HERE / "load.md", help="Markdown report")
+    ap.add_argument("--out", type=Path, default=HERE / "load.md",
+                    help="Markdown report ('-': none)")
     ap.add_argument("--keep", action="store_true", help="keep the run directory")
     args = ap.parse_args(argv)
     if args.warmup is None:
         args.warmup = min(60.0, max(args.duration / 10, 2 * args.stagger))
     return args
+
+
+def rows(argv: list[str] | None = None) -> list[Row]:
+    """The runner's rows (bench/run.py); the full report goes to --out as well."""
+    result = run(argv)
+    if str(result.args.out) != "-":
+        result.args.out.write_text(render(
+            result, f"python bench/load.py {' '.join(argv or [])}", len(SYSTEM.split())))
+    return figures(result)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -468,8 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(figure_table(figures(result))))
     for sample in result.tally.error_samples:
         print(f"  error: {sample}")
-    args.out.write_text(render(result, command, len(SYSTEM.split())))
-    print(f"\nreport written to {args.out}")
+    if str(args.out) != "-":
+        args.out.write_text(render(result, command, len(SYSTEM.split())))
+        print(f"\nreport written to {args.out}")
     rows = figures(result)
     return 0 if all(not r.verdict.startswith("FAIL") for r in rows) else 1
 

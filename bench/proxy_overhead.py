@@ -13,7 +13,8 @@ folder, never copied), and checks the figures against the proxy's targets:
   soak     10,000 non-streamed turns at c=16, engine delay 0, RSS at 1k / 5k / 10k
   idle     RSS per idle open rollout (POST /rollouts N times)
 
-    .venv/bin/python bench/proxy_overhead.py [--quick] [--profile] [--out bench/results.md]
+    .venv/bin/python bench/proxy_overhead.py [--quick] [--profile] [--dialects all]
+                                             [--out bench/proxy.md]
 
 The Markdown report goes to --out; the raw proxy_bench JSON and the logs stay in the work
 directory when --keep is given (or when a phase fails).
@@ -683,7 +684,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small n everywhere: a fast check")
-    ap.add_argument("--out", type=Path, default=HERE / "results.md", help="Markdown report")
+    ap.add_argument("--out", type=Path, default=HERE / "proxy.md", help="Markdown report")
     ap.add_argument("--phases", default="cells,floor,soak,idle",
                     help=f"comma list of {', '.join(PHASES)} (profile needs py-spy)")
     ap.add_argument("--profile", action="store_true", help="add the profile phase")

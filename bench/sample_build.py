@@ -112,25 +112,34 @@ def measure(turns: int, per: int, repeat: int, seed: int = 0) -> list[Row]:
         shutil.rmtree(root, ignore_errors=True)
     assert read_n == made
     return [
-        Row("samples built (train.samples.iter_samples)",
-            f"{samples / build_s:,.0f} samples/s ({made / build_s:,.0f} turns/s, "
-            f"{build_s:.2f} s)",
-            f"read+decode only: {made / read_s:,.0f} turns/s ({read_s:.2f} s)",
-            "", f"x{build_s / read_s:.2f} of the read"),
+        Row("samples built per second (train.samples.iter_samples)",
+            f"{samples / build_s:,.0f} samples/s = {made / build_s:,.0f} turns/s "
+            f"({build_s:.2f} s, {build_s / read_s:.2f}x the read)",
+            f"reading and decoding the turns only: {made / read_s:,.0f} turns/s "
+            f"({read_s:.2f} s)", "", ""),
         Row("store built for it", f"{made:,} turns, {samples:,} samples, "
             f"{size / 2**20:,.0f} MiB", f"written in {fill_s:.1f} s "
             f"({made / fill_s:,.0f} turns/s through add_turn)", "", ""),
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--turns", type=int, default=10_000)
     ap.add_argument("--turns-per", type=int, default=10, help="turns per rollout")
     ap.add_argument("--repeat", type=int, default=3)
-    args = ap.parse_args(argv)
-    print("\n".join(figure_table(measure(args.turns, args.turns_per, args.repeat))))
+    return ap.parse_args(argv)
+
+
+def rows(argv: list[str] | None = None) -> list[Row]:
+    """The runner's rows (bench/run.py)."""
+    args = parse_args(argv)
+    return measure(args.turns, args.turns_per, args.repeat)
+
+
+def main(argv: list[str] | None = None) -> int:
+    print("\n".join(figure_table(rows(argv))))
     return 0
 
 

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Every benchmark in one command, each figure against its baseline from the same run, into
+one Markdown file (bench/results.md) that the README includes.
+
+    .venv/bin/python bench/run.py            # about 10 minutes: short load, quick proxy cells
+    .venv/bin/python bench/run.py --full     # adds the 10-minute load and the full proxy run
+    .venv/bin/python bench/run.py --full=load    # only the load at full length (10 minutes)
+    .venv/bin/python bench/run.py --only samples,load
+
+Sections come from SECTIONS below: a title, a module in bench/ and its arguments. A module
+gives its rows through `rows(argv)` (a list of `table.Row`); a module with only `run(argv)`
+or `main(argv)` is run as is, and what it prints (Markdown) is kept under the table. A
+section whose file is missing is skipped with a note; one that fails is reported as failed,
+and the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import importlib
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the sections import their siblings (table.py) by name
+
+from table import Row, machine_line, md_table  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Section:
+    key: str
+    title: str
+    module: str  # bench/<module>.py
+    quick: tuple[str, ...] = ()
+    full: tuple[str, ...] = ()
+    adapter: Callable[[ModuleType, list[str]], list[Row]] | None = None
+
+
+def proxy_rows(module: ModuleType, argv: list[str]) -> list[Row]:
+    """Added latency per dialect and mode (proxy p50 minus the direct engine's p50)."""
+    report = module.measure(argv)
+    rows = []
+    for workload, cells in (("engine delay 0", report.floor), ("anchor, 5 ms/token",
+                                                               report.cells)):
+        for dialect in module.dialects_of(cells):
+            for mode in ("json", "sse"):
+                if row := _proxy_row(module, cells, workload, dialect, mode):
+                    rows.append(row)
+    checks = {(c.target, c.where): c for c in module.checks(report)}
+    rows += [Row(f"{c.target}: {c.where}", f"{c.measured:,.2f} {c.unit}", c.detail, "",
+                 c.verdict) for c in checks.values() if "memory" in c.target
+             or "idle rollout" in c.target]
+    return rows
+
+
+def _proxy_row(module: ModuleType, cells: list[Any], workload: str, dialect: str,
+               mode: str) -> Row | None:
+    found = [c for c in (module.find(cells, mode, conc, dialect) for conc in (1, 16)) if c]
+    if not found:
+        return None
+    metric = "ttft" if mode == "sse" else "total"
+    label = "TTFT" if mode == "sse" else "latency"
+    added = ", ".join(f"c={c.conc} {c.added(metric):+.1f}" for c in found)
+    direct = ", ".join(f"c={c.conc} {c.ms('direct', metric, 50):.1f}" for c in found)
+    limits = {c.conc: 2.0 if mode == "sse" or c.conc == 1 else 5.0 for c in found}
+    ok = all(c.added(metric) <= limits[c.conc] for c in found)
+    cpu = ", ".join(f"{c.cpu_ms:.1f}" for c in found)
+    return Row(f"proxy overhead, {dialect} {'streamed' if mode == 'sse' else 'non-streamed'} "
+               f"({workload}): {label} added p50, ms", f"{added} (proxy CPU/call {cpu} ms)",
+               f"direct engine p50 {direct} ms",
+               " / ".join(f"c={k} ≤ {v:g}" for k, v in limits.items()),
+               "PASS" if ok else "FAIL")
+
+
+SECTIONS: tuple[Section, ...] = (
+    Section("proxy", "proxy overhead, four dialects (vs the engine called directly)",
+            "proxy_overhead",
+            ("--quick", "--phases", "floor", "--dialects", "all", "--out", "bench/proxy.md"),
+            ("--phases", "cells,floor,soak,idle", "--concurrency", "1,16", "--dialects", "all",
+             "--out", "bench/proxy.md"), proxy_rows),
+    Section("samples", "sample building (vs reading the same turns)", "sample_build",
+            ("--turns", "10000"), ("--turns", "10000")),
+    Section("rollouts", "rollout overhead (vs the agent's own time)", "rollout_overhead",
+            ("--rollouts", "32"), ("--rollouts", "64")),
+    Section("load", "load: 256 streaming rollouts, four dialects", "load",
+            ("--duration", "60", "--out", "-"), ("--duration", "600")),
+    Section("token_render", "token-mode render (vs a full re-render)", "token_render",
+            ("--repeat", "3"), ()),
+)
+
+
+@dataclass
+class Outcome:
+    section: Section
+    rows: list[Row] = field(default_factory=list)
+    printed: str = ""
+    seconds: float = math.nan
+    note: str = ""
+
+
+def run_section(section: Section, full: bool) -> Outcome:
+    """The section in a fresh interpreter: one section's imports, memory and garbage do not
+    weigh on the next one's figures, and a crash loses only its own."""
+    outcome = Outcome(section)
+    if not (HERE / f"{section.module}.py").exists():
+        outcome.note = f"skipped: bench/{section.module}.py is not there"
+        return outcome
+    argv = list(section.full if full else section.quick)
+    print(f"\n=== {section.title}: bench/{section.module}.py {' '.join(argv)}", flush=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="harnessrl-run-") as tmp:
+        answer = Path(tmp) / "rows.json"
+        child = [sys.executable, __file__, "--child", section.key, "--answer", str(answer)]
+        done = subprocess.run([*child, *(["--full"] if full else [])], check=False)
+        if answer.exists():
+            got = json.loads(answer.read_text())
+            outcome.rows = [Row(**r) for r in got["rows"]]
+            outcome.printed, outcome.note = got["printed"], got["note"]
+        else:
+            outcome.note = f"failed: the section's process exited with {done.returncode}"
+    outcome.seconds = time.monotonic() - started
+    return outcome
+
+
+def child(section: Section, full: bool, answer: Path) -> int:
+    argv = list(section.full if full else section.quick)
+    rows: list[Row] = []
+    printed = note = ""
+    try:
+        module = importlib.import_module(section.module)
+        if section.adapter is not None:
+            rows = section.adapter(module, argv)
+        elif hasattr(module, "rows"):
+            rows = module.rows(argv)
+        else:
+            printed = _printed(module, argv)
+    except Exception as exc:  # reported in the table; the other sections still run
+        traceback.print_exc()
+        note = f"failed: {type(exc).__name__}: {exc}".splitlines()[0][:300]
+    answer.write_text(json.dumps({"rows": [dataclasses.asdict(r) for r in rows],
+                                  "printed": printed, "note": note}))
+    return 1 if note else 0
+
+
+def _printed(module: ModuleType, argv: list[str]) -> str:
+    """Run a module's own entry point, keeping (and echoing) what it prints."""
+    entry = getattr(module, "run", None) or module.main
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured):
+        result = entry(argv)
+    text = captured.getvalue()
+    print(text)
+    if isinstance(result, str):
+        text += result
+    if isinstance(result, int) and result != 0:
+        raise RuntimeError(f"exited with {result}")
+    return text.strip()
+
+
+def render(outcomes: list[Outcome], command: str, loads: tuple[str, str]) -> str:
+    lines = [f"# harnessrl benchmarks ({time.strftime('%Y-%m-%d %H:%M')} UTC)", "",
+             f"Command: `{command}`. {machine_line()}. Source: {source_state()}. "
+             f"Load average (1 min) {loads[0]} at the start, {loads[1]} at the end: other "
+             "work shared the 2 cores.", "",
+             "Every figure is measured against its baseline in the same run.", ""]
+    rows = [(o.section.key, r.figure, r.measured, r.baseline, r.target, r.verdict)
+            for o in outcomes for r in o.rows]
+    rows += [(o.section.key, o.section.title, o.note, "", "", "") for o in outcomes if o.note]
+    rows += [(o.section.key, o.section.title, "see below", "", "", "")
+             for o in outcomes if o.printed and not o.note]
+    lines += md_table(("section", "figure", "measured", "baseline (same run)", "target",
+                       "verdict"), rows)
+    for o in outcomes:
+        if o.printed and not o.note:
+            lines += ["", f"## {o.section.title}", "", o.printed]
+    details = [f"`{p}`" for p in ("bench/proxy.md", "bench/rollouts.md", "bench/load.md")
+               if (HERE.parent / p).exists()]
+    timing = ", ".join(f"{o.section.key} {o.seconds:.0f} s" for o in outcomes
+                       if not math.isnan(o.seconds))
+    lines += ["", f"Details: {', '.join(details)}. Time per section: {timing}."]
+    return "\n".join(lines) + "\n"
+
+
+def source_state() -> str:
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", "-C", str(HERE.parent), *argv], capture_output=True,
+                              text=True, check=True).stdout.strip()
+
+    try:
+        dirty = git("status", "--porcelain", "src").splitlines()
+        return git("rev-parse", "--short", "HEAD") + (
+            f" + {len(dirty)} uncommitted file(s) under src/" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--full", nargs="?", const="all", default="",
+                    help="full lengths (the 10-minute load, the full proxy run) for every "
+                         "section, or for a comma list of them: --full=load")
+    ap.add_argument("--only", help=f"comma list of {', '.join(s.key for s in SECTIONS)}")
+    ap.add_argument("--out", type=Path, default=HERE / "results.md")
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # run one section in this process
+    ap.add_argument("--answer", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    os.chdir(HERE.parent)  # the sections' default paths are relative to the checkout
+    if args.child:
+        return child(next(s for s in SECTIONS if s.key == args.child), args.full == "all",
+                     args.answer)
+    keys = {s.key for s in SECTIONS}
+    wanted = set(args.only.split(",")) if args.only else keys
+    full = keys if args.full == "all" else set(filter(None, args.full.split(",")))
+    if unknown := (wanted | full) - keys:
+        ap.error(f"unknown sections {sorted(unknown)}")
+    start_load = f"{os.getloadavg()[0]:.2f}"
+    outcomes = [run_section(s, s.key in full) for s in SECTIONS if s.key in wanted]
+    command = "python bench/run.py" + (" " + " ".join(argv if argv is not None
+                                                       else sys.argv[1:])).rstrip()
+    text = render(outcomes, command.strip(), (start_load, f"{os.getloadavg()[0]:.2f}"))
+    args.out.write_text(text)
+    print("\n" + text + f"\nwritten to {args.out}")
+    return 1 if any(o.note.startswith("failed") for o in outcomes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
