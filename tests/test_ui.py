@@ -385,7 +385,6 @@ def test_browse_pages_breaks_and_ids_without_a_tokenizer(tmp_path: Path):
         await asyncio.gather(*(store.add_turn(t) for t in turns))
 
     _in_thread(write())
-    store.close()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with in_thread(build_app(tmp_path)) as (url, _server), sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=_chromium())
@@ -404,10 +403,17 @@ def test_browse_pages_breaks_and_ids_without_a_tokenizer(tmp_path: Path):
         expect(rows.locator(".badge")).to_have_text(["running"])  # no outcome yet, open
         rows.first.click()
         expect(page.locator(".turn.failed")).to_contain_text("engine_error: boom")
+        # Live: a turn made now is appended; the rollout's end redraws the page.
+        later = _turn("hrl-broken", 4, [Message("user", (Text("again"),))], (5, 6))
+        _in_thread(store.add_turn(later))
+        expect(page.locator(".turn")).to_have_count(5, timeout=10_000)
+        _in_thread(store.put_rollout(Rollout("hrl-broken", 5.0, 6.0, metadata={"harness": "h"})))
+        expect(page.locator("h1 .badge")).to_have_text("no outcome", timeout=10_000)
         page.locator('.turn[data-index="2"] .tokens-link').click()
         chains = page.locator(".chain")
-        expect(chains).to_have_count(2)
+        expect(chains).to_have_count(3)  # turn 4, made live, is another conversation
         expect(chains.nth(1)).to_have_attribute("data-reason", "history_rewritten")
+        expect(chains.nth(2)).to_have_attribute("data-reason", "side_call")
         expect(chains.nth(1)).to_contain_text("at token 4 (in the completion of turn 0)")
         expect(page.locator(".chip.excl")).to_have_text(["3: failed"])
         diverge = page.locator(".ctx-tokens .tok.diverge")  # prompt position 4: id 99
@@ -420,6 +426,7 @@ def test_browse_pages_breaks_and_ids_without_a_tokenizer(tmp_path: Path):
         page.screenshot(path=ARTIFACTS / "ui-breaks.png", full_page=True)
         browser.close()
         assert errors == []
+    store.close()
 
 
 def test_ui_command_binds_loopback_by_default():

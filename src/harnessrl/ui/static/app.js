@@ -328,15 +328,25 @@ async function viewRollout(p) {
   crumbs(["runs", ""], [run === "." ? "run" : run, "rollouts", { run }], [`${r.harness ?? "?"} · ${r.task ?? "?"}`]);
   const turns = h("div", { id: "turns" });
   const more = h("div", {});
-  let offset = 0;
+  let offset = 0, busy = false;
   const loadMore = async () => {
-    const page = await api("turns", { run, key, offset, limit: 20 });
-    turns.append(...page.rows.map((t) => turnCard(run, key, t, mode)));
-    offset += page.rows.length;
-    more.replaceChildren(offset < page.total
-      ? h("button", { onclick: loadMore }, `more turns (${offset} of ${page.total} shown)`) : "");
+    if (busy) return;  // the button and the live refresh must not fetch the same page twice
+    busy = true;
+    try {
+      const page = await api("turns", { run, key, offset, limit: 20 });
+      turns.append(...page.rows.map((t) => turnCard(run, key, t, mode)));
+      offset += page.rows.length;
+      more.replaceChildren(offset < page.total
+        ? h("button", { onclick: loadMore }, `more turns (${offset} of ${page.total} shown)`) : "");
+    } finally { busy = false; }
   };
   await loadMore();
+  // While the rollout runs, new turns are appended; once it ends, the page is drawn again.
+  const load = r.state !== "running" ? null : async () => {
+    const now = await api("rollout", { run, key });
+    if (now.state !== "running") route();
+    else if (now.turns > offset && !more.childElementCount) await loadMore();
+  };
   const others = r.siblings.filter((s) => s.key !== key);
   const compare = others.length ? h("span", {}, "compare with ",
     select("compare", others.map((s) => [s.key, `${s.harness} · sample ${s.sample} · ${s.state}` +
@@ -351,7 +361,7 @@ async function viewRollout(p) {
     h("h2", {}, "Conversation ",
       ...["canonical", "native"].map((m) => h("button", { class: m === mode ? "on" : "",
         onclick: () => { location.hash = href("rollout", { run, key, mode: m }); } }, m === "native" ? "harness dialect" : "canonical"))),
-    turns, more] };
+    turns, more], load };
 }
 
 // ------------------------------------------------------------------ tokens
