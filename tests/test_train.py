@@ -242,10 +242,23 @@ def _trainer_logprobs(model, prompt: list[int], completion: list[int]) -> list[f
         1, torch.tensor(completion)[:, None])[:, 0].tolist()
 
 
+@pytest.fixture(scope="module")
+def vllm_tiny(tiny_model: Path):
+    from harnessrl.proxy.engines.managed import VLLMServer
+    from tests.conftest import CACHE
+
+    server = VLLMServer(model=str(tiny_model), served_name="tiny", dtype="float32",
+                        max_model_len=32768, extra_args=["--seed", "0"],
+                        log_path=CACHE / "vllm-train-test.log")
+    with server:
+        yield server
+
+
 @pytest.mark.vllm
 @pytest.mark.harness
 @pytest.mark.slow
-def test_grpo_step_on_cpu_from_real_rollouts_syncs_vllm(tiny_model, tokenizer, tmp_path):
+def test_grpo_step_on_cpu_from_real_rollouts_syncs_vllm(vllm_tiny, tiny_model, tokenizer,
+                                                        tmp_path):
     import dataclasses
     import itertools
 
@@ -255,12 +268,10 @@ def test_grpo_step_on_cpu_from_real_rollouts_syncs_vllm(tiny_model, tokenizer, t
     from trl import GRPOTrainer
 
     from harnessrl.harnesses import get
-    from harnessrl.proxy.engines.managed import VLLMServer
     from harnessrl.proxy.engines.vllm import VLLMEngine
     from harnessrl.rollout.rewards import Shaping
     from harnessrl.train.weights import VLLMWeightSync
     from harnessrl.types import Sampling
-    from tests.conftest import CACHE
 
     tools = Path("~/.cache/harnessrl/tools").expanduser()
     stock = get("mini-swe-agent")
@@ -275,35 +286,33 @@ def test_grpo_step_on_cpu_from_real_rollouts_syncs_vllm(tiny_model, tokenizer, t
     tasks = load_tasks("bundled:create-hello-file")
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     initial = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    server = VLLMServer(model=str(tiny_model), served_name="tiny", dtype="float32",
-                        max_model_len=32768, extra_args=["--seed", "0"],
-                        log_path=CACHE / "vllm-train-test.log")
-    with server:
-        engine = VLLMEngine(server.url)
-        sync = VLLMWeightSync(server.url, tmp_path / "weights")
-        with HarnessRollouts(tasks=tasks, harnesses=[mini], engine=engine,
-                             run_dir=tmp_path / "run", pad_token_id=tokenizer.pad_token_id,
-                             sync=sync, sampling=Sampling(max_tokens=48), shaping=shaping,
-                             tools_dir=tools) as rollouts:
-            trainer = GRPOTrainer(
-                model=model, reward_funcs=[harness_reward],
-                args=grpo_args(tmp_path / "out", per_device_train_batch_size=2,
-                               num_generations=2, learning_rate=5e-2),
-                train_dataset=Dataset.from_dict({"prompt": ["create-hello-file"]}),
-                processing_class=tokenizer, rollout_func=rollouts,
-                callbacks=[rollouts.callback()])
-            trainer.train()
-            [batch] = rollouts.batches
-            after = rollouts.rollouts(rollouts.plan(["create-hello-file"], generations=1))
-            store = rollouts.store
-            before_turns = [t for r in batch.records for t in store.turns(r.outcome.rollout)]
-            after_turns = store.turns(after[0].outcome.rollout)
+    # The module's server: the first rollout call pushes this trainer's weights into it.
+    url = vllm_tiny.url
+    engine = VLLMEngine(url)
+    sync = VLLMWeightSync(url, tmp_path / "weights")
+    with HarnessRollouts(tasks=tasks, harnesses=[mini], engine=engine,
+                         run_dir=tmp_path / "run", pad_token_id=tokenizer.pad_token_id,
+                         sync=sync, sampling=Sampling(max_tokens=48), shaping=shaping,
+                         tools_dir=tools) as rollouts:
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=[harness_reward],
+            args=grpo_args(tmp_path / "out", per_device_train_batch_size=2,
+                           num_generations=2, learning_rate=5e-2),
+            train_dataset=Dataset.from_dict({"prompt": ["create-hello-file"]}),
+            processing_class=tokenizer, rollout_func=rollouts,
+            callbacks=[rollouts.callback()])
+        trainer.train()
+        [batch] = rollouts.batches
+        after = rollouts.rollouts(rollouts.plan(["create-hello-file"], generations=1))
+        store = rollouts.store
+        before_turns = [t for r in batch.records for t in store.turns(r.outcome.rollout)]
+        after_turns = store.turns(after[0].outcome.rollout)
 
-            prompt = list(batch.records[0].sample.prompt_ids[:64])
-            ids, served = _vllm_logprobs(server.url, prompt)
-            trained = _trainer_logprobs(model, prompt, ids)
-            old = _trainer_logprobs(initial, prompt, ids)
-            served_version = sync.served_version()
+        prompt = list(batch.records[0].sample.prompt_ids[:64])
+        ids, served = _vllm_logprobs(url, prompt)
+        trained = _trainer_logprobs(model, prompt, ids)
+        old = _trainer_logprobs(initial, prompt, ids)
+        served_version = sync.served_version()
 
     assert all(r.outcome.status == "done" and r.sample is not None for r in batch.records)
     rewards = sorted(r.outcome.reward for r in batch.records)
@@ -441,3 +450,45 @@ def test_sft_messages_export_from_a_teacher_without_token_ids(setting, tmp_path,
     text = tokenizer.decode(trainer.train_dataset[0]["input_ids"])
     assert "<tool_call>" in text and "<tool_response>" in text
     assert trainer.train().training_loss > 0
+
+
+@pytest.mark.vllm
+@pytest.mark.harness
+@pytest.mark.slow
+def test_harnessrl_train_runs_steps_and_writes_metrics(vllm_tiny, tiny_model, tmp_path):
+    from harnessrl.cli import main
+
+    tasks = tmp_path / "tasks.jsonl"
+    # The random model never finishes; a short deadline ends each rollout (timed out).
+    tasks.write_text(json.dumps({"id": "hello", "instruction": "Create hello.txt",
+                                 "verify": ["test -f hello.txt"], "timeout": 15}))
+    config = tmp_path / "train.yaml"
+    config.write_text(f"""
+run_dir: {tmp_path / "run"}
+model: {{path: "{tiny_model}"}}
+engine: {{url: "{vllm_tiny.url}/v1", max_tokens: 32}}
+rollout: {{harnesses: [mini-swe-agent], tasks: "{tasks}"}}
+grpo: {{steps: 2, num_generations: 2, tasks_per_step: 1, learning_rate: 1.0e-3}}
+""")
+    assert main(["train", "--config", str(config)]) == 0
+    lines = [json.loads(line) for line in
+             (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2]
+    assert [line["sampled_with"] for line in lines] == [["step-0"], ["step-1"]]
+    assert [line["weight_version"] for line in lines] == ["step-1", "step-2"]
+    for line in lines:
+        assert line["rollouts"] == 2 and line["infra_errors"] == 0
+        assert line["harnesses"]["mini-swe-agent"]["pass_rate"] == 0.0
+        assert line["trained_tokens"] > 0 and "loss" in line["trl"]
+        assert line["chain_extension_rate"] is None or 0 <= line["chain_extension_rate"] <= 1
+
+
+def test_train_config_rejects_unknown_keys(tmp_path):
+    from harnessrl.train.config import ConfigError, load_config
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[grpo]\nstepz = 3\n")
+    with pytest.raises(ConfigError, match="stepz"):
+        load_config(bad)
+    example = load_config(Path(__file__).parents[1] / "examples" / "train.toml")
+    assert example.grpo.trl == {"loss_type": "dapo", "scale_rewards": "group"}

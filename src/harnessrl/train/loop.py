@@ -1,0 +1,256 @@
+"""`harnessrl train`: GRPO steps end to end from one config.
+
+vLLM serves the policy (started here unless the config names a running one); the capture
+proxy sits in front of it; each step TRL asks `HarnessRollouts` for a batch (real
+harnesses on tasks, scored by the tasks' verifiers), takes an optimizer step on the exact
+captured tokens, and the weights go back to vLLM by file with a new version name that
+every later turn records. Per step, one line of `metrics.jsonl` in the run directory:
+reward, pass rate per harness, tool calls, tokens, chain extension rate, weight versions,
+and TRL's own numbers (loss, grad norm, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from harnessrl.train.config import TrainConfig, shaping_of
+from harnessrl.train.samples import ChainStats
+from harnessrl.train.trl import Batch, RolloutRecord
+
+METRICS_FILE = "metrics.jsonl"
+
+
+# ------------------------------------------------------------------ metrics
+def _mean(values: list[float]) -> float | None:
+    return fmean(values) if values else None
+
+
+def _group(records: list[RolloutRecord]) -> dict[str, Any]:
+    done = [r for r in records if r.outcome.status == "done"]
+    rewards = [r.outcome.reward for r in done if r.outcome.reward is not None]
+    return {
+        "rollouts": len(records), "infra_errors": len(records) - len(done),
+        "reward": _mean(rewards),
+        "pass_rate": sum(r.solved for r in done) / len(done) if done else None,
+        "tool_calls": _mean([r.outcome.tool_calls for r in done]),
+        "completion_tokens": _mean([r.outcome.completion_tokens for r in done]),
+        "turns": _mean([r.outcome.turns for r in done]),
+    }
+
+
+def batch_metrics(batch: Batch) -> dict[str, Any]:
+    """What one step's rollouts did, overall and per harness."""
+    stats = ChainStats()
+    for record in batch.records:
+        stats.add(record.stats)
+    trained = [r.sample for r in batch.records if r.sample is not None]
+    by_harness: dict[str, list[RolloutRecord]] = {}
+    for record in batch.records:
+        by_harness.setdefault(record.outcome.harness, []).append(record)
+    return {
+        **_group(batch.records),
+        "trained_sequences": len(trained),
+        "trained_tokens": sum(sum(s.mask) for s in trained),
+        "chains": stats.chains, "chain_extension_rate": stats.extension_rate,
+        "chain_breaks": dict(stats.breaks),
+        "sampled_with": sorted({v for s in trained for v in s.weight_versions if v}),
+        "rollout_seconds": round(batch.seconds, 2),
+        "harnesses": {name: _group(group) for name, group in sorted(by_harness.items())},
+    }
+
+
+class StepLog:
+    """Collects one metrics line per optimizer step (TRL's log + our batch), writes it to
+    `metrics.jsonl` and prints a row."""
+
+    def __init__(self, path: Path, rollouts: Any, console: Console,
+                 on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.path = path
+        self.rollouts = rollouts
+        self.console = console
+        self.on_step = on_step
+        self.steps: list[dict[str, Any]] = []
+
+    def add(self, step: int, logs: dict[str, Any]) -> None:
+        batch = self.rollouts.batches[-1] if self.rollouts.batches else None
+        sync = self.rollouts.sync
+        line = {"step": step, **(batch_metrics(batch) if batch else {}),
+                "weight_version": None if sync is None else sync.served_version(),
+                "sync_seconds": None if sync is None or not sync.seconds
+                else round(sync.seconds[-1], 3),
+                "trl": {k: v for k, v in logs.items() if isinstance(v, int | float)}}
+        self.steps.append(line)
+        with self.path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        self.console.print(_row(line))
+        if self.on_step is not None:
+            self.on_step(line)
+
+
+def _row(line: dict[str, Any]) -> str:
+    def fmt(value: Any, spec: str = ".3f") -> str:
+        return "-" if value is None else format(value, spec)
+    per = ", ".join(f"{h} {fmt(g['pass_rate'], '.0%')}"
+                    for h, g in line.get("harnesses", {}).items())
+    return (f"step {line['step']}: reward {fmt(line.get('reward'))} · pass {per or '-'} · "
+            f"tool calls {fmt(line.get('tool_calls'), '.1f')} · tokens "
+            f"{fmt(line.get('completion_tokens'), '.0f')} · trained tokens "
+            f"{line.get('trained_tokens', '-')} · chain ext. "
+            f"{fmt(line.get('chain_extension_rate'), '.0%')} · loss "
+            f"{fmt(line['trl'].get('loss'))} · sampled with "
+            f"{','.join(line.get('sampled_with', [])) or '-'} → now {line['weight_version']}")
+
+
+def _callback(log: StepLog) -> Any:
+    from transformers import TrainerCallback
+
+    class MetricsCallback(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+                   **_: Any) -> None:
+            # TRL logs once per step (logging_steps=1) and once more with the run's totals.
+            if logs and "train_runtime" not in logs:
+                log.add(int(state.global_step), logs)
+
+    return MetricsCallback()
+
+
+# ------------------------------------------------------------------ the run
+def resolve_model(spec: str, console: Console) -> Path:
+    if spec == "tiny":
+        from harnessrl.models.tiny import build_tiny_model
+
+        return build_tiny_model(Path("~/.cache/harnessrl/models/tiny-qwen2").expanduser())
+    if spec == "smollm2":
+        from harnessrl.models.smollm2 import prepare_smollm2
+
+        with console.status("preparing SmolLM2-135M-Instruct (first run: ~1 min)") as status:
+            return prepare_smollm2(progress=lambda msg: status.update(msg))
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"model {spec!r}: not a local directory, 'tiny' or 'smollm2'")
+    return path
+
+
+@contextlib.contextmanager
+def _vllm(config: TrainConfig, model: Path, run_dir: Path, console: Console) -> Iterator[str]:
+    if config.engine.url:
+        yield config.engine.url.rstrip("/").removesuffix("/v1")
+        return
+    from harnessrl.proxy.engines.managed import VLLMServer
+
+    server = VLLMServer(model=str(model), served_name="policy", dtype=config.engine.dtype,
+                        max_model_len=config.engine.max_model_len,
+                        extra_args=list(config.engine.extra_args),
+                        log_path=run_dir / "vllm.log")
+    with console.status("starting vLLM (20-40 s on a CPU)"):
+        server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def train(config: TrainConfig, *, console: Console | None = None,
+          on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Run `config.grpo.steps` GRPO steps end to end; one metrics dict per step."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    console = console or Console()
+    run_dir = Path(config.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    from harnessrl.harnesses import get
+    from harnessrl.rollout.tasks import load_tasks
+
+    tasks = load_tasks(config.rollout.tasks)
+    if len(tasks) < config.grpo.tasks_per_step:
+        raise ValueError(f"{len(tasks)} tasks, but tasks_per_step is "
+                         f"{config.grpo.tasks_per_step}")
+    harnesses = [get(name) for name in config.rollout.harnesses]
+    model_dir = resolve_model(config.model.path, console)
+    with _vllm(config, model_dir, run_dir, console) as url:
+        return _train(config, tasks, harnesses, model_dir, url, run_dir, console, on_step)
+
+
+def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_dir: Path,
+           url: str, run_dir: Path, console: Console,
+           on_step: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+
+    from harnessrl.proxy.engines.vllm import VLLMEngine
+    from harnessrl.train.trl import HarnessRollouts, harness_reward
+    from harnessrl.train.weights import VLLMWeightSync
+    from harnessrl.types import Sampling
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    sync = VLLMWeightSync(url, run_dir / "weights", allow_tied=config.model.allow_tied)
+    sampling = Sampling(max_tokens=config.engine.max_tokens,
+                        temperature=config.engine.temperature)
+    progress = _progress()
+    task_id = progress.add_task("rollouts", total=None, step=0)
+    rollouts = HarnessRollouts(
+        tasks=tasks, harnesses=harnesses, engine=VLLMEngine(url), run_dir=run_dir,
+        pad_token_id=tokenizer.pad_token_id, sync=sync,
+        sampling=None if sampling == Sampling() else sampling,
+        shaping=shaping_of(config.shaping), mix=config.rollout.mix,
+        concurrency=config.rollout.concurrency, retries=config.rollout.retries,
+        tools_dir=Path(config.rollout.tools_dir), network=config.rollout.network,
+        hide_host=config.rollout.hide_host,
+        on_outcome=lambda _o: progress.advance(task_id))
+    log = StepLog(run_dir / METRICS_FILE, rollouts, progress.console, on_step)
+    with rollouts, progress:
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=[harness_reward], args=grpo_config(config, run_dir),
+            train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}),
+            processing_class=tokenizer, rollout_func=rollouts,
+            callbacks=[rollouts.callback(), _callback(log)])
+        trainer.train()
+    console.print(summary_table(log.steps))
+    console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'}")
+    return log.steps
+
+
+def grpo_config(config: TrainConfig, run_dir: Path) -> Any:
+    import torch
+    from trl import GRPOConfig
+
+    g = config.grpo
+    values: dict[str, Any] = dict(
+        output_dir=str(run_dir / "trainer"), max_steps=g.steps,
+        per_device_train_batch_size=g.tasks_per_step * g.num_generations,
+        num_generations=g.num_generations, learning_rate=g.learning_rate, beta=g.beta,
+        seed=g.seed, use_cpu=not torch.cuda.is_available(), bf16=False, report_to="none",
+        logging_steps=1, save_strategy="no", dataloader_num_workers=0)
+    return GRPOConfig(**{**values, **g.trl})
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("[bold]rollouts"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn())
+
+
+def summary_table(steps: list[dict[str, Any]]) -> Table:
+    table = Table("step", "reward", "pass rate", "infra", "tool calls", "tokens",
+                  "trained tokens", "chain ext.", "loss", "sampled with", "now serving",
+                  title="GRPO steps")
+    for s in steps:
+        def fmt(value: Any, spec: str = ".3f") -> str:
+            return "-" if value is None else format(value, spec)
+        table.add_row(str(s["step"]), fmt(s.get("reward")), fmt(s.get("pass_rate"), ".0%"),
+                      str(s.get("infra_errors", "-")), fmt(s.get("tool_calls"), ".1f"),
+                      fmt(s.get("completion_tokens"), ".0f"), str(s.get("trained_tokens", "-")),
+                      fmt(s.get("chain_extension_rate"), ".0%"), fmt(s["trl"].get("loss")),
+                      ",".join(s.get("sampled_with", [])) or "-", str(s.get("weight_version")))
+    return table
