@@ -492,3 +492,62 @@ def test_train_config_rejects_unknown_keys(tmp_path):
         load_config(bad)
     example = load_config(Path(__file__).parents[1] / "examples" / "train.toml")
     assert example.grpo.trl == {"loss_type": "dapo", "scale_rewards": "group"}
+
+
+# ------------------------------------------------------------------ a teacher without ids
+STANDARD = {"model", "messages", "tools", "tool_choice", "parallel_tool_calls", "stream",
+            "stream_options", "temperature", "top_p", "max_tokens", "seed", "stop",
+            "presence_penalty", "frequency_penalty", "reasoning_effort"}
+
+
+def strict_openai_app(seen: list[dict]):
+    """An endpoint that, like strict hosted APIs, rejects fields it does not know and
+    returns no token ids."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def chat(request: Request) -> JSONResponse:
+        body = await request.json()
+        seen.append(body)
+        unknown = sorted(set(body) - STANDARD)
+        if unknown:
+            return JSONResponse({"error": {"message": f"Unrecognized request arguments: "
+                                           f"{unknown}"}}, 400)
+        call = {"id": "call_1", "type": "function",
+                "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+        return JSONResponse({"id": "x", "model": body["model"], "choices": [
+            {"index": 0, "finish_reason": "tool_calls",
+             "message": {"role": "assistant", "content": None, "tool_calls": [call]}}],
+            "usage": {"prompt_tokens": 20, "completion_tokens": 9}})
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def test_teacher_engine_sends_standard_fields_and_its_turns_are_not_trainable(tmp_path):
+    import openai
+
+    from harnessrl.proxy.engines.openai_compat import OpenAICompatEngine
+    from harnessrl.proxy.serve import in_thread
+    from harnessrl.train.samples import link
+    from tests.conftest import ServedProxy, make_proxy
+
+    seen: list[dict] = []
+    with in_thread(strict_openai_app(seen)) as (teacher, _server):
+        engine = OpenAICompatEngine(f"{teacher}/v1", model="big-teacher", api_key="k")
+        with ServedProxy(make_proxy(engine, tmp_path)).running() as served:
+            rollout = served.new_rollout()
+            client = openai.OpenAI(base_url=rollout["base_urls"]["openai"],
+                                   api_key=rollout["key"], max_retries=0)
+            reply = client.chat.completions.create(
+                model="whatever", messages=[{"role": "user", "content": "list files"}],
+                tools=[{"type": "function", "function": {"name": "bash", "parameters": {
+                    "type": "object", "properties": {"command": {"type": "string"}}}}}])
+            turns = served.store.turns(rollout["key"])
+    assert reply.choices[0].message.tool_calls[0].function.name == "bash"
+    assert seen[0]["model"] == "big-teacher" and "return_token_ids" not in seen[0]
+    [turn] = turns
+    assert turn.status == "ok" and turn.engine == "openai" and turn.weight_version is None
+    assert {"prompt_ids_missing", "completion_ids_missing"} <= set(turn.flags)
+    assert link(turns).excluded[0].reason == "flagged"  # never trained on as tokens

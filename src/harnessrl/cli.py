@@ -125,6 +125,12 @@ def _run_parser(p: argparse.ArgumentParser) -> None:
     engine.add_argument("--oracle", action="store_true",
                         help="a scripted engine that runs each task's reference solution "
                              "through the harness (checks the pipeline end to end)")
+    engine.add_argument("--teacher", metavar="API_BASE",
+                        help="any OpenAI-compatible endpoint (its /v1 root): text only, no "
+                             "token ids; for `export --sft messages` (distillation)")
+    p.add_argument("--teacher-model", help="--teacher: the model name every call is sent with")
+    p.add_argument("--teacher-key-env", metavar="VAR",
+                   help="--teacher: the environment variable holding its API key")
     p.add_argument("--fewer-tool-calls", type=float, default=0.0,
                    help="shaping: bonus weight for passing with fewer tool calls")
     p.add_argument("--fewer-tokens", type=float, default=0.0,
@@ -157,6 +163,13 @@ def _execute_run(args: argparse.Namespace) -> list[Any]:
         from harnessrl.proxy.engines.scripted import ScriptedEngine
 
         engine = ScriptedEngine(policy_tokenizer(), oracle_policy(tasks), model="oracle")
+    elif args.teacher:
+        import os
+
+        from harnessrl.proxy.engines.openai_compat import OpenAICompatEngine
+
+        key = os.environ.get(args.teacher_key_env) if args.teacher_key_env else None
+        engine = OpenAICompatEngine(args.teacher, model=args.teacher_model, api_key=key)
     else:
         if args.model:
             from harnessrl.proxy.engines.managed import VLLMServer
