@@ -284,6 +284,12 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def run_delay_s(pid: int) -> float:
+    """How long the proxy's event-loop thread waited for a CPU while runnable (schedstat):
+    lag the box causes, not the proxy."""
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e9
+
+
 def cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -324,6 +330,7 @@ class Sample:
     rss: float
     proxy_cpu: float  # % of one core over the interval
     client_cpu: float
+    cpu_wait: float  # % of the interval the proxy's loop thread was runnable but not running
 
 
 @dataclass
@@ -347,15 +354,17 @@ async def get_json(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
 
 async def sampler(pid: int, base: str, http: aiohttp.ClientSession, args: argparse.Namespace,
                   tally: Tally, start: float, out: list[Sample]) -> None:
-    last_t, last_p, last_c = start, cpu_s(pid), time.process_time()
+    last_t, last_p, last_c, last_w = start, cpu_s(pid), time.process_time(), run_delay_s(pid)
     reset = False
     while True:
         await asyncio.sleep(args.sample_every)
-        now, proxy, client = time.monotonic(), cpu_s(pid), time.process_time()
+        now, proxy, client, wait = (time.monotonic(), cpu_s(pid), time.process_time(),
+                                    run_delay_s(pid))
         span = max(now - last_t, 1e-9)
         out.append(Sample(now - start, len(tally.completed), rss_mib(pid),
-                          (proxy - last_p) / span * 100, (client - last_c) / span * 100))
-        last_t, last_p, last_c = now, proxy, client
+                          (proxy - last_p) / span * 100, (client - last_c) / span * 100,
+                          (wait - last_w) / span * 100))
+        last_t, last_p, last_c, last_w = now, proxy, client, wait
         if not reset and now - start >= args.warmup:  # steady state: lag counts from here
             await get_json(http, f"{base}/_bench/lag/reset")
             reset = True
@@ -441,7 +450,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--streams", type=int, default=256, help="concurrent streaming rollouts")
     ap.add_argument("--duration", type=float, default=600.0, help="seconds of load")
     ap.add_argument("--warmup", type=float, help="seconds before memory and lag count "
-                    "(default: a tenth of the duration, at least twice the stagger, at most 60)")
+                    "(default: 1.5 times the longest conversation at the engine's pace, at "
+                    "most a quarter of the duration)")
     ap.add_argument("--rate", type=float, default=40.0, help="engine tokens/s per stream")
     ap.add_argument("--min-tokens", type=int, default=100, help="shortest reply")
     ap.add_argument("--max-tokens", type=int, default=300, help="longest reply")
@@ -456,8 +466,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="Markdown report ('-': none)")
     ap.add_argument("--keep", action="store_true", help="keep the run directory")
     args = ap.parse_args(argv)
-    if args.warmup is None:
-        args.warmup = min(60.0, max(args.duration / 10, 2 * args.stagger))
+    if args.warmup is None:  # the longest conversations have run once (RSS has its peak)
+        longest = args.max_turns * (args.min_tokens + args.max_tokens) / 2 / args.rate
+        args.warmup = max(2 * args.stagger, min(args.duration / 4, 1.5 * longest))
     return args
 
 

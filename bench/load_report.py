@@ -66,6 +66,9 @@ def figures(result: Any) -> list[Row]:
             "tokens/s ceiling", "", ""),
         Row("CPU (% of one core, mean)", f"proxy {_mean_cpu(result, 'proxy_cpu'):.0f}%",
             f"load generator {_mean_cpu(result, 'client_cpu'):.0f}%", "", ""),
+        Row("proxy's event-loop thread runnable but waiting for a CPU",
+            f"{_mean_cpu(result, 'cpu_wait'):.1f}% of the time",
+            "the 2 cores are shared: this part of the lag is the box's", "", ""),
     ]
 
 
@@ -95,9 +98,11 @@ def render(result: Any, command: str, system_words: int) -> str:
     if result.tally.error_samples:
         lines += ["Errors seen:", "", *[f"- `{e}`" for e in result.tally.error_samples], ""]
     lines += ["## Proxy memory over time", "",
-              *md_table(("s", "turns", "RSS MiB", "proxy CPU %", "load generator CPU %"),
+              *md_table(("s", "turns", "RSS MiB", "proxy CPU %", "load generator CPU %",
+                         "proxy waiting for a CPU %"),
                         [(f"{s.t:.0f}", f"{s.turns:,}", f"{s.rss:.1f}", f"{s.proxy_cpu:.0f}",
-                          f"{s.client_cpu:.0f}") for s in thin(result.samples, 24)]), "",
+                          f"{s.client_cpu:.0f}", f"{s.cpu_wait:.1f}")
+                         for s in thin(result.samples, 24)]), "",
               "Lag is measured inside the proxy process by a task that sleeps 10 ms and "
               "records how late it wakes (bench/load_server.py). Memory is VmRSS of the "
               "proxy process, sampled every "
