@@ -132,6 +132,14 @@ def test_every_page_query_is_bounded_and_reads_turns_only_through_an_index(big_r
             assert "WHERE rollout = '" in sql, sql  # unpaged reads stay in one rollout
 
 
+def test_a_store_without_the_viewer_indexes_gets_them_when_opened(tmp_path: Path):
+    build_store(tmp_path, rollouts=2, turns=2).close()
+    with sqlite3.connect(tmp_path / "trace.db") as db:
+        db.execute("DROP INDEX turns_by_model")
+    plan = _plans(RunReader(tmp_path).db, ["SELECT model, COUNT(*) FROM turns GROUP BY model"])
+    assert plan == ["SCAN turns USING COVERING INDEX turns_by_model"]
+
+
 def test_api_pages_match_the_store(big_run: Path):
     client = TestClient(build_app(big_run.parent))
     runs = client.get("/api/runs").json()["runs"]

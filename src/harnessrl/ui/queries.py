@@ -8,6 +8,7 @@ page at a time, and the chain view reads only the token columns of one rollout.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.proxy.store import DB_NAME, TURN_COLUMNS, VIEW_INDEXES, connect, row_turn, unpack
+from harnessrl.proxy.store import DB_NAME, TURN_COLUMNS, TraceStore, connect, row_turn, unpack
 from harnessrl.types import Completion, Outcome, Tokens, Turn
 
 MAX_PAGE = 200
@@ -68,15 +69,11 @@ class RunReader:
         self._ensure_indexes()
 
     def _ensure_indexes(self) -> None:
-        # A store written before the viewer existed lacks them; building them takes one
-        # pass, once. If the store is busy or read-only the pages still work, slower.
-        db = sqlite3.connect(self.path, timeout=1.0)
-        try:
-            db.executescript(VIEW_INDEXES)
-        except sqlite3.Error:
-            pass
-        finally:
-            db.close()
+        # A store written by an older harnessrl lacks the viewer's indexes (and maybe newer
+        # tables or columns): opening it as a TraceStore brings it up to date, once. If the
+        # store is read-only, the pages still work, only slower.
+        with contextlib.suppress(sqlite3.Error, OSError):
+            TraceStore(self.run_dir).close()
 
     @property
     def db(self) -> sqlite3.Connection:

@@ -418,7 +418,8 @@ async function viewTokens(p) {
   const nav = h("div", { class: "filters" },
     index > 0 ? link("tokens", { run, key, index: index - 1 }, "‹ turn " + (index - 1)) : "",
     index + 1 < r.turns ? link("tokens", { run, key, index: index + 1 }, "turn " + (index + 1) + " ›") : "",
-    h("span", { class: "muted" }, d.tokenizer ? `text by tokenizer ${d.tokenizer}` : ""),
+    d.tokenizer ? h("span", { class: "muted", title: d.tokenizer },
+      `text by tokenizer ${d.tokenizer.replace(/\/+$/, "").split("/").pop()}`) : "",
     d.tokenizer_problem ? h("span", { class: "note" }, d.tokenizer_problem) : "");
   const ctxTitle = ctx.kind === "inserted"
     ? `inserted by the environment after turn ${ctx.from_turn} (tool results, new user text, template): masked in training`
