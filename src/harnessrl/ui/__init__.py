@@ -1,0 +1,1 @@
+"""The trace viewer (`harnessrl ui`): a JSON API and a static page over trace stores."""

@@ -122,12 +122,12 @@ def turn(request: Request) -> JSONResponse:
 def tokens(request: Request) -> JSONResponse:
     reader, key = _reader(request), _key(request)
     index = _int(request, "index", 0)
-    model = reader.turn(key, index)
-    if model is None:
+    found, model = reader.turn_model(key, index)
+    if not found:
         raise HTTPException(404, "no such turn")
     ctx = request.query_params.get("ctx")
     view = token_page.token_view(reader.token_turns(key), index, request.app.state.decoder,
-                                 model.model, int(ctx) if ctx and ctx.isdigit() else None)
+                                 model, int(ctx) if ctx and ctx.isdigit() else None)
     return JSONResponse(view)
 
 

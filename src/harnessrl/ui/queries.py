@@ -18,10 +18,11 @@ from typing import Any
 import msgspec
 
 from harnessrl.proxy.store import DB_NAME, TURN_COLUMNS, TraceStore, connect, row_turn, unpack
-from harnessrl.types import Completion, Outcome, Tokens, Turn
+from harnessrl.types import Completion, Outcome, Timings, Tokens, Turn
 
 MAX_PAGE = 200
 HISTOGRAM_BINS = 10
+TOKEN_CACHE = 4  # rollouts whose ids are kept in memory for the tokens page
 # SQL expressions over `rollouts r LEFT JOIN outcomes o`: what a rollout row is known by
 # before its outcome exists (a running rollout, or an attempt a retry replaced).
 _META = "CAST(r.metadata AS TEXT)"
@@ -66,6 +67,8 @@ class RunReader:
         self.run_dir = run_dir
         self.path = run_dir / DB_NAME
         self._local = threading.local()
+        self._lock = threading.Lock()
+        self._token_cache: dict[tuple[str, int], list[Turn]] = {}
         self._ensure_indexes()
 
     def _ensure_indexes(self) -> None:
@@ -196,25 +199,41 @@ class RunReader:
                               (key, index)).fetchone()
         return None if row is None else row_turn(row)
 
+    def turn_model(self, key: str, index: int) -> tuple[bool, str | None]:
+        """(whether the turn exists, the model it named) without reading its bodies."""
+        row = self.db.execute("SELECT model FROM turns WHERE rollout = ? AND idx = ?",
+                              (key, index)).fetchone()
+        return row is not None, None if row is None else row[0]
+
     def turn_count(self, key: str) -> int:
         return self.db.execute("SELECT COUNT(*) FROM turns WHERE rollout = ?",
                                (key,)).fetchone()[0]
 
     def token_turns(self, key: str) -> list[Turn]:
         """The rollout's turns with only what chain linking reads (status, flags, ids,
-        logprobs): the raw bodies and canonical messages stay on disk."""
+        logprobs): the raw bodies and canonical messages stay on disk. Turns are never
+        changed once written, so a rollout's ids are kept for as long as its turn count
+        stays the same (a user steps through one rollout's turns)."""
+        count = self.turn_count(key)
+        with self._lock:
+            cached = self._token_cache.get((key, count))
+        if cached is not None:
+            return cached
         rows = self.db.execute(
             "SELECT idx, status, error, flags, weight_version, completion IS NOT NULL,"
             " prompt_ids, completion_ids, logprobs, received FROM turns WHERE rollout = ?"
             " ORDER BY idx", (key,)).fetchall()
-        return [_token_turn(key, *row) for row in rows]
+        turns = [_token_turn(key, *row) for row in rows]
+        with self._lock:
+            self._token_cache[(key, count)] = turns
+            while len(self._token_cache) > TOKEN_CACHE:
+                self._token_cache.pop(next(iter(self._token_cache)))
+        return turns
 
 
 def _token_turn(key: str, idx: int, status: str, error: str | None, flags: str,
                 weight_version: str | None, has_completion: int, prompt: bytes | None,
                 completion: bytes | None, logprobs: bytes | None, received: float) -> Turn:
-    from harnessrl.types import Timings
-
     tokens = Tokens(unpack(prompt, "i"), unpack(completion, "i"), unpack(logprobs, "d"))
     # Only the tokens are read; the rest of the completion is never shown from this Turn.
     reply = Completion("", (), "stop", None, tokens) if has_completion else None
