@@ -4,16 +4,25 @@ check and its fallback, the tool-call formats (Hermes JSON, Qwen3-Coder XML, rea
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import itertools
 import json
+import re
 from array import array
+from pathlib import Path
 
+import httpx
+import openai
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harnessrl.proxy.engines.managed import VLLMServer, tool_call_parser_for
 from harnessrl.proxy.engines.render import Rendered, Renderer
+from harnessrl.proxy.engines.token import TokenEngine
 from harnessrl.proxy.engines.toolformats import Qwen3CoderParser, make_parser, typed
+from harnessrl.train.samples import rollout_stats
 from harnessrl.types import (
     ChatRequest,
     Message,
@@ -25,6 +34,9 @@ from harnessrl.types import (
     ToolCallDelta,
     ToolResult,
 )
+from tests.conftest import CACHE, ServedProxy, make_proxy
+
+HARNESS_TOOLS = Path("~/.cache/harnessrl/tools").expanduser()
 
 # A Qwen3-Coder style template for the tiny model's vocabulary: XML calls, arguments as a
 # mapping (like the real one), reasoning kept in history.
@@ -339,3 +351,198 @@ def test_serve_builds_a_token_engine(tiny_model) -> None:
     engine = _engine(args)
     assert engine.name == "vllm-token" and engine.tool_parser == "hermes"
     assert engine.stop_ids == [engine.renderer.tokenizer.eos_token_id]
+
+
+# ------------------------------------------------------------------ against real vLLM
+TOOLS = [{"type": "function", "function": {
+    "name": "write_file", "description": "Write a file",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"},
+                                                    "count": {"type": "integer"}},
+                   "required": ["path"]}}}]
+MESSAGES = [{"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "Create hello.txt containing hi."}]
+HERMES_CALL = ('<tool_call>\n{"name": "write_file", "arguments": {"path": "hello.txt", '
+               '"count": 2}}\n</tool_call>')
+XML_WRITE = ("<tool_call>\n<function=write_file>\n<parameter=path>\nhello.txt\n</parameter>\n"
+             "<parameter=count>\n2\n</parameter>\n</function>\n</tool_call>")
+
+
+class Forcer:
+    """Makes vLLM sample exactly the queued texts (structured outputs), one per call; the
+    ids stay the model's own choice of tokens for that text."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def __call__(self, _request: ChatRequest) -> dict | None:
+        if not self.texts:
+            return None
+        return {"structured_outputs": {"regex": re.escape(self.texts.pop(0))}}
+
+
+@pytest.fixture(scope="module")
+def vllm_url(tiny_model):
+    server = VLLMServer(model=str(tiny_model), served_name="tiny", max_model_len=4096,
+                        dtype="float32", engine_mode="token", extra_args=["--seed", "0"],
+                        log_path=CACHE / "vllm-token-test.log")
+    with server:
+        yield server.url
+
+
+@contextlib.contextmanager
+def _proxy(vllm_url: str, tiny_model, run_dir, key: str | None = None, **engine_options):
+    forcer = Forcer()
+    engine = TokenEngine(vllm_url, str(tiny_model), extra_body=forcer, **engine_options)
+    sent: list[list[int]] = []
+    body = engine._body
+
+    def spy(request, rendered, *, stream):
+        sent.append(rendered.ids.tolist())
+        return body(request, rendered, stream=stream)
+
+    engine._body = spy  # type: ignore[method-assign]
+    served = ServedProxy(make_proxy(engine, run_dir))
+    with served.running():
+        served.key = key or served.new_rollout()["key"]
+        served.client = openai.OpenAI(base_url=f"{served.url}/r/{served.key}/v1",
+                                      api_key=served.key, max_retries=0)
+        served.forcer, served.sent, served.engine = forcer, sent, engine
+        yield served
+    served.store.close()
+
+
+def _ask(served, messages, stream: bool, **create) -> dict:
+    """One call; the assistant message to send back, as the OpenAI SDK gives it."""
+    create = {"model": "x", "messages": messages, "temperature": 0, "max_tokens": 48, **create}
+    if not stream:
+        message = served.client.chat.completions.create(**create).choices[0].message
+        calls = [{"id": c.id, "type": "function", "function": {
+            "name": c.function.name, "arguments": c.function.arguments}}
+            for c in message.tool_calls or []]
+        return {"role": "assistant", "content": message.content,
+                **({"tool_calls": calls} if calls else {})}
+    text, calls = "", {}
+    for chunk in served.client.chat.completions.create(**create, stream=True):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        text += (delta.content or "") if delta else ""
+        for call in (delta.tool_calls or []) if delta else []:
+            entry = calls.setdefault(call.index, {"id": call.id, "type": "function",
+                                                  "function": {"name": "", "arguments": ""}})
+            entry["function"]["name"] += call.function.name or ""
+            entry["function"]["arguments"] += call.function.arguments or ""
+    return {"role": "assistant", "content": text or None,
+            **({"tool_calls": list(calls.values())} if calls else {})}
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_ids_sent_are_ids_stored(vllm_url, tiny_model, tokenizer, tmp_path, stream) -> None:
+    with _proxy(vllm_url, tiny_model, tmp_path) as served:
+        reply = _ask(served, MESSAGES, stream, max_tokens=16)
+        [turn] = served.store.turns(served.key)
+    tokens = turn.completion.tokens
+    text = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert served.sent == [list(tokens.prompt_ids)]
+    assert list(tokens.prompt_ids) == tokenizer.encode(text, add_special_tokens=False)
+    direct = httpx.post(f"{vllm_url}/v1/completions", timeout=120, json={
+        "model": "tiny", "prompt": list(tokens.prompt_ids), "temperature": 0, "max_tokens": 16,
+        "logprobs": 0, "return_token_ids": True}).json()["choices"][0]
+    assert list(tokens.completion_ids) == direct["token_ids"]
+    assert tokens.logprobs == pytest.approx(direct["logprobs"]["token_logprobs"], abs=1e-4)
+    assert (reply["content"] or "") == _parse(make_parser("hermes"), direct["text"], [])[0]
+    assert turn.engine == "vllm-token" and turn.flags == () and turn.model == "tiny"
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_tool_call_and_reasoning_parse(vllm_url, tiny_model, tmp_path, stream) -> None:
+    with _proxy(vllm_url, tiny_model, tmp_path) as served:
+        served.forcer.texts = [f"<think>\nwrite it\n</think>\n\nOn it.\n{HERMES_CALL}"]
+        reply = _ask(served, MESSAGES, stream, tools=TOOLS, max_tokens=200)
+        [turn] = served.store.turns(served.key)
+    [call] = reply["tool_calls"]
+    assert call["function"]["name"] == "write_file"
+    assert json.loads(call["function"]["arguments"]) == {"path": "hello.txt", "count": 2}
+    assert reply["content"] == "On it."
+    assert [type(p).__name__ for p in turn.completion.parts] == ["Reasoning", "Text", "ToolCall"]
+    assert turn.completion.parts[0].text == "write it"
+    assert turn.completion.finish_reason == "tool_calls" and turn.flags == ()
+
+
+@pytest.mark.vllm
+def test_qwen3_coder_xml_call_and_its_history(vllm_url, tiny_model, tmp_path) -> None:
+    with _proxy(vllm_url, tiny_model, tmp_path, chat_template=QWEN3_CODER_TEMPLATE,
+                tool_parser="qwen3_coder") as served:
+        served.forcer.texts = [XML_WRITE, "Done."]
+        reply = _ask(served, MESSAGES, True, tools=TOOLS, max_tokens=200)
+        [call] = reply["tool_calls"]
+        assert json.loads(call["function"]["arguments"]) == {"path": "hello.txt", "count": 2}
+        history = [*MESSAGES, reply, {"role": "tool", "tool_call_id": call["id"], "content": "ok"}]
+        _ask(served, history, False, tools=TOOLS, max_tokens=20)
+        first, second = served.store.turns(served.key)
+    before = first.completion.tokens
+    assert second.completion.tokens.prompt_ids[:len(before.prompt_ids) + len(
+        before.completion_ids)] == before.prompt_ids + before.completion_ids
+
+
+def _assert_every_turn_extends(turns) -> None:
+    for earlier, later in itertools.pairwise(turns):
+        e = earlier.completion.tokens
+        prefix = e.prompt_ids + e.completion_ids
+        assert later.completion.tokens.prompt_ids[:len(prefix)] == prefix, later.index
+    assert rollout_stats(turns).extension_rate == 1.0
+
+
+@pytest.mark.vllm
+def test_unchanged_history_re_renders_to_its_earlier_ids(vllm_url, tiny_model, tokenizer,
+                                                          tmp_path) -> None:
+    """Replies sampled in the model's own (not canonical) ids come back unchanged; a
+    restarted proxy finds them in the store."""
+    messages = list(MESSAGES)
+    with _proxy(vllm_url, tiny_model, tmp_path) as served:
+        key = served.key
+        served.forcer.texts = [HERMES_CALL, "Written.", HERMES_CALL]
+        for position in range(3):
+            reply = _ask(served, messages, position % 2 == 1, tools=TOOLS, max_tokens=200)
+            messages.append(reply)
+            for call in reply.get("tool_calls", []):
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": "ok"})
+            if "tool_calls" not in reply:
+                messages.append({"role": "user", "content": "Again."})
+        assert served.engine.renders == {"full": 1, "extended": 2}
+    with _proxy(vllm_url, tiny_model, tmp_path, key=key) as served:
+        _ask(served, messages, False, tools=TOOLS, max_tokens=8)
+        assert served.engine.renders == {"extended": 1}
+        turns = served.store.turns(key)
+    _assert_every_turn_extends(turns)
+    text = tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=False,
+                                         add_generation_prompt=True)
+    canonical = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(turns[-1].completion.tokens.prompt_ids) == text
+    assert list(turns[-1].completion.tokens.prompt_ids) != canonical  # reuse mattered
+
+
+@pytest.mark.vllm
+@pytest.mark.harness
+@pytest.mark.slow
+def test_real_harness_history_keeps_its_ids(vllm_url, tiny_model, tmp_path) -> None:
+    """mini-swe-agent, unmodified, writes the file in token mode; every turn's prompt
+    starts with the turn before's prompt and completion ids."""
+    from harnessrl.harnesses import get
+    from harnessrl.harnesses.conformance import FILENAME, Result, _run, random_line
+    from harnessrl.harnesses.policy import WriteFilePolicy
+
+    harness = get("mini-swe-agent")
+    harness.install(HARNESS_TOOLS, log=lambda _line: None)
+    line = random_line()
+    policy = WriteFilePolicy(FILENAME, line, harness.finish)
+    with _proxy(vllm_url, tiny_model, tmp_path / "run") as served:
+        served.engine.extra_body = lambda request: {
+            "structured_outputs": {"regex": re.escape(policy(request).text)}}
+        rollout = {"key": served.key, "base_url": f"{served.url}/r/{served.key}"}
+        result = Result(harness.name, harness.version, harness.dialect)
+        asyncio.run(_run(harness, rollout, HARNESS_TOOLS, tmp_path, line, 240, result))
+        turns = served.store.turns(served.key)
+    assert result.problems == [] and len(turns) >= 2
+    assert all(t.status == "ok" and t.flags == () for t in turns)
+    _assert_every_turn_extends(turns)
