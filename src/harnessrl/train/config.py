@@ -40,6 +40,9 @@ class RolloutConfig(_Section):
     tools_dir: str = "~/.cache/harnessrl/tools"
     network: Literal["host", "none", "loopback-proxy"] = "host"
     hide_host: bool = True
+    # Caps every task's own agent deadline (seconds): a small model that never finishes
+    # keeps a harness busy until the deadline, and a step waits for its slowest rollout.
+    agent_timeout: float | None = None
 
 
 class GRPOSettings(_Section):

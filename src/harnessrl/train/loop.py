@@ -12,8 +12,10 @@ and TRL's own numbers (loss, grad norm, ...).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from statistics import fmean
@@ -163,7 +165,10 @@ def _vllm(config: TrainConfig, model: Path, run_dir: Path, console: Console) -> 
 def train(config: TrainConfig, *, console: Console | None = None,
           on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Run `config.grpo.steps` GRPO steps end to end; one metrics dict per step."""
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental"
+    # TRL names the vLLM versions its own vLLM integration was tested with; harnessrl talks
+    # to vLLM itself (through the proxy), so that range does not apply.
+    warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
     console = console or Console()
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -171,6 +176,8 @@ def train(config: TrainConfig, *, console: Console | None = None,
     from harnessrl.rollout.tasks import load_tasks
 
     tasks = load_tasks(config.rollout.tasks)
+    if (cap := config.rollout.agent_timeout) is not None:
+        tasks = [dataclasses.replace(t, agent_timeout=min(t.agent_timeout, cap)) for t in tasks]
     if len(tasks) < config.grpo.tasks_per_step:
         raise ValueError(f"{len(tasks)} tasks, but tasks_per_step is "
                          f"{config.grpo.tasks_per_step}")
@@ -186,6 +193,7 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
     from trl import GRPOTrainer
 
     from harnessrl.proxy.engines.vllm import VLLMEngine
@@ -193,6 +201,7 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
     from harnessrl.train.weights import VLLMWeightSync
     from harnessrl.types import Sampling
 
+    hf_logging.disable_progress_bar()  # loading and saving bars would tear the live view
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     sync = VLLMWeightSync(url, run_dir / "weights", allow_tied=config.model.allow_tied)
@@ -216,10 +225,19 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
             train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}),
             processing_class=tokenizer, rollout_func=rollouts,
             callbacks=[rollouts.callback(), _callback(log)])
+        _quiet(trainer)
         trainer.train()
     console.print(summary_table(log.steps))
     console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'}")
     return log.steps
+
+
+def _quiet(trainer: Any) -> None:
+    """Our step lines and progress replace the trainer's printed log dicts and tqdm bar."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
 
 
 def grpo_config(config: TrainConfig, run_dir: Path) -> Any:
@@ -232,7 +250,8 @@ def grpo_config(config: TrainConfig, run_dir: Path) -> Any:
         per_device_train_batch_size=g.tasks_per_step * g.num_generations,
         num_generations=g.num_generations, learning_rate=g.learning_rate, beta=g.beta,
         seed=g.seed, use_cpu=not torch.cuda.is_available(), bf16=False, report_to="none",
-        logging_steps=1, save_strategy="no", dataloader_num_workers=0)
+        logging_steps=1, save_strategy="no", dataloader_num_workers=0,
+        disable_tqdm=True)  # our own progress shows rollouts and steps
     return GRPOConfig(**{**values, **g.trl})
 
 

@@ -245,8 +245,18 @@ class HarnessRollouts:
         if self._runner is None:
             raise RuntimeError("use HarnessRollouts as a context manager (with ...:)")
         outcomes = asyncio.run(self._runner.run(planned))
-        return [record_for(o, self.store.turns(o.rollout) if o.rollout else [])
-                for o in outcomes]
+        return [record_for(o, self.seen_turns(o.rollout)) for o in outcomes]
+
+    def seen_turns(self, key: str) -> list[Turn]:
+        """The rollout's turns whose reply was done before the rollout closed: a harness
+        killed at its deadline never saw a reply that finished later, so that reply is no
+        part of its trajectory (and whether it is stored yet would be a race)."""
+        record = self.store.rollout(key) if key else None
+        if record is None:
+            return []
+        closed = record.closed if record.closed is not None else float("inf")
+        return [t for t in self.store.turns(key)
+                if t.timings.done is not None and t.timings.done <= closed]
 
     # ---------------------------------------------------------------- weights
     def ensure_synced(self, model: Any, step: int, *, moved_by_trl: bool = False) -> None:
