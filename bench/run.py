@@ -49,6 +49,8 @@ class Section:
     quick: tuple[str, ...] = ()
     full: tuple[str, ...] = ()
     adapter: Callable[[ModuleType, list[str]], list[Row]] | None = None
+    note: str = ""  # how to read its rows, printed under the table
+    details: tuple[str, str] = ("", "")  # the file it writes its own report to: quick, full
 
 
 def proxy_rows(module: ModuleType, argv: list[str]) -> list[Row]:
@@ -92,13 +94,21 @@ SECTIONS: tuple[Section, ...] = (
             "proxy_overhead",
             ("--quick", "--phases", "floor", "--dialects", "all", "--out", "bench/proxy.md"),
             ("--phases", "cells,floor,soak,idle", "--concurrency", "1,16", "--dialects", "all",
-             "--out", "bench/proxy.md"), proxy_rows),
+             "--out", "bench/proxy.md"), proxy_rows,
+            "each dialect is called through its own SDK (openai, anthropic, google-genai) and "
+            "the engine directly through the openai SDK, so a dialect's added time includes "
+            "its SDK's own cost; on 2 shared cores c=16 rows vary by tens of ms run to run",
+            ("bench/proxy.md", "bench/proxy.md")),
     Section("samples", "sample building (vs reading the same turns)", "sample_build",
             ("--turns", "10000"), ("--turns", "10000")),
     Section("rollouts", "rollout overhead (vs the agent's own time)", "rollout_overhead",
-            ("--rollouts", "32"), ("--rollouts", "64")),
+            ("--rollouts", "32"), ("--rollouts", "64"),
+            details=("bench/rollouts.md", "bench/rollouts.md")),
     Section("load", "load: 256 streaming rollouts, four dialects", "load",
-            ("--duration", "60", "--out", "-"), ("--duration", "600")),
+            ("--duration", "60", "--out", "-"), ("--duration", "600"),
+            note="a short run's memory is not judged: its warm-up is shorter than the longest "
+                 "conversation; `--full=load` runs the 10 minutes (bench/load.md)",
+            details=("", "bench/load.md")),
     Section("token_render", "token-mode render (vs a full re-render)", "token_render",
             ("--repeat", "3"), ()),
 )
@@ -111,12 +121,13 @@ class Outcome:
     printed: str = ""
     seconds: float = math.nan
     note: str = ""
+    full: bool = False
 
 
 def run_section(section: Section, full: bool) -> Outcome:
     """The section in a fresh interpreter: one section's imports, memory and garbage do not
     weigh on the next one's figures, and a crash loses only its own."""
-    outcome = Outcome(section)
+    outcome = Outcome(section, full=full)
     if not (HERE / f"{section.module}.py").exists():
         outcome.note = f"skipped: bench/{section.module}.py is not there"
         return outcome
@@ -185,14 +196,19 @@ def render(outcomes: list[Outcome], command: str, loads: tuple[str, str]) -> str
              for o in outcomes if o.printed and not o.note]
     lines += md_table(("section", "figure", "measured", "baseline (same run)", "target",
                        "verdict"), rows)
+    notes = [f"- {o.section.key}: {o.section.note}" for o in outcomes
+             if o.section.note and o.rows]
+    if notes:
+        lines += ["", *notes]
     for o in outcomes:
         if o.printed and not o.note:
             lines += ["", f"## {o.section.title}", "", o.printed]
-    details = [f"`{p}`" for p in ("bench/proxy.md", "bench/rollouts.md", "bench/load.md")
-               if (HERE.parent / p).exists()]
+    details = [f"`{path}`" for o in outcomes if o.rows
+               and (path := o.section.details[o.full])]
     timing = ", ".join(f"{o.section.key} {o.seconds:.0f} s" for o in outcomes
                        if not math.isnan(o.seconds))
-    lines += ["", f"Details: {', '.join(details)}. Time per section: {timing}."]
+    lines += ["", f"Details (same run): {', '.join(details) or 'none'}. "
+                  f"Time per section: {timing}."]
     return "\n".join(lines) + "\n"
 
 
