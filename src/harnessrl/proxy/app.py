@@ -227,6 +227,8 @@ class Proxy:
             if _credential(request) != key:
                 self._admin(request)
             record = await self.sessions.close(key)
+            if (forget := getattr(self.engine, "forget_rollout", None)) is not None:
+                forget(key)  # per-rollout engine state (token mode) is no longer needed
         except HarnessRLError as err:
             return _error(openai_chat, err)
         except sqlite3.Error as exc:

@@ -71,7 +71,7 @@ class Renderer:
     """
 
     def __init__(self, tokenizer: Any, *, chat_template: str | None = None,
-                 memory: int = 4, max_rollouts: int = 4096) -> None:
+                 memory: int = 4, max_rollouts: int = 1024) -> None:
         self.tokenizer = tokenizer
         self.template = chat_template or tokenizer.chat_template
         if not self.template:

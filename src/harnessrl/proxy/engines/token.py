@@ -84,6 +84,10 @@ class TokenEngine(VLLMEngine):
         self.renders: Counter[str] = Counter()  # render modes so far: full/extended/fallback
         self._store: TurnSource | None = None
 
+    def forget_rollout(self, key: str) -> None:
+        """The rollout is closed: its reusable ids are no longer needed."""
+        self.renderer.forget(key)
+
     def bind_store(self, store: TurnSource) -> None:
         """Where a rollout's earlier turns are found after a restart."""
         self._store = store
