@@ -481,6 +481,13 @@ grpo: {{steps: 2, num_generations: 2, tasks_per_step: 1, learning_rate: 1.0e-3}}
         assert line["harnesses"]["mini-swe-agent"]["pass_rate"] == 0.0
         assert line["trained_tokens"] > 0 and "loss" in line["trl"]
         assert line["chain_extension_rate"] is None or 0 <= line["chain_extension_rate"] <= 1
+    from harnessrl.proxy.store import TraceStore
+
+    store = TraceStore(tmp_path / "run")
+    used = {t.used_sampling for t in store.iter_turns()}
+    store.close()
+    # on-policy: every call at the trainer's temperature, no truncation of the distribution
+    assert {(u.temperature, u.top_p, u.top_k, u.max_tokens) for u in used} == {(1.0, 1.0, 0, 32)}
 
 
 def test_train_config_rejects_unknown_keys(tmp_path):

@@ -28,7 +28,12 @@ class EngineConfig(_Section):
     max_model_len: int = 16384
     extra_args: list[str] = []
     max_tokens: int | None = 512  # per model call, overriding the harness's own
-    temperature: float | None = None  # None: what the harness asks for
+    # Sampling temperature for every call, whatever the harness asks; TRL computes the
+    # policy's logprobs at the same temperature (GRPOConfig.temperature).
+    temperature: float = 1.0
+    # Neutral top_p/top_k/min_p/penalties on every call, so the tokens come from the very
+    # distribution the trainer differentiates (harnesses often ask for top_p < 1).
+    on_policy: bool = True
 
 
 class RolloutConfig(_Section):

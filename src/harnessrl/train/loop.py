@@ -152,7 +152,7 @@ def _vllm(config: TrainConfig, model: Path, run_dir: Path, console: Console) -> 
 
     server = VLLMServer(model=str(model), served_name="policy", dtype=config.engine.dtype,
                         max_model_len=config.engine.max_model_len,
-                        extra_args=list(config.engine.extra_args),
+                        extra_args=vllm_args(config),
                         log_path=run_dir / "vllm.log")
     with console.status("starting vLLM (20-40 s on a CPU)"):
         server.start()
@@ -199,20 +199,16 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
     from harnessrl.proxy.engines.vllm import VLLMEngine
     from harnessrl.train.trl import HarnessRollouts, harness_reward
     from harnessrl.train.weights import VLLMWeightSync
-    from harnessrl.types import Sampling
 
     hf_logging.disable_progress_bar()  # loading and saving bars would tear the live view
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     sync = VLLMWeightSync(url, run_dir / "weights", allow_tied=config.model.allow_tied)
-    sampling = Sampling(max_tokens=config.engine.max_tokens,
-                        temperature=config.engine.temperature)
     progress = _progress()
     task_id = progress.add_task("rollouts", total=None, step=0)
     rollouts = HarnessRollouts(
         tasks=tasks, harnesses=harnesses, engine=VLLMEngine(url), run_dir=run_dir,
-        pad_token_id=tokenizer.pad_token_id, sync=sync,
-        sampling=None if sampling == Sampling() else sampling,
+        pad_token_id=tokenizer.pad_token_id, sync=sync, sampling=sampling_of(config),
         shaping=shaping_of(config.shaping), mix=config.rollout.mix,
         concurrency=config.rollout.concurrency, retries=config.rollout.retries,
         tools_dir=Path(config.rollout.tools_dir), network=config.rollout.network,
@@ -232,6 +228,27 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
     return log.steps
 
 
+def sampling_of(config: TrainConfig) -> Any:
+    """What every call is sampled with, overriding the harness (see EngineConfig)."""
+    from harnessrl.types import Sampling
+
+    e = config.engine
+    if not e.on_policy:
+        return Sampling(max_tokens=e.max_tokens, temperature=e.temperature)
+    return Sampling(max_tokens=e.max_tokens, temperature=e.temperature, top_p=1.0, top_k=0,
+                    min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
+                    frequency_penalty=0.0)
+
+
+def vllm_args(config: TrainConfig) -> list[str]:
+    """vLLM returns raw logprobs (before temperature) by default; at another temperature
+    the processed ones are what the sampler drew from and what TRL computes."""
+    args = list(config.engine.extra_args)
+    if config.engine.temperature != 1.0 and "--logprobs-mode" not in args:
+        args += ["--logprobs-mode", "processed_logprobs"]
+    return args
+
+
 def _quiet(trainer: Any) -> None:
     """Our step lines and progress replace the trainer's printed log dicts and tqdm bar."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -249,6 +266,7 @@ def grpo_config(config: TrainConfig, run_dir: Path) -> Any:
         output_dir=str(run_dir / "trainer"), max_steps=g.steps,
         per_device_train_batch_size=g.tasks_per_step * g.num_generations,
         num_generations=g.num_generations, learning_rate=g.learning_rate, beta=g.beta,
+        temperature=config.engine.temperature,
         seed=g.seed, use_cpu=not torch.cuda.is_available(), bf16=False, report_to="none",
         logging_steps=1, save_strategy="no", dataloader_num_workers=0,
         disable_tqdm=True)  # our own progress shows rollouts and steps
