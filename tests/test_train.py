@@ -270,8 +270,8 @@ def test_grpo_step_on_cpu_from_real_rollouts_syncs_vllm(vllm_tiny, tiny_model, t
     from harnessrl.harnesses import get
     from harnessrl.proxy.engines.vllm import VLLMEngine
     from harnessrl.rollout.rewards import Shaping
+    from harnessrl.train.trl import on_policy_sampling
     from harnessrl.train.weights import VLLMWeightSync
-    from harnessrl.types import Sampling
 
     tools = Path("~/.cache/harnessrl/tools").expanduser()
     stock = get("mini-swe-agent")
@@ -292,7 +292,7 @@ def test_grpo_step_on_cpu_from_real_rollouts_syncs_vllm(vllm_tiny, tiny_model, t
     sync = VLLMWeightSync(url, tmp_path / "weights")
     with HarnessRollouts(tasks=tasks, harnesses=[mini], engine=engine,
                          run_dir=tmp_path / "run", pad_token_id=tokenizer.pad_token_id,
-                         sync=sync, sampling=Sampling(max_tokens=48), shaping=shaping,
+                         sync=sync, sampling=on_policy_sampling(max_tokens=48), shaping=shaping,
                          tools_dir=tools) as rollouts:
         trainer = GRPOTrainer(
             model=model, reward_funcs=[harness_reward],

@@ -230,14 +230,13 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
 
 def sampling_of(config: TrainConfig) -> Any:
     """What every call is sampled with, overriding the harness (see EngineConfig)."""
+    from harnessrl.train.trl import on_policy_sampling
     from harnessrl.types import Sampling
 
     e = config.engine
     if not e.on_policy:
         return Sampling(max_tokens=e.max_tokens, temperature=e.temperature)
-    return Sampling(max_tokens=e.max_tokens, temperature=e.temperature, top_p=1.0, top_k=0,
-                    min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
-                    frequency_penalty=0.0)
+    return on_policy_sampling(e.temperature, e.max_tokens)
 
 
 def vllm_args(config: TrainConfig) -> list[str]:

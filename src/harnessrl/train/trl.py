@@ -139,6 +139,17 @@ def columns(records: Sequence[RolloutRecord], pad_token_id: int) -> dict[str, li
     return out
 
 
+def on_policy_sampling(temperature: float = 1.0, max_tokens: int | None = None) -> Sampling:
+    """Sampling for every call of a training rollout, overriding the harness: the
+    trainer's temperature (set GRPOConfig.temperature to the same) and no top_p, top_k,
+    min_p or penalties, so tokens come from the distribution the trainer differentiates.
+    (vLLM's logprobs are raw, before temperature: at a temperature other than 1 start it
+    with `--logprobs-mode processed_logprobs`.)"""
+    return Sampling(max_tokens=max_tokens, temperature=temperature, top_p=1.0, top_k=0,
+                    min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
+                    frequency_penalty=0.0)
+
+
 def harness_reward(prompts: list[Any], completions: list[Any], reward: list[float | None],
                    **_: Any) -> list[float | None]:
     """The reward function for GRPOTrainer: the rollout's reward (verifier + shaping), or
