@@ -421,18 +421,22 @@ def test_sft_token_export_is_exact_and_sfttrainer_takes_it(setting, tmp_path, to
 
 @pytest.mark.slow
 def test_sft_messages_export_from_a_teacher_without_token_ids(setting, tmp_path, tokenizer,
-                                                              tiny_model):
+                                                              tiny_model, capsys):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
+    from harnessrl.cli import main
     from harnessrl.train.sft import RETOKENIZED_NOTE, export_sft
 
     _tasks, scripted, _h = setting
     run = _collect(setting, tmp_path, TextOnly(scripted))
     tokens = export_sft(run, tmp_path / "tokens.parquet")
     assert tokens.rows == 0 and tokens.skipped == {"no trainable turn": 1}
+    assert main(["export", str(run), "--sft", "messages", "-o", str(tmp_path / "chat.parquet")
+                 ]) == 0
+    assert RETOKENIZED_NOTE in capsys.readouterr().out  # the export says it re-tokenizes
     result = export_sft(run, tmp_path / "chat.parquet", kind="messages")
-    assert result.rows == 1 and result.retokenized and "tokenize" in RETOKENIZED_NOTE
+    assert result.rows == 1 and result.retokenized
     [row] = list(Dataset.from_parquet(str(result.path)))
     assert row["retokenized"] is True and row["turns_with_ids"] == 0
     roles = [m["role"] for m in row["messages"]]
