@@ -3,11 +3,11 @@
 
 Each harness (unmodified, headless, in a local sandbox) is run once per engine mode
 through the proxy against one real vLLM serving the tiny model. Its replies are the
-conformance policy's (call the shell tool to write a file, then finish the harness's
-way), forced on the model with vLLM's structured outputs (a regex that only the policy's
-text matches), so both modes see the same conversation; the ids are still the model's
-own: under the constraint it picks its own tokenization of that text, often not the
-tokenizer's canonical one, as real models sometimes do.
+conformance policy's (`--steps` harmless shell calls, then one that writes a file, then
+finish the harness's way), forced on the model with vLLM's structured outputs (a regex
+that only the policy's text matches), so both modes see the same conversation; the ids
+are still the model's own: under the constraint it picks its own tokenization of that
+text, often not the tokenizer's canonical one, as real models sometimes do.
 
 Then `harnessrl.train.samples.report` gives, per harness and mode, how many turns extend
 the turn before them (prompt ids = earlier prompt + completion ids + new ids).
@@ -26,6 +26,7 @@ import re
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any
@@ -36,10 +37,17 @@ import msgspec
 from harnessrl.harnesses import MODULES, get
 from harnessrl.harnesses.base import Harness
 from harnessrl.harnesses.conformance import FILENAME, Result, _run, random_line
-from harnessrl.harnesses.policy import WriteFilePolicy
+from harnessrl.harnesses.policy import (
+    SHELL_TOOLS,
+    WriteFilePolicy,
+    _pick,
+    _shell_arguments,
+    tool_call,
+)
 from harnessrl.proxy.app import Proxy
 from harnessrl.proxy.engines import openai_wire
 from harnessrl.proxy.engines.managed import VLLMServer
+from harnessrl.proxy.engines.scripted import Reply
 from harnessrl.proxy.engines.token import TokenEngine
 from harnessrl.proxy.engines.vllm import (
     VLLMEngine,
@@ -54,8 +62,8 @@ from harnessrl.proxy.serve import in_thread
 from harnessrl.proxy.sessions import Sessions
 from harnessrl.proxy.sse import SSEDecoder
 from harnessrl.proxy.store import TraceStore
-from harnessrl.train.samples import ChainStats, report
-from harnessrl.types import ChatRequest, EngineEvent
+from harnessrl.train.samples import ChainStats, link, report
+from harnessrl.types import ChatRequest, EngineEvent, ToolResult
 
 TOOLS_DIR = Path("~/.cache/harnessrl/tools").expanduser()
 MODEL_CACHE = Path("~/.cache/harnessrl/models/tiny-qwen2").expanduser()
@@ -104,11 +112,32 @@ class ForcedChatEngine(VLLMEngine):
         yield parser.finish()
 
 
+class Steps:
+    """The conformance policy with `extra` harmless shell calls before the write, so a
+    session has more turns that continue the one before."""
+
+    def __init__(self, policy: WriteFilePolicy, extra: int) -> None:
+        self.policy = policy
+        self.extra = extra
+
+    def __call__(self, request: ChatRequest) -> Reply:
+        shell = _pick(request.tools, SHELL_TOOLS)
+        if shell is None:
+            return self.policy(request)  # no tools (aider) or a side call
+        done = sum(isinstance(p, ToolResult) for m in request.messages for p in m.parts)
+        if done < self.extra:
+            return Reply(tool_call(shell.name, _shell_arguments(shell, f"echo step {done}")))
+        if done == self.extra:
+            return Reply(self.policy._act(request.tools))
+        return Reply(self.policy._done(request.tools))
+
+
 class Policies:
     """The policy of the harness running now (one harness at a time per proxy)."""
 
-    def __init__(self) -> None:
-        self.current: WriteFilePolicy | None = None
+    def __init__(self, extra: int = 0) -> None:
+        self.current: Steps | None = None
+        self.extra = extra
 
     def __call__(self, request: ChatRequest) -> Any:
         assert self.current is not None
@@ -116,8 +145,8 @@ class Policies:
 
 
 def run_mode(mode: str, harnesses: list[Harness], engine_url: str, model: Path, root: Path,
-             timeout: float) -> tuple[dict[str, ChainStats], dict[str, str]]:
-    policies = Policies()
+             timeout: float, extra: int) -> tuple[dict[str, ChainStats], dict[str, str]]:
+    policies = Policies(extra)
     force = forcing(policies)
     engine: VLLMEngine = (TokenEngine(engine_url, str(model), extra_body=force)
                           if mode == "token" else ForcedChatEngine(engine_url, force))
@@ -128,6 +157,14 @@ def run_mode(mode: str, harnesses: list[Harness], engine_url: str, model: Path, 
             for harness in harnesses:
                 notes[harness.name] = _one(harness, policies, url, root / mode, timeout)
         stats = report(store).harnesses
+        for rollout in store.iter_rollouts():
+            name = str(rollout.metadata.get("harness"))
+            where = Counter(c.start.within for c in link(store.turns(rollout.key)).chains
+                            if c.start.reason == "history_rewritten")
+            if where:
+                notes[name] += "; broke in " + ", ".join(
+                    f"{n} {'sampled' if w == 'completion' else 'inserted'}"
+                    for w, n in sorted(where.items()))
     finally:
         store.close()
     return stats, notes
@@ -135,7 +172,7 @@ def run_mode(mode: str, harnesses: list[Harness], engine_url: str, model: Path, 
 
 def _one(harness: Harness, policies: Policies, url: str, root: Path, timeout: float) -> str:
     line = random_line()
-    policies.current = WriteFilePolicy(FILENAME, line, harness.finish)
+    policies.current = Steps(WriteFilePolicy(FILENAME, line, harness.finish), policies.extra)
     rollout = httpx.post(f"{url}/rollouts", json={"metadata": {"harness": harness.name}}).json()
     result = Result(harness.name, harness.version, harness.dialect)
     started = time.monotonic()
@@ -185,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-url", help="a running vLLM with --tool-call-parser hermes "
                                          "(default: start one)")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per harness run")
+    ap.add_argument("--steps", type=int, default=3,
+                    help="shell calls before the file is written (more continuing turns)")
     ap.add_argument("--out", type=Path, help="also write the table here")
     args = ap.parse_args(argv)
     from harnessrl.models.tiny import build_tiny_model
@@ -205,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             for mode in args.modes.split(","):
                 print(f"{mode} mode:", file=sys.stderr, flush=True)
                 results[mode] = run_mode(mode, harnesses, args.engine_url, model, Path(work),
-                                         args.timeout)
+                                         args.timeout, args.steps)
     finally:
         if server is not None:
             server.stop()
