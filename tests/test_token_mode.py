@@ -546,3 +546,114 @@ def test_real_harness_history_keeps_its_ids(vllm_url, tiny_model, tmp_path) -> N
     assert result.problems == [] and len(turns) >= 2
     assert all(t.status == "ok" and t.flags == () for t in turns)
     _assert_every_turn_extends(turns)
+
+
+# ------------------------------------------------------------------ the wire, faked
+class FakeCompletions:
+    """vLLM's `/v1/completions` for token prompts, in its own shapes: it answers with
+    `reply` (text pieces and ids) and echoes the prompt ids, unless told otherwise."""
+
+    def __init__(self, pieces: list[tuple[str, int]]) -> None:
+        self.pieces = pieces
+        self.mode = "ok"  # ok | error400 | cut | other_prompt
+        self.bodies: list[dict] = []
+
+    def app(self):
+        from starlette.applications import Starlette
+        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.routing import Route
+
+        async def models(_request):
+            return JSONResponse({"data": [{"id": "tiny", "max_model_len": 1000}]})
+
+        async def completions(request):
+            body = await request.json()
+            self.bodies.append(body)
+            if self.mode == "error400":
+                return JSONResponse({"error": {"message": "prompt too long"}}, 400)
+            prompt = body["prompt"] if self.mode != "other_prompt" else body["prompt"][1:]
+            if body["stream"]:
+                return StreamingResponse(self._stream(prompt), media_type="text/event-stream")
+            return JSONResponse({"choices": [{
+                "text": "".join(t for t, _ in self.pieces), "finish_reason": "stop",
+                "token_ids": [i for _, i in self.pieces], "prompt_token_ids": prompt,
+                "logprobs": {"token_logprobs": [-0.5] * len(self.pieces)}}],
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(self.pieces)}})
+
+        return Starlette(routes=[Route("/v1/models", models),
+                                 Route("/v1/completions", completions, methods=["POST"])])
+
+    async def _stream(self, prompt):
+        for n, (text, token) in enumerate(self.pieces):
+            if self.mode == "cut" and n == 3:
+                return
+            last = n == len(self.pieces) - 1
+            choice = {"text": text, "token_ids": [token], "finish_reason": "stop" if last else None,
+                      "prompt_token_ids": prompt if n == 0 else None,
+                      "logprobs": {"token_logprobs": [-0.5]}}
+            yield f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(self.pieces)}
+        yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode()
+
+
+@pytest.fixture(scope="module")
+def fake(tokenizer):
+    from harnessrl.proxy.serve import in_thread
+
+    ids = [*tokenizer.encode(f"Sure.\n{HERMES_CALL}", add_special_tokens=False),
+           tokenizer.eos_token_id]
+    server = FakeCompletions([(tokenizer.decode([i], skip_special_tokens=True), i)
+                              for i in ids])
+    with in_thread(server.app()) as (url, _):
+        server.url = url
+        yield server
+
+
+def _events(fake, tiny_model, *, stream: bool, mode: str = "ok") -> list:
+    from harnessrl.types import Chunk, Finished, Started
+
+    fake.mode, fake.bodies[:] = mode, []
+    tools = (Tool("write_file", None, TOOLS[0]["function"]["parameters"]),)
+    request = ChatRequest(model="tiny", messages=(_user("hi"),), tools=tools, rollout="k")
+
+    async def run() -> list:
+        engine = TokenEngine(fake.url, str(tiny_model))
+        await engine.start()
+        try:
+            if stream:
+                return [e async for e in engine.stream(request)]
+            return await engine.complete(request)
+        finally:
+            await engine.close()
+
+    events = asyncio.run(run())
+    assert isinstance(events[0], Started) and isinstance(events[-1], Finished)
+    assert all(isinstance(e, Chunk) for e in events[1:-1])
+    return events
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_engine_wire_and_events(fake, tiny_model, stream) -> None:
+    from harnessrl.proxy.accumulate import accumulate
+
+    acc = accumulate(_events(fake, tiny_model, stream=stream))
+    [body] = fake.bodies
+    assert list(acc.prompt_ids) == body["prompt"] and acc.flags() == []
+    assert body["max_tokens"] == 1000 - len(body["prompt"])  # not /v1/completions' 16
+    assert body["stop_token_ids"] == [2] and body["logprobs"] == 0 and body["return_token_ids"]
+    completion = acc.completion()
+    assert [c.name for c in completion.tool_calls] == ["write_file"]
+    assert completion.parts[0] == Text("Sure.") and completion.finish_reason == "tool_calls"
+    assert list(completion.tokens.completion_ids) == [i for _, i in fake.pieces]
+
+
+def test_engine_faults(fake, tiny_model) -> None:
+    from harnessrl.errors import EngineError, InvalidRequest
+    from harnessrl.proxy.accumulate import accumulate
+
+    with pytest.raises(InvalidRequest, match="prompt too long"):
+        _events(fake, tiny_model, stream=False, mode="error400")
+    with pytest.raises(EngineError, match="before a finish_reason"):
+        _events(fake, tiny_model, stream=True, mode="cut")
+    changed = accumulate(_events(fake, tiny_model, stream=True, mode="other_prompt"))
+    assert changed.flags() == ["prompt_ids_changed"]
