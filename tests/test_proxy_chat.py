@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -307,3 +308,22 @@ def test_root_probe_answers_200(served) -> None:
 def test_bad_rollout_options_are_400(served, body, words) -> None:
     resp = httpx.post(f"{served.url}/rollouts", json=body)
     assert resp.status_code == 400 and words in resp.json()["error"]["message"]
+
+
+def test_a_client_that_leaves_cancels_its_non_streamed_call(tokenizer, tmp_path) -> None:
+    """A harness killed at its deadline leaves mid-call: the engine stops sampling (it does
+    not run on for nobody) and the turn is stored as cancelled, not as a finished step."""
+    engine = ScriptedEngine(tokenizer, replay(["word " * 200]), token_delay=0.02)
+    with ServedProxy(make_proxy(engine, tmp_path / "run")).running() as served:
+        rollout = served.new_rollout()
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{rollout['base_urls']['openai']}/chat/completions", timeout=0.5,
+                       headers={"Authorization": f"Bearer {rollout['key']}"},
+                       json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        for _ in range(50):  # the proxy notices the disconnect and records the turn
+            turns = served.store.turns(rollout["key"])
+            if turns:
+                break
+            time.sleep(0.1)
+        assert [(t.status, t.completion) for t in turns] == [("cancelled", None)]
+        assert turns[0].timings.done - turns[0].timings.received < 2.0  # not 200 x 20 ms

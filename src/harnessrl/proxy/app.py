@@ -13,7 +13,7 @@ import logging
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -301,7 +301,7 @@ class Proxy:
                                                  rollout=rollout.record.key)
         if parsed.stream:
             return await self._open_stream(call, engine_request)
-        return await self._complete(call, engine_request)
+        return await self._complete(call, engine_request, request)
 
     async def _full_history(self, rollout: OpenRollout, request: ChatRequest) -> ChatRequest:
         """The conversation as the model saw it: earlier responses chained by id filled in,
@@ -317,10 +317,18 @@ class Proxy:
         check_tool_results(request)
         return restore_arguments(request, rollout.issued_calls)
 
-    async def _complete(self, call: _Call, engine_request: ChatRequest) -> Response:
+    async def _complete(self, call: _Call, engine_request: ChatRequest,
+                        request: Request) -> Response:
         acc = Accumulator()
         try:
-            for event in await self.engine.complete(engine_request):
+            events = await _unless_disconnected(request, self.engine.complete(engine_request))
+            if events is None:
+                # Nobody will read this reply (a harness killed at its deadline): the engine
+                # stops sampling it, and the turn is kept as cancelled, never as a finished
+                # step of the agent's trajectory.
+                await self._record(call, acc, b"", cancelled=True)
+                return Response(status_code=499)
+            for event in events:
                 acc.feed(event)
             body = call.dialect.render_completion(acc.completion(), call.ctx)
             await self._record(call, acc, body)
@@ -422,6 +430,26 @@ async def _probe(_request: Request) -> Response:
     """Answers a client's reachability probe; says nothing about the server's state,
     since it needs no key."""
     return Response(b'{"status":"ok"}', media_type=_JSON)
+
+
+async def _unless_disconnected(request: Request,
+                               work: Awaitable[list[EngineEvent]]) -> list[EngineEvent] | None:
+    """`work`'s result, or None (with `work` cancelled) when the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request.receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()  # the client left, or we are being cancelled ourselves
+    return task.result() if task.done() and not task.cancelled() else None
+
+
+async def _disconnect(receive: Any) -> None:
+    # The body is already read, so the server's next message is the disconnect.
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _prepend(first: EngineEvent, rest: AsyncGenerator[EngineEvent, None]

@@ -109,6 +109,8 @@ class ScriptedEngine:
         parser = HermesParser()
         pieces = _detokenize(self.tokenizer, ids)
         if one_chunk:
+            if self.token_delay:  # sampling takes as long when the client does not stream
+                await asyncio.sleep(self.token_delay * len(ids))
             deltas = [d for piece in pieces for d in parser.feed(piece)] + parser.finish()
             yield Chunk(tuple(deltas), tuple(ids), tuple(logprobs))
         else:
