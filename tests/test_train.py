@@ -463,9 +463,10 @@ def test_harnessrl_train_runs_steps_and_writes_metrics(vllm_tiny, tiny_model, tm
     from harnessrl.cli import main
 
     tasks = tmp_path / "tasks.jsonl"
-    # The random model never finishes; a short deadline ends each rollout (timed out).
+    # The random model never finishes; a deadline ends each rollout (timed out), long
+    # enough for mini-swe-agent to start and see replies on a busy machine.
     tasks.write_text(json.dumps({"id": "hello", "instruction": "Create hello.txt",
-                                 "verify": ["test -f hello.txt"], "timeout": 15}))
+                                 "verify": ["test -f hello.txt"], "timeout": 45}))
     config = tmp_path / "train.yaml"
     config.write_text(f"""
 run_dir: {tmp_path / "run"}
@@ -478,6 +479,7 @@ grpo: {{steps: 2, num_generations: 2, tasks_per_step: 1, learning_rate: 1.0e-3}}
     lines = [json.loads(line) for line in
              (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2]
+    assert [line["trained_sequences"] for line in lines] == [2, 2]
     assert [line["sampled_with"] for line in lines] == [["step-0"], ["step-1"]]
     assert [line["weight_version"] for line in lines] == ["step-1", "step-2"]
     for line in lines:

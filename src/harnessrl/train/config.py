@@ -24,6 +24,9 @@ class ModelConfig(_Section):
 
 class EngineConfig(_Section):
     url: str | None = None  # a running vLLM in dev mode; None: start one for the model
+    # chat: vLLM renders the template; token: the proxy renders it with the model's own
+    # tokenizer and reuses each rollout's earlier ids (chains extend where history is kept)
+    mode: Literal["chat", "token"] = "chat"
     dtype: str = "float32"  # float32 keeps vLLM's logprobs equal to the trainer's on CPU
     max_model_len: int = 16384
     extra_args: list[str] = []

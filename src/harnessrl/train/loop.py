@@ -196,7 +196,6 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
     from transformers.utils import logging as hf_logging
     from trl import GRPOTrainer
 
-    from harnessrl.proxy.engines.vllm import VLLMEngine
     from harnessrl.train.trl import HarnessRollouts, harness_reward
     from harnessrl.train.weights import VLLMWeightSync
 
@@ -207,7 +206,8 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
     progress = _progress()
     task_id = progress.add_task("rollouts", total=None, step=0)
     rollouts = HarnessRollouts(
-        tasks=tasks, harnesses=harnesses, engine=VLLMEngine(url), run_dir=run_dir,
+        tasks=tasks, harnesses=harnesses, engine=engine_for(config, model_dir, url),
+        run_dir=run_dir,
         pad_token_id=tokenizer.pad_token_id, sync=sync, sampling=sampling_of(config),
         shaping=shaping_of(config.shaping), mix=config.rollout.mix,
         concurrency=config.rollout.concurrency, retries=config.rollout.retries,
@@ -226,6 +226,18 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
     console.print(summary_table(log.steps))
     console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'}")
     return log.steps
+
+
+def engine_for(config: TrainConfig, model_dir: Path, url: str) -> Any:
+    from harnessrl.proxy.engines.vllm import VLLMEngine
+
+    if config.engine.mode == "chat":
+        return VLLMEngine(url)
+    from harnessrl.proxy.engines.managed import tool_call_parser_for
+    from harnessrl.proxy.engines.token import TokenEngine
+
+    parser = tool_call_parser_for(str(model_dir)) or "hermes"
+    return TokenEngine(url, str(model_dir), tool_parser=parser)
 
 
 def sampling_of(config: TrainConfig) -> Any:
