@@ -26,6 +26,7 @@ from harnessrl.train.samples import rollout_stats
 from harnessrl.types import (
     ChatRequest,
     Message,
+    Reasoning,
     ReasoningDelta,
     Text,
     TextDelta,
@@ -189,6 +190,75 @@ def test_edited_history_reuses_the_prompt_only(renderer) -> None:
     second = renderer.render(_request(_user("q"), _assistant("ANSWER"), _user("next")), "r-edit")
     assert second.mode == "extended" and second.reused == len(first.ids)
     assert second.ids.tolist() == renderer.encode(second.text)
+
+
+# ------------------------------------------------------------------ the template window
+def _qwen3_style() -> str:
+    """The tiny model's template, but (like Qwen3's) reasoning is shown only after the last
+    user message: not local, a new user message changes how earlier replies render."""
+    from harnessrl.models.template import HERMES_TEMPLATE
+
+    last_user = ("{%- set ns = namespace(last=-1) -%}{%- for m in messages -%}"
+                 "{%- if m.role == 'user' -%}{%- set ns.last = loop.index0 -%}{%- endif -%}"
+                 "{%- endfor -%}")
+    return last_user + HERMES_TEMPLATE.replace(
+        "{%- if reasoning -%}", "{%- if reasoning and loop.index0 > ns.last -%}")
+
+
+def _grow(renderer: Renderer, key: str, turns: int) -> list[Message]:
+    """A conversation with tool calls, results, reasoning and new user text; each prompt
+    rendered through `renderer` and checked against the template on the whole."""
+    messages = [Message("system", (Text("sys"),)), _user("task")]
+    for turn in range(turns):
+        request = _request(*messages)
+        rendered = renderer.render(request, key)
+        assert rendered.text == renderer.text(request)  # the window gave the full text
+        call = ToolCall(f"c{turn}", "bash", json.dumps({"command": f"ls {turn}"}))
+        reply = Message("assistant", (Reasoning(f"think {turn}"), Text(f"step {turn}"), call))
+        completion = renderer.text(_request(*messages, reply))[len(rendered.text):]
+        sampled = renderer.encode(completion.split("<|im_end|>")[0])
+        renderer.remember(key, rendered, [*sampled, renderer.tokenizer.eos_token_id])
+        messages += [reply, _result(f"c{turn}", f"out {turn}")]
+        if turn % 3 == 2:
+            messages.append(_user(f"and now {turn}"))
+    return messages
+
+
+def test_local_templates_render_only_new_messages(tokenizer) -> None:
+    calls: list[int] = []
+    renderer = Renderer(tokenizer, verify_every=1000)
+    template = renderer._template
+    renderer._template = lambda m, k, g: calls.append(len(m)) or template(m, k, g)  # type: ignore
+    assert renderer.windowed
+    assert Renderer(tokenizer, chat_template=QWEN3_CODER_TEMPLATE).windowed
+    long = _grow(renderer, "r-window", 12)  # asserts each prompt equals the full render
+    calls.clear()
+    rendered = renderer.render(_request(*long), "r-window")
+    assert calls and max(calls) <= 6 < len(long)  # only a window went through the template
+    assert rendered.mode == "extended" and rendered.text == renderer.text(_request(*long))
+    calls.clear()
+    renderer.render(_request(*long), "r-window-new")
+    assert calls == [len(long)]  # a rollout's first prompt goes through whole
+
+
+def test_non_local_template_is_rendered_in_full(tokenizer) -> None:
+    renderer = Renderer(tokenizer, chat_template=_qwen3_style())
+    assert not renderer.windowed
+    _grow(renderer, "r-qwen3", 8)
+
+
+def test_windowing_is_checked_and_turned_off_when_wrong(tokenizer) -> None:
+    """A template the battery cannot catch (it changes only past 12 messages) is caught by
+    the check against a full render."""
+    from harnessrl.models.template import HERMES_TEMPLATE
+
+    sly = HERMES_TEMPLATE.replace("{{- '# Tools\\n\\n", "{%- if messages | length > 12 -%}"
+                                  "{{- 'Long. ' -}}{%- endif -%}{{- '# Tools\\n\\n")
+    assert sly != HERMES_TEMPLATE
+    renderer = Renderer(tokenizer, chat_template=sly, verify_every=1)
+    assert renderer.windowed
+    _grow(renderer, "r-sly", 8)  # every prompt is still the template's
+    assert not renderer.windowed
 
 
 def test_restore_from_stored_ids(tokenizer) -> None:

@@ -8,8 +8,9 @@ previous prompt + completion, and the turns cannot be trained on as one sequence
 the earlier ids are kept and only the new text is tokenized, so a history sent back
 unchanged is, token for token, what the model saw and produced.
 
-Cost: per turn, the template is rendered (string work) and only the text after the
-longest reused prefix is tokenized, so tokenizing grows with a turn's new tokens.
+Cost: only the text after the longest reused prefix is tokenized, and for templates that
+allow it (`window.is_local`) only the turn's new messages are rendered, so both grow with
+a turn's new tokens, not with the conversation.
 
 The seam: tokenizing `prefix` and `suffix` apart equals tokenizing `prefix + suffix` when
 the cut sits next to an added token (`<|im_end|>`, `<tool_call>`, ...), because the
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -31,7 +33,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from harnessrl.proxy.engines import openai_wire
+from harnessrl.proxy.engines.window import is_local, windowed
 from harnessrl.types import ChatRequest
+
+log = logging.getLogger(__name__)
 
 RenderMode = Literal["full", "extended", "fallback"]
 # Kept (text offset, id count) pairs per state, newest last: enough to find the last few
@@ -50,6 +55,9 @@ class Rendered:
     ids: array  # array('i')
     reused: int
     mode: RenderMode
+    # What the template was given, kept so the next turn can render only its new messages.
+    messages: tuple[dict[str, Any], ...] | None = None
+    kwargs: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +67,7 @@ class _State:
     text: str
     ids: array
     anchors: tuple[tuple[int, int], ...]  # (text offset, id count), ascending
+    prompt: Rendered | None = None  # the prompt of this turn, with its template input
 
 
 class Renderer:
@@ -71,7 +80,8 @@ class Renderer:
     """
 
     def __init__(self, tokenizer: Any, *, chat_template: str | None = None,
-                 memory: int = 4, max_rollouts: int = 1024) -> None:
+                 memory: int = 4, max_rollouts: int = 1024, windowed: bool = True,
+                 verify_every: int = 16) -> None:
         self.tokenizer = tokenizer
         self.template = chat_template or tokenizer.chat_template
         if not self.template:
@@ -86,6 +96,11 @@ class Renderer:
         self.memory = memory
         self.max_rollouts = max_rollouts
         self._states: OrderedDict[str, list[_State]] = OrderedDict()
+        # Windowed renders are checked against a full render every `verify_every`-th time;
+        # one difference turns windowing off for good.
+        self.windowed = windowed and is_local(self._battery_render)
+        self.verify_every = verify_every
+        self._windowed_count = 0
 
     # ------------------------------------------------------------ tokenizer access
     def encode(self, text: str) -> list[int]:
@@ -101,6 +116,11 @@ class Renderer:
 
     def text(self, request: ChatRequest) -> str:
         """The prompt text the template makes of `request`, ready for the reply."""
+        messages, kwargs = self._template_input(request)
+        return self._template(list(messages), kwargs, True)
+
+    def _template_input(self, request: ChatRequest
+                        ) -> tuple[tuple[dict[str, Any], ...], dict[str, Any]]:
         messages = openai_wire.messages(request)
         if not self._string_arguments:
             messages = [_parsed_arguments(m) for m in messages]
@@ -109,13 +129,56 @@ class Renderer:
             kwargs["tools"] = openai_wire.tools(request.tools)
         if request.reasoning_effort is not None:
             kwargs["reasoning_effort"] = request.reasoning_effort
+        return tuple(messages), kwargs
+
+    def _template(self, messages: list[dict[str, Any]], kwargs: dict[str, Any],
+                  generation: bool) -> str:
         return self.tokenizer.apply_chat_template(
             messages, chat_template=self.template, tokenize=False,
-            add_generation_prompt=True, **kwargs)
+            add_generation_prompt=generation, **kwargs)
+
+    def _battery_render(self, messages: list[dict[str, Any]], generation: bool) -> str:
+        if not self._string_arguments:
+            messages = [_parsed_arguments(m) for m in messages]
+        tools = [{"type": "function", "function": {"name": "bash", "parameters": {
+            "type": "object", "properties": {"command": {"type": "string"}}}}}]
+        return self._template(messages, {"tools": tools}, generation)
 
     # ------------------------------------------------------------ rendering
     def render(self, request: ChatRequest, rollout: str | None = None) -> Rendered:
-        return self.render_text(self.text(request), rollout)
+        messages, kwargs = self._template_input(request)
+        states = self._states.get(rollout or "", ())
+        text = self._windowed_text(messages, kwargs, states) if self.windowed else None
+        if text is None:
+            text = self._template(list(messages), kwargs, True)
+        rendered = self.render_text(text, rollout)
+        return Rendered(rendered.text, rendered.ids, rendered.reused, rendered.mode,
+                        messages, kwargs)
+
+    def _windowed_text(self, messages: tuple[dict[str, Any], ...], kwargs: dict[str, Any],
+                       states: Sequence[_State]) -> str | None:
+        """The prompt from an earlier turn's prompt and the new messages alone."""
+        for state in reversed(states):
+            old = state.prompt
+            if old is None or old.messages is None or old.kwargs != kwargs:
+                continue
+            text = windowed(lambda m, g: self._template(m, kwargs, g), messages,
+                            old.messages, old.text)
+            if text is not None:
+                return self._verified(text, messages, kwargs)
+        return None
+
+    def _verified(self, text: str, messages: tuple[dict[str, Any], ...],
+                  kwargs: dict[str, Any]) -> str:
+        self._windowed_count += 1
+        if self._windowed_count % self.verify_every:
+            return text
+        full = self._template(list(messages), kwargs, True)
+        if full != text:
+            log.warning("token mode: the chat template renders a conversation differently "
+                        "from its parts; rendering every prompt in full from now on")
+            self.windowed = False
+        return full
 
     def render_text(self, text: str, rollout: str | None = None) -> Rendered:
         """Ids for `text`, reusing the longest matching earlier turn of `rollout`."""
@@ -198,7 +261,9 @@ class Renderer:
         inherited = base.anchors if base is not None else ()
         anchors = (*inherited, (len(rendered.text), prompt_len), (len(text), len(ids)))
         states = [s for s in states if s is not base]
-        states.append(_State(text, ids, tuple(sorted(set(anchors)))[-_ANCHORS:]))
+        prompt = Rendered(rendered.text, array("i"), 0, rendered.mode, rendered.messages,
+                          rendered.kwargs)  # the template input, without a second copy of ids
+        states.append(_State(text, ids, tuple(sorted(set(anchors)))[-_ANCHORS:], prompt))
         self._states[rollout] = states[-self.memory:]
         while len(self._states) > self.max_rollouts:
             self._states.popitem(last=False)
