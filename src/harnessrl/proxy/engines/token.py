@@ -61,21 +61,24 @@ class TurnSource(Protocol):
 class TokenEngine(VLLMEngine):
     """`tokenizer`: the served model's tokenizer (a local path or a loaded tokenizer);
     `tool_parser`: a `toolformats.TOOL_FORMATS` name; `extra_body`: fields merged into
-    each vLLM request (tests use it to force text with structured outputs)."""
+    each vLLM request (tests use it to force text with structured outputs);
+    `render_window=False` renders every prompt's whole conversation through the template."""
 
     name = "vllm-token"
 
     def __init__(self, base_url: str, tokenizer: Any, *, tool_parser: str = "hermes",
                  chat_template: str | None = None, extra_body: ExtraBody | None = None,
                  read_timeout: float = 600.0, connect_timeout: float = 10.0,
-                 api_key: str | None = None, memory: int = 4) -> None:
+                 api_key: str | None = None, memory: int = 4,
+                 render_window: bool = True) -> None:
         super().__init__(base_url, read_timeout=read_timeout, connect_timeout=connect_timeout,
                          api_key=api_key)
         if isinstance(tokenizer, str):
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-        self.renderer = Renderer(tokenizer, chat_template=chat_template, memory=memory)
+        self.renderer = Renderer(tokenizer, chat_template=chat_template, memory=memory,
+                                 windowed=render_window)
         make_parser(tool_parser)  # an unknown format fails here, not on the first call
         self.tool_parser = tool_parser
         self.extra_body = extra_body
