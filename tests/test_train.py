@@ -459,7 +459,8 @@ def test_sft_messages_export_from_a_teacher_without_token_ids(setting, tmp_path,
 @pytest.mark.vllm
 @pytest.mark.harness
 @pytest.mark.slow
-def test_harnessrl_train_runs_steps_and_writes_metrics(vllm_tiny, tiny_model, tmp_path):
+@pytest.mark.parametrize("mode", ["chat", "token"])
+def test_harnessrl_train_runs_steps_and_writes_metrics(vllm_tiny, tiny_model, tmp_path, mode):
     from harnessrl.cli import main
 
     tasks = tmp_path / "tasks.jsonl"
@@ -471,7 +472,7 @@ def test_harnessrl_train_runs_steps_and_writes_metrics(vllm_tiny, tiny_model, tm
     config.write_text(f"""
 run_dir: {tmp_path / "run"}
 model: {{path: "{tiny_model}"}}
-engine: {{url: "{vllm_tiny.url}/v1", max_tokens: 32}}
+engine: {{url: "{vllm_tiny.url}/v1", max_tokens: 32, mode: {mode}}}
 rollout: {{harnesses: [mini-swe-agent], tasks: "{tasks}"}}
 grpo: {{steps: 2, num_generations: 2, tasks_per_step: 1, learning_rate: 1.0e-3}}
 """)
@@ -491,7 +492,9 @@ grpo: {{steps: 2, num_generations: 2, tasks_per_step: 1, learning_rate: 1.0e-3}}
 
     store = TraceStore(tmp_path / "run")
     used = {t.used_sampling for t in store.iter_turns()}
+    engines = {t.engine for t in store.iter_turns()}
     store.close()
+    assert engines == {"vllm" if mode == "chat" else "vllm-token"}
     # on-policy: every call at the trainer's temperature, no truncation of the distribution
     assert {(u.temperature, u.top_p, u.top_k, u.max_tokens) for u in used} == {(1.0, 1.0, 0, 32)}
 
