@@ -117,9 +117,11 @@ def test_plan_mixes_harnesses_per_group_or_per_generation(setting, tmp_path, tok
     assert [p.harness.name for p in planned] == ["agent-solve", "agent-solve",
                                                  "agent-idle", "agent-idle"]
     again = by_group.plan(["hello", "hello", "count", "count"], generations=2)
-    assert [p.harness.name for p in again][:2] == ["agent-solve"] * 2  # rotated by 2 groups
-    assert [p.sample for p in planned + again if p.task.id == "hello"
-            and p.harness.name == "agent-solve"] == [0, 1, 2, 3]  # unique per harness/task
+    assert [p.harness.name for p in again] == ["agent-idle", "agent-idle",
+                                               "agent-solve", "agent-solve"]  # rotated
+    third = by_group.plan(["hello", "hello"], generations=2)
+    assert [(p.harness.name, p.sample) for p in planned + third if p.task.id == "hello"] == [
+        ("agent-solve", 0), ("agent-solve", 1), ("agent-solve", 2), ("agent-solve", 3)]
     by_generation = rollouts_for(tmp_path, tasks, engine, both, tokenizer, mix="generation")
     planned = by_generation.plan(["hello", "hello", "count", "count"], generations=2)
     assert [p.harness.name for p in planned] == ["agent-solve", "agent-idle"] * 2

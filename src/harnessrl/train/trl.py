@@ -248,7 +248,8 @@ class HarnessRollouts:
             number = self._samples.get(key, 0)
             self._samples[key] = number + 1
             planned.append(Planned(harness, self._tasks[task_id], number))
-        self._rotation += max(1, len(task_ids) // max(generations, 1))
+        # The next call starts one harness further, so a task drawn again meets another.
+        self._rotation += 1
         return planned
 
     def rollouts(self, planned: Sequence[Planned]) -> list[RolloutRecord]:
