@@ -569,3 +569,32 @@ def test_teacher_engine_sends_standard_fields_and_its_turns_are_not_trainable(tm
     assert turn.status == "ok" and turn.engine == "openai" and turn.weight_version is None
     assert {"prompt_ids_missing", "completion_ids_missing"} <= set(turn.flags)
     assert link(turns).excluded[0].reason == "flagged"  # never trained on as tokens
+
+
+def test_step_metrics_per_harness_leave_infra_errors_out_of_rates():
+    from collections import Counter
+
+    from harnessrl.train.loop import batch_metrics
+    from harnessrl.train.samples import ChainStats
+    from harnessrl.train.trl import Batch, RolloutRecord
+    from harnessrl.types import Outcome, Sample
+
+    def record(harness: str, status: str, verifier: float | None, tools: int = 0):
+        outcome = Outcome(harness=harness, harness_version="1", task="t", sample=0,
+                          rollout="k", status=status, verifier_reward=verifier,
+                          reward=verifier, tool_calls=tools)
+        stats = ChainStats(rollouts=1, turns=3, trainable=3, chains=2,
+                           breaks=Counter({"first": 1, "history_rewritten": 1}))
+        s = Sample("k", (0, 1), (1, 2), (3, 4, 5), (1, 0, 1), (-0.5, -0.25), ("step-3",) * 2)
+        return RolloutRecord(outcome, s if status == "done" else None, stats)
+
+    m = batch_metrics(Batch(3, [record("a", "done", 1.0, 2), record("a", "done", 0.0, 4),
+                                record("b", "infra_error", None), record("b", "done", 1.0)],
+                            9.0))
+    assert m["rollouts"] == 4 and m["infra_errors"] == 1 and m["trained_sequences"] == 3
+    assert m["reward"] == pytest.approx(2 / 3) and m["pass_rate"] == pytest.approx(2 / 3)
+    assert m["harnesses"]["a"]["pass_rate"] == 0.5 and m["harnesses"]["b"]["pass_rate"] == 1.0
+    assert m["harnesses"]["a"]["tool_calls"] == 3.0
+    assert m["trained_tokens"] == 6 and m["sampled_with"] == ["step-3"]
+    # per rollout: 3 trainable turns in 2 chains -> 1 extended, 1 rewritten -> 50%
+    assert m["chain_extension_rate"] == 0.5 and m["harnesses"]["b"]["chains"] == 4

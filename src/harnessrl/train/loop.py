@@ -40,6 +40,9 @@ def _mean(values: list[float]) -> float | None:
 def _group(records: list[RolloutRecord]) -> dict[str, Any]:
     done = [r for r in records if r.outcome.status == "done"]
     rewards = [r.outcome.reward for r in done if r.outcome.reward is not None]
+    stats = ChainStats()
+    for record in records:
+        stats.add(record.stats)
     return {
         "rollouts": len(records), "infra_errors": len(records) - len(done),
         "reward": _mean(rewards),
@@ -47,14 +50,13 @@ def _group(records: list[RolloutRecord]) -> dict[str, Any]:
         "tool_calls": _mean([r.outcome.tool_calls for r in done]),
         "completion_tokens": _mean([r.outcome.completion_tokens for r in done]),
         "turns": _mean([r.outcome.turns for r in done]),
+        "chains": stats.chains, "chain_extension_rate": stats.extension_rate,
+        "chain_breaks": dict(stats.breaks),
     }
 
 
 def batch_metrics(batch: Batch) -> dict[str, Any]:
     """What one step's rollouts did, overall and per harness."""
-    stats = ChainStats()
-    for record in batch.records:
-        stats.add(record.stats)
     trained = [r.sample for r in batch.records if r.sample is not None]
     by_harness: dict[str, list[RolloutRecord]] = {}
     for record in batch.records:
@@ -63,8 +65,6 @@ def batch_metrics(batch: Batch) -> dict[str, Any]:
         **_group(batch.records),
         "trained_sequences": len(trained),
         "trained_tokens": sum(sum(s.mask) for s in trained),
-        "chains": stats.chains, "chain_extension_rate": stats.extension_rate,
-        "chain_breaks": dict(stats.breaks),
         "sampled_with": sorted({v for s in trained for v in s.weight_versions if v}),
         "rollout_seconds": round(batch.seconds, 2),
         "harnesses": {name: _group(group) for name, group in sorted(by_harness.items())},
