@@ -28,7 +28,7 @@ class EngineConfig(_Section):
     # tokenizer and reuses each rollout's earlier ids (chains extend where history is kept)
     mode: Literal["chat", "token"] = "chat"
     dtype: str = "float32"  # float32 keeps vLLM's logprobs equal to the trainer's on CPU
-    max_model_len: int = 16384
+    max_model_len: int | None = None  # None: the model's own (SmolLM2: 8192)
     extra_args: list[str] = []
     max_tokens: int | None = 512  # per model call, overriding the harness's own
     # Sampling temperature for every call, whatever the harness asks; TRL computes the
