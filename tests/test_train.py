@@ -598,3 +598,53 @@ def test_step_metrics_per_harness_leave_infra_errors_out_of_rates():
     assert m["trained_tokens"] == 6 and m["sampled_with"] == ["step-3"]
     # per rollout: 3 trainable turns in 2 chains -> 1 extended, 1 rewritten -> 50%
     assert m["chain_extension_rate"] == 0.5 and m["harnesses"]["b"]["chains"] == 4
+
+
+def test_weight_sync_order_and_tied_heads_refused(tmp_path):
+    from types import SimpleNamespace
+
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from harnessrl.proxy.serve import in_thread
+    from harnessrl.train.weights import VLLMWeightSync, WeightSyncError
+
+    calls: list[tuple[str, object]] = []
+    version = {"v": "default"}
+
+    async def post(request: Request) -> JSONResponse:
+        body = await request.body()
+        payload = json.loads(body) if body and body != b"null" else None
+        calls.append((request.url.path, payload))
+        if request.url.path == "/update_weight_version":
+            version["v"] = payload["new_version"]
+        return JSONResponse({})
+
+    async def info(_request: Request) -> JSONResponse:
+        return JSONResponse({"weight_version": version["v"]})
+
+    app = Starlette(routes=[Route(p, post, methods=["POST"]) for p in (
+        "/collective_rpc", "/reset_prefix_cache", "/update_weight_version")]
+        + [Route("/weight_info", info)])
+
+    class Model:
+        def __init__(self, tied: bool) -> None:
+            self.config = SimpleNamespace(tie_word_embeddings=tied)
+
+        def save_pretrained(self, path: Path, safe_serialization: bool) -> None:
+            calls.append(("save", str(path)))
+
+    engine = SimpleNamespace(weight_version="default")
+    with in_thread(app) as (url, _server):
+        sync = VLLMWeightSync(url, tmp_path / "w", engines=[engine])
+        with pytest.raises(WeightSyncError, match="ties"):
+            sync.push(Model(tied=True), "step-1")
+        assert calls == [] and engine.weight_version == "default"
+        sync.push(Model(tied=False), "step-1")
+    assert [c[0] for c in calls] == ["save", "/collective_rpc", "/reset_prefix_cache",
+                                     "/update_weight_version"]
+    assert calls[1][1] == {"method": "reload_weights",
+                           "kwargs": {"weights_path": str(tmp_path / "w")}}
+    assert engine.weight_version == "step-1" and len(sync.seconds) == 1
