@@ -49,6 +49,15 @@ import aiohttp
 import msgspec
 import uvloop
 from load_report import figures, render
+from procstat import (
+    busy_percent,
+    cpu_s,
+    machine_ticks,
+    others,
+    process_cpu,
+    rss_mib,
+    run_delay_s,
+)
 from table import Row, figure_table
 
 HERE = Path(__file__).resolve().parent
@@ -276,52 +285,6 @@ def wait_healthy(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
     raise RuntimeError("the proxy did not answer /health in 120 s")
 
 
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def run_delay_s(pid: int) -> float:
-    """How long the proxy's event-loop thread waited for a CPU while runnable (schedstat):
-    lag the box causes, not the proxy."""
-    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e9
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu() -> dict[int, tuple[str, float]]:
-    """CPU seconds of every process on the machine, to say what else ran meanwhile."""
-    out: dict[int, tuple[str, float]] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                raw = Path(f"/proc/{entry}/stat").read_text()
-                name = raw[raw.index("(") + 1:raw.rindex(")")]
-                fields = raw.rsplit(")", 1)[1].split()
-                out[int(entry)] = (name, (int(fields[11]) + int(fields[12])) / tick)
-    return out
-
-
-def others(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
-           ours: set[int], wall: float) -> str:
-    """The busiest other processes over the run, as '% of a core' by process name."""
-    by_name: Counter[str] = Counter()
-    for pid, (name, cpu) in after.items():
-        if pid not in ours:
-            by_name[name] += cpu - before.get(pid, (name, 0.0))[1]
-    busy = [(n, c / wall * 100) for n, c in by_name.most_common(6) if c / wall >= 0.02]
-    total = sum(c for c in by_name.values()) / wall * 100
-    return (f"{total:.0f}% of a core in total: "
-            + ", ".join(f"{n} {p:.0f}%" for n, p in busy)) if busy else "nothing else busy"
-
-
 # ------------------------------------------------------------------ the run
 @dataclass
 class Sample:
@@ -344,6 +307,7 @@ class Result:
     others: str = ""
     store: dict[str, Any] = field(default_factory=dict)
     loadavg: str = ""
+    busy: float = math.nan  # % of one core the whole machine was busy, all processes
 
 
 async def get_json(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
@@ -380,6 +344,8 @@ async def drive(args: argparse.Namespace, pid: int, base: str) -> Result:
         idle_lag = await get_json(http, f"{base}/_bench/lag")
         print(f"idle proxy: lag p99 {idle_lag['p99_ms']:.1f} ms, RSS {rss_mib(pid):.1f} MiB; "
               f"{args.streams} streams for {args.duration:g} s", flush=True)
+        # What the rest of the machine does is read over the load phase only.
+        machine0, procs0, load0 = machine_ticks(), process_cpu(), os.getloadavg()[0]
         start = time.monotonic()
         plan = Plan(base, (args.min_turns, args.max_turns), start + args.duration, args.think,
                     random.Random(args.seed))
@@ -388,10 +354,15 @@ async def drive(args: argparse.Namespace, pid: int, base: str) -> Result:
         await asyncio.gather(*(worker(http, i, plan, tally, args.stagger)
                                for i in range(args.streams)))
         wall = time.monotonic() - start
+        machine1, procs1, load1 = machine_ticks(), process_cpu(), os.getloadavg()[0]
         watch.cancel()
         progress.cancel()
         lag = await get_json(http, f"{base}/_bench/lag")
-    return Result(args, tally, samples, idle_lag, lag, wall)
+    return Result(args, tally, samples, idle_lag, lag, wall,
+                  others=others(procs0, procs1, {os.getpid(), pid}, wall),
+                  busy=busy_percent(machine0, machine1),
+                  loadavg=f"{load0:.2f} at the start, {load1:.2f} at the end (1-minute "
+                          "load average)")
 
 
 async def report_progress(tally: Tally, samples: list[Sample], start: float) -> None:
@@ -427,13 +398,8 @@ def check_store(path: Path, tally: Tally) -> dict[str, Any]:
 def run(argv: list[str] | None = None) -> Result:
     args = parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="harnessrl-load-"))
-    before, load0 = process_cpu(), os.getloadavg()
     with proxy_process(args, work) as (pid, base):
         result = uvloop.run(drive(args, pid, base))
-        ours = {os.getpid(), pid}
-    result.others = others(before, process_cpu(), ours, result.wall)
-    load1 = os.getloadavg()
-    result.loadavg = f"{load0[0]:.2f} before, {load1[0]:.2f} after (1-minute load average)"
     result.store = check_store(work / "run" / "trace.db", result.tally)
     if not args.keep:
         import shutil

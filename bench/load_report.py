@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -101,7 +102,11 @@ def render(result: Any, command: str, system_words: int) -> str:
              f"scripted engine at {args.rate:g} tokens/s per stream, replies of "
              f"{args.min_tokens}-{args.max_tokens} tokens; {args.duration:g} s of load, "
              f"warm-up {args.warmup:g} s.", "",
-             f"Also running on the machine meanwhile: {result.others}; load {result.loadavg}.",
+             f"Also running on the machine meanwhile: {result.others}; load {result.loadavg}; "
+             f"the whole machine was {result.busy:.0f}% busy (of "
+             f"{100 * (os.cpu_count() or 1)}%), of which the proxy "
+             f"{_mean_cpu(result, 'proxy_cpu'):.0f}% and the load generator "
+             f"{_mean_cpu(result, 'client_cpu'):.0f}%.",
              "", *figure_table(figures(result)), ""]
     if result.tally.error_samples:
         lines += ["Errors seen:", "", *[f"- `{e}`" for e in result.tally.error_samples], ""]

@@ -58,19 +58,32 @@ _VOCAB = 100_000
 
 # ------------------------------------------------------------------ lag probe
 class LagProbe:
-    """Wakes every `interval` s and records how late it woke, in a fixed histogram of
-    0.1 ms buckets (so the probe's own memory does not grow over a long run)."""
+    """Wakes every `interval` s and records how late it woke, in a fixed histogram (0.1 ms
+    buckets up to 1 s, 10 ms buckets up to 60 s), so the probe's own memory does not grow
+    over a long run."""
 
-    BUCKET_MS, BUCKETS = 0.1, 50_000  # up to 5 s; later wake-ups land in the last bucket
+    FINE_MS, FINE = 0.1, 10_000  # up to 1 s
+    COARSE_MS, COARSE = 10.0, 5_900  # 1 s to 60 s; later wake-ups land in the last bucket
 
     def __init__(self, interval: float = 0.01) -> None:
         self.interval = interval
-        self.counts = array("q", bytes(8 * self.BUCKETS))
+        self.counts = array("q", bytes(8 * (self.FINE + self.COARSE)))
         self.worst = 0.0
 
     def reset(self) -> None:
-        self.counts = array("q", bytes(8 * self.BUCKETS))
+        self.counts = array("q", bytes(8 * (self.FINE + self.COARSE)))
         self.worst = 0.0
+
+    def bucket(self, lag_ms: float) -> int:
+        if lag_ms < self.FINE * self.FINE_MS:
+            return int(lag_ms / self.FINE_MS)
+        coarse = int((lag_ms - self.FINE * self.FINE_MS) / self.COARSE_MS)
+        return self.FINE + min(self.COARSE - 1, coarse)
+
+    def upper_edge(self, bucket: int) -> float:
+        if bucket < self.FINE:
+            return (bucket + 1) * self.FINE_MS
+        return self.FINE * self.FINE_MS + (bucket - self.FINE + 1) * self.COARSE_MS
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -78,7 +91,7 @@ class LagProbe:
             start = loop.time()
             await asyncio.sleep(self.interval)
             lag_ms = max(0.0, (loop.time() - start - self.interval) * 1000)
-            self.counts[min(self.BUCKETS - 1, int(lag_ms / self.BUCKET_MS))] += 1
+            self.counts[self.bucket(lag_ms)] += 1
             self.worst = max(self.worst, lag_ms)
 
     def summary(self) -> dict[str, float]:
@@ -95,7 +108,7 @@ class LagProbe:
         for bucket, count in enumerate(self.counts):
             seen += count
             if seen >= rank:
-                return (bucket + 1) * self.BUCKET_MS  # the bucket's upper edge
+                return min(self.upper_edge(bucket), self.worst)  # the bucket's upper edge
         return self.worst
 
 
