@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from harnessrl.proxy.engines import openai_wire
 from harnessrl.proxy.engines.window import is_local, windowed
-from harnessrl.types import ChatRequest
+from harnessrl.types import ChatRequest, Message
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,10 @@ class Rendered:
     ids: array  # array('i')
     reused: int
     mode: RenderMode
-    # What the template was given, kept so the next turn can render only its new messages.
+    # What the template was given, kept so the next turn can render only its new messages:
+    # the request's messages, each one's template dicts, all of them flat, the options.
+    source: tuple[Message, ...] = ()
+    parts: tuple[list[dict[str, Any]], ...] = ()
     messages: tuple[dict[str, Any], ...] | None = None
     kwargs: dict[str, Any] | None = None
 
@@ -116,20 +119,33 @@ class Renderer:
 
     def text(self, request: ChatRequest) -> str:
         """The prompt text the template makes of `request`, ready for the reply."""
-        messages, kwargs = self._template_input(request)
-        return self._template(list(messages), kwargs, True)
+        parts = self._converted(request.messages, None)
+        return self._template([m for p in parts for m in p], self._kwargs(request), True)
 
-    def _template_input(self, request: ChatRequest
-                        ) -> tuple[tuple[dict[str, Any], ...], dict[str, Any]]:
-        messages = openai_wire.messages(request)
-        if not self._string_arguments:
-            messages = [_parsed_arguments(m) for m in messages]
+    def _converted(self, messages: tuple[Message, ...], previous: Rendered | None
+                   ) -> tuple[list[dict[str, Any]], ...]:
+        """Each message as the template's dicts (a function of that message alone): one
+        equal to the previous prompt's at the same place (structs compared in C) keeps its
+        dicts, so converting costs the new messages only."""
+        old = previous.source if previous is not None else ()
+        parts: list[list[dict[str, Any]]] = []
+        for position, message in enumerate(messages):
+            if position < len(old) and old[position] == message:
+                parts.append(previous.parts[position])  # type: ignore[union-attr]
+                continue
+            converted = openai_wire._message(message)  # one message, as messages() does
+            if not self._string_arguments:
+                converted = [_parsed_arguments(m) for m in converted]
+            parts.append(converted)
+        return tuple(parts)
+
+    def _kwargs(self, request: ChatRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = {}
         if request.tools:
             kwargs["tools"] = openai_wire.tools(request.tools)
         if request.reasoning_effort is not None:
             kwargs["reasoning_effort"] = request.reasoning_effort
-        return tuple(messages), kwargs
+        return kwargs
 
     def _template(self, messages: list[dict[str, Any]], kwargs: dict[str, Any],
                   generation: bool) -> str:
@@ -146,14 +162,16 @@ class Renderer:
 
     # ------------------------------------------------------------ rendering
     def render(self, request: ChatRequest, rollout: str | None = None) -> Rendered:
-        messages, kwargs = self._template_input(request)
         states = self._states.get(rollout or "", ())
+        parts = self._converted(request.messages, states[-1].prompt if states else None)
+        messages = tuple(m for p in parts for m in p)
+        kwargs = self._kwargs(request)
         text = self._windowed_text(messages, kwargs, states) if self.windowed else None
         if text is None:
             text = self._template(list(messages), kwargs, True)
         rendered = self.render_text(text, rollout)
         return Rendered(rendered.text, rendered.ids, rendered.reused, rendered.mode,
-                        messages, kwargs)
+                        request.messages, parts, messages, kwargs)
 
     def _windowed_text(self, messages: tuple[dict[str, Any], ...], kwargs: dict[str, Any],
                        states: Sequence[_State]) -> str | None:
@@ -261,8 +279,9 @@ class Renderer:
         inherited = base.anchors if base is not None else ()
         anchors = (*inherited, (len(rendered.text), prompt_len), (len(text), len(ids)))
         states = [s for s in states if s is not base]
-        prompt = Rendered(rendered.text, array("i"), 0, rendered.mode, rendered.messages,
-                          rendered.kwargs)  # the template input, without a second copy of ids
+        # The template input, without a second copy of the ids.
+        prompt = Rendered(rendered.text, array("i"), 0, rendered.mode, rendered.source,
+                          rendered.parts, rendered.messages, rendered.kwargs)
         states.append(_State(text, ids, tuple(sorted(set(anchors)))[-_ANCHORS:], prompt))
         self._states[rollout] = states[-self.memory:]
         while len(self._states) > self.max_rollouts:
