@@ -162,6 +162,15 @@ def test_unusable_middle_turn_is_excluded_and_its_tokens_masked(status, flags, r
     assert s.logprobs == (-0.1, -0.2, -0.4, -0.5, -0.6)
 
 
+def test_an_informational_flag_keeps_the_turn_trainable() -> None:
+    turns = three_turns()
+    turns[1] = make_turn(1, P1, C1, [-0.3], flags=("render_fallback",))
+    [chain] = chains(turns)
+    assert sample(chain).turns == (0, 1, 2)
+    turns[1] = make_turn(1, P1, C1, [-0.3], flags=("render_fallback", "prompt_ids_changed"))
+    assert [t.detail for t in link(turns).excluded] == ["prompt_ids_changed"]
+
+
 def test_turn_without_logprobs_is_excluded() -> None:
     turn = make_turn(0, P0, C0)
     bare = Turn(**{**{f: getattr(turn, f) for f in Turn.__struct_fields__}, "completion":

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -76,6 +77,24 @@ def test_duplicate_turn_index_is_refused_without_harming_others(tmp_path: Path) 
     dup, ok = asyncio.run(write())
     assert "UNIQUE" in str(dup) and ok is None
     assert [t.index for t in store.turns("k")] == [0, 1]
+    store.close()
+
+
+def test_a_row_that_cannot_be_packed_fails_alone_and_the_writer_goes_on(tmp_path: Path
+                                                                         ) -> None:
+    store = TraceStore(tmp_path)
+
+    async def write() -> list:
+        await store.put_rollout(Rollout("k", 0.0))
+        # metadata msgspec cannot encode: packing fails on the writer thread
+        bad = store.put_rollout(Rollout("bad", 0.0, metadata={"x": object()}))
+        return await asyncio.gather(bad, store.add_turn(make_turn("k", 0)),
+                                    return_exceptions=True)
+
+    bad, ok = asyncio.run(write())
+    assert isinstance(bad, sqlite3.DataError) and "cannot pack" in str(bad) and ok is None
+    asyncio.run(store.add_turn(make_turn("k", 1)))  # the writer thread is still alive
+    assert [t.index for t in store.turns("k")] == [0, 1] and store.rollout("bad") is None
     store.close()
 
 

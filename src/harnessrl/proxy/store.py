@@ -262,17 +262,20 @@ class TraceStore:
         db.close()
 
     def _commit(self, db: sqlite3.Connection, batch: list[_Write]) -> None:
-        rows = [(w.sql, w.params()) for w in batch]
+        packed = [_pack(w) for w in batch]
+        rows = [p for p in packed if not isinstance(p, Exception)]
         try:
             db.execute("BEGIN IMMEDIATE")
             for sql, params in rows:
                 db.execute(sql, params)
             db.execute("COMMIT")
-            results: list[Exception | None] = [None] * len(batch)
+            done: list[Exception | None] = [None] * len(rows)
         except sqlite3.Error:
             if db.in_transaction:
                 db.execute("ROLLBACK")
-            results = [self._commit_one(db, sql, params) for sql, params in rows]
+            done = [self._commit_one(db, sql, params) for sql, params in rows]
+        committed = iter(done)
+        results = [p if isinstance(p, Exception) else next(committed) for p in packed]
         self._note_written(rows)
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Any, Exception | None]]] = {}
         for write, error in zip(batch, results, strict=True):
@@ -369,6 +372,17 @@ class _Write:
     params: Callable[[], tuple[Any, ...]]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[None]
+
+
+def _pack(write: _Write) -> tuple[str, tuple[Any, ...]] | Exception:
+    """The row to write, or why it cannot be: a row that fails to pack fails alone, as a
+    store error its caller reports, and the writer thread goes on."""
+    try:
+        return write.sql, write.params()
+    except Exception as exc:
+        error = sqlite3.DataError(f"cannot pack the row: {type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        return error
 
 
 def _settle_all(settled: list[tuple[asyncio.Future[None], Exception | None]]) -> None:

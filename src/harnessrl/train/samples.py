@@ -93,6 +93,12 @@ _RULES: tuple[tuple[BreakReason, Callable[[_Divergence], bool]], ...] = (
 
 
 # ------------------------------------------------------------------ tokens
+# Flags that say how a turn's ids were made, not that they are doubtful: token mode could
+# not reuse the earlier ids and tokenized the prompt whole (the ids are still the exact ids
+# sent; the chain just breaks there).
+INFORMATIONAL_FLAGS = frozenset({"render_fallback"})
+
+
 def tokens(turn: Turn) -> Tokens:
     """The turn's tokens; only call on trainable turns (see `exclusion`)."""
     assert turn.completion is not None
@@ -103,8 +109,8 @@ def exclusion(turn: Turn) -> ExcludedTurn | None:
     """Why `turn` cannot be trained on, or None when it can."""
     if turn.status != "ok":
         return ExcludedTurn(turn.index, turn.status, turn.error)
-    if turn.flags:
-        return ExcludedTurn(turn.index, "flagged", ",".join(turn.flags))
+    if flags := [f for f in turn.flags if f not in INFORMATIONAL_FLAGS]:
+        return ExcludedTurn(turn.index, "flagged", ",".join(flags))
     t = turn.completion.tokens if turn.completion is not None else None
     if (t is None or t.prompt_ids is None or t.completion_ids is None or t.logprobs is None
             or len(t.logprobs) != len(t.completion_ids)):
