@@ -10,6 +10,8 @@ chain statistics, and which weight version sampled each turn.
 
 from __future__ import annotations
 
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -30,9 +32,10 @@ from harnessrl.train.config import (
 )
 from harnessrl.types import Outcome, Turn
 
-# Small enough for 2 CPU cores in well under 15 minutes: 2 tasks x 2 rollouts per step,
-# short replies, and a deadline per rollout so a model that never finishes cannot stall a
-# step.
+# Small enough for 2 CPU cores in under 15 minutes: 2 tasks x 2 rollouts per step, short
+# replies, and a deadline per rollout so a model that never finishes cannot stall a step.
+# On 2 cores the 4 concurrent ~1,000-token prompts take vLLM tens of seconds to prefill,
+# so the deadline leaves room for a few turns each.
 DEMO_TASKS = "bundled:create-hello-file,reverse-words"
 
 
@@ -49,9 +52,9 @@ def demo_config(run_dir: Path, model: str | None) -> TrainConfig:
         model=ModelConfig(path=model or "smollm2"),
         # token mode: the proxy renders the prompt itself and reuses the sampled ids, so
         # every turn a harness sends back unchanged extends the last one exactly
-        engine=EngineConfig(mode="token", max_model_len=8192, max_tokens=192),
+        engine=EngineConfig(mode="token", max_model_len=8192, max_tokens=160),
         rollout=RolloutConfig(harnesses=["mini-swe-agent"], tasks=DEMO_TASKS, concurrency=4,
-                              agent_timeout=60),
+                              agent_timeout=120),
         grpo=GRPOSettings(steps=2, num_generations=2, tasks_per_step=2, learning_rate=1e-5),
         shaping=ShapingConfig(fewer_tool_calls=0.1, tool_call_budget=10,
                               custom=["harnessrl.demo:brevity"]))
@@ -60,7 +63,11 @@ def demo_config(run_dir: Path, model: str | None) -> TrainConfig:
 def run_demo(run_dir: Path, model: str | None = None) -> int:
     from harnessrl.train.loop import resolve_model, train
 
-    console = Console()
+    # Wide enough for the tables when the output goes to a file or a CI log, not a terminal.
+    console = Console(width=None if sys.stdout.isatty() else 150)
+    # Each demo run gets a directory of its own, so a second run never mixes with the first
+    # (`harnessrl ui runs/demo` shows them all).
+    run_dir = run_dir / time.strftime("%Y%m%d-%H%M%S")
     config = demo_config(run_dir, model)
     console.rule("harnessrl demo: a real harness through the capture proxy, then GRPO")
     steps = train(config, console=console)
