@@ -186,8 +186,8 @@ def _printed(module: ModuleType, argv: list[str]) -> str:
 def render(outcomes: list[Outcome], command: str, loads: tuple[str, str]) -> str:
     lines = [f"# harnessrl benchmarks ({time.strftime('%Y-%m-%d %H:%M')} UTC)", "",
              f"Command: `{command}`. {machine_line()}. Source: {source_state()}. "
-             f"Load average (1 min) {loads[0]} at the start, {loads[1]} at the end: other "
-             "work shared the 2 cores.", "",
+             f"Load average (1 min) {loads[0]} at the start, {loads[1]} at the end "
+             "(the benchmarks' own processes count in it).", "",
              "Every figure is measured against its baseline in the same run.", ""]
     rows = [(o.section.key, r.figure, r.measured, r.baseline, r.target, r.verdict)
             for o in outcomes for r in o.rows]
