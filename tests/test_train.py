@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from rich.console import Console
 
@@ -563,6 +564,13 @@ def test_teacher_engine_sends_standard_fields_and_its_turns_are_not_trainable(tm
                 tools=[{"type": "function", "function": {"name": "bash", "parameters": {
                     "type": "object", "properties": {"command": {"type": "string"}}}}}])
             turns = served.store.turns(rollout["key"])
+            counted = httpx.post(f"{rollout['base_url']}/v1/messages/count_tokens",
+                                 headers={"x-api-key": rollout["key"]},
+                                 json={"model": "m", "messages": [{"role": "user",
+                                                                   "content": "hi"}]})
+    # no tokenizer behind a teacher: a clear 404 in the caller's shape, not a crash
+    assert counted.status_code == 404 and counted.json()["type"] == "error"
+    assert "tokenizer" in counted.json()["error"]["message"]
     assert reply.choices[0].message.tool_calls[0].function.name == "bash"
     assert seen[0]["model"] == "big-teacher" and "return_token_ids" not in seen[0]
     [turn] = turns

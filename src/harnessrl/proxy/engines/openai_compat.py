@@ -10,22 +10,12 @@ messages` turns its solved rollouts into conversations for a student's chat temp
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
 from typing import Any
 
+from harnessrl.errors import NotFound
 from harnessrl.proxy.engines import openai_wire
-from harnessrl.proxy.engines.vllm import (
-    VLLMEngine,
-    _encode,
-    _engine_error,
-    _events_from_completion,
-    _json_or_error,
-    _loose,
-    _StreamParser,
-    merge_chunks,
-)
-from harnessrl.proxy.sse import SSEDecoder
-from harnessrl.types import ChatRequest, EngineEvent
+from harnessrl.proxy.engines.vllm import VLLMEngine, _encode, _json_or_error
+from harnessrl.types import ChatRequest
 
 # vLLM extensions and token-accounting fields a standard endpoint may reject.
 _NOT_STANDARD = ("return_token_ids", "top_logprobs", "logprobs")
@@ -64,31 +54,8 @@ class OpenAICompatEngine(VLLMEngine):
         return [m["id"] for m in body.get("data", [])]
 
     async def count_tokens(self, request: ChatRequest) -> int:
-        raise NotImplementedError("an OpenAI-compatible teacher cannot count tokens")
+        raise NotFound("counting tokens needs the model's tokenizer, and an "
+                       "OpenAI-compatible teacher engine has none here")
 
-    async def complete(self, request: ChatRequest) -> list[EngineEvent]:
-        payload = _encode(teacher_body(request, stream=False))
-        with self._upstream("answer"):
-            async with self._http.post(f"{self.api_base}/chat/completions",
-                                       data=payload) as resp:
-                raw = await resp.read()
-                if resp.status != 200:
-                    raise _engine_error(resp.status, _loose(raw), raw)
-        return _events_from_completion(raw)
-
-    async def stream(self, request: ChatRequest) -> AsyncGenerator[EngineEvent, None]:
-        payload = _encode(teacher_body(request, stream=True))
-        parser = _StreamParser()
-        with self._upstream("send its next tokens"):
-            async with self._http.post(f"{self.api_base}/chat/completions",
-                                       data=payload) as resp:
-                if resp.status != 200:
-                    await _json_or_error(resp)
-                decoder = SSEDecoder()
-                async for piece in resp.content.iter_any():
-                    for event in merge_chunks(
-                            [e for sse in decoder.feed(piece) for e in parser.feed(sse.data)]):
-                        yield event
-                for event in [e for sse in decoder.finish() for e in parser.feed(sse.data)]:
-                    yield event
-        yield parser.finish()
+    def _chat_call(self, request: ChatRequest, *, stream: bool) -> tuple[str, bytes]:
+        return f"{self.api_base}/chat/completions", _encode(teacher_body(request, stream=stream))

@@ -105,22 +105,25 @@ class VLLMEngine:
                 answer = await _json_or_error(resp)
         return int(answer["count"])
 
+    def _chat_call(self, request: ChatRequest, *, stream: bool) -> tuple[str, bytes]:
+        """The URL and body of the upstream chat call (the teacher engine sends less)."""
+        return (f"{self.base_url}/v1/chat/completions",
+                _encode(openai_wire.chat_body(request, stream=stream)))
+
     async def complete(self, request: ChatRequest) -> list[EngineEvent]:
-        payload = _encode(openai_wire.chat_body(request, stream=False))
+        url, payload = self._chat_call(request, stream=False)
         with self._upstream("answer"):
-            async with self._http.post(f"{self.base_url}/v1/chat/completions",
-                                       data=payload) as resp:
+            async with self._http.post(url, data=payload) as resp:
                 raw = await resp.read()
                 if resp.status != 200:
                     raise _engine_error(resp.status, _loose(raw), raw)
         return _events_from_completion(raw)
 
     async def stream(self, request: ChatRequest) -> AsyncGenerator[EngineEvent, None]:
-        payload = _encode(openai_wire.chat_body(request, stream=True))
+        url, payload = self._chat_call(request, stream=True)
         parser = _StreamParser()
         with self._upstream("send its next tokens"):
-            async with self._http.post(f"{self.base_url}/v1/chat/completions",
-                                       data=payload) as resp:
+            async with self._http.post(url, data=payload) as resp:
                 if resp.status != 200:
                     await _json_or_error(resp)
                 decoder = SSEDecoder()
