@@ -1,13 +1,16 @@
 """Start a command confined to its sandbox directory (run under `unshare --mount`).
 
 Usage: python -I confine_launcher.py --keep DIR --tmp DIR [--reveal PATH ...]
-                                     [--hide PATH ...] -- COMMAND...
+                                     [--show PATH ...] [--hide PATH ...] -- COMMAND...
 
 In the new mount namespace:
-- each hidden PATH gets an empty, read-only tmpfs on top (the tasks' tests and solutions,
-  other rollouts' sandboxes);
 - /tmp, /var/tmp and /dev/shm show the sandbox's own `--tmp` directory, so what a program
   writes to a hard-coded /tmp lands in the sandbox;
+- each `--show` directory that lay under one of them (the interpreter, its site-packages,
+  the launchers, the harness prefix, the PATH handed to the command) is bind-mounted back,
+  read-only: the sandbox's own tools stay reachable wherever the user keeps them;
+- each hidden PATH gets an empty, read-only tmpfs on top (the tasks' tests and solutions,
+  other rollouts' sandboxes), also where it lies inside a shown directory;
 - every other mount is read-only, except `--keep` (the sandbox directory) and the
   `--reveal` paths (the proxy relay's sockets), which are bind-mounted back in place.
 So nothing the command writes escapes the sandbox directory, even as root. Nothing
@@ -51,19 +54,33 @@ def _under(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
+def _covered(paths: list[str]) -> list[str]:
+    """The directories among `paths` that the tmp mounts would cover (below, not at, a tmp
+    directory), outermost first, nested ones dropped: binding a parent shows them too."""
+    below = sorted({p for p in paths if os.path.isdir(p) and _under(p, list(TMP_DIRS))
+                    and p not in TMP_DIRS})
+    return [p for i, p in enumerate(below) if not _under(p, below[:i])]
+
+
 def main(argv: list[str]) -> None:
     split = argv.index("--")
     options, command = argv[:split], argv[split + 1:]
     (keep,), (tmp,) = _options(options, "--keep"), _options(options, "--tmp")
     hidden, reveal = _options(options, "--hide"), _options(options, "--reveal")
+    shown = _covered(_options(options, "--show"))
     mount("--make-rprivate", "/")  # nothing below leaks back to the host
-    parked = {path: _park(path) for path in (keep, tmp, *reveal)}
-    for path in hidden:
-        if os.path.isdir(path):
-            mount("-t", "tmpfs", "-o", "mode=755,size=64k", "hrl-hidden", path)
+    parked = {path: _park(path) for path in (keep, tmp, *reveal, *shown)}
     for path in TMP_DIRS:
         if os.path.isdir(path):
             mount("--no-canonicalize", "--bind", parked[tmp], path)
+    for path in shown:  # the mount point is made in the sandbox's own tmp/
+        os.makedirs(path, exist_ok=True)
+        mount("--no-canonicalize", "--bind", parked[path], path)
+        mount("-o", "remount,bind,ro", path)
+    # After the tmp and shown mounts, so a hidden path inside a shown one stays hidden.
+    for path in hidden:
+        if os.path.isdir(path):
+            mount("-t", "tmpfs", "-o", "mode=755,size=64k", "hrl-hidden", path)
     writable = [keep, *reveal, *TMP_DIRS]
     for path in (keep, *reveal):  # the fd, not its path: the path may be covered now
         os.makedirs(path, exist_ok=True)
@@ -76,7 +93,11 @@ def main(argv: list[str]) -> None:
     for path in hidden:
         if os.path.isdir(path) and not keep.startswith(path.rstrip("/") + "/"):
             mount("-o", "remount,ro", path)
-    os.execvp(command[0], command)
+    try:
+        os.execvp(command[0], command)
+    except OSError as error:  # 127 as a shell says it: the program is not there to run
+        sys.stderr.write(f"confined sandbox: cannot run {command[0]!r} in it: {error}\n")
+        sys.exit(127)
 
 
 if __name__ == "__main__":

@@ -155,7 +155,7 @@ class Runner:
         finally:
             await sandbox.close()
         timings["total"] = time.monotonic() - started
-        if verdict.status in ("no_reward", "bad_reward"):
+        if verdict.status in ("no_reward", "bad_reward", "not_run"):
             raise InfraError(f"the verifier gave no score ({verdict.status}: {verdict.reason})")
         engine_failures = [t.error for t in self.store.turns(key)
                            if t.error and t.error.split(":")[0] in _ENGINE_FAILURES]
@@ -172,7 +172,8 @@ class Runner:
         hide = [self.sandboxes, BUNDLED, *([task.source] if task.source else [])]
         return await LocalSandbox.create(self.sandboxes, name, network=self.config.network,
                                          proxy_ports=[int(self.proxy_url.rsplit(":", 1)[1])],
-                                         hide=hide if self.config.hide_host else ())
+                                         hide=hide if self.config.hide_host else (),
+                                         show=[self.config.tools_dir.expanduser()])
 
     def _scored(self, planned: Planned, key: str, attempt: int, verdict: Verdict,
                 finished: bool, run: ExecResult, detail: str,

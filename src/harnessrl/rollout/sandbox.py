@@ -47,6 +47,7 @@ MARKER = "HARNESSRL_SANDBOX"  # set in every command's environment; finds escape
 OUTPUT_CAP = 16 << 20  # bytes of each output stream returned; the rest is dropped
 _LAUNCHER = Path(__file__).with_name("netns_launcher.py")
 _CONFINE_LAUNCHER = Path(__file__).with_name("confine_launcher.py")
+_PROBE = Path(__file__).with_name("sandbox_probe.py")
 
 # Never passed into a sandbox, even when a caller names them: they would route traffic
 # around the isolation, and the capture proxy is reached by its base URL instead.
@@ -175,13 +176,15 @@ class LocalSandbox:
         self._relay_dir = self._private / "relay"
         self.closed = False
         self.hide: tuple[Path, ...] = ()
+        self.show: tuple[Path, ...] = ()
         self.confined = False
 
     @classmethod
     async def create(cls, root: Path, name: str, *, allowed_env: Mapping[str, str] = {},
                      limits: Limits = Limits(), network: Network = "host",
                      proxy_ports: Sequence[int] = (), kill_grace: float = 2.0,
-                     hide: Sequence[Path] = (), confine: bool = False) -> LocalSandbox:
+                     hide: Sequence[Path] = (), show: Sequence[Path] = (),
+                     confine: bool = False) -> LocalSandbox:
         """A fresh sandbox at `root/name` (which must not exist yet). `allowed_env` is added
         to the minimal environment of every command; `proxy_ports` are the host loopback
         ports reachable with network="loopback-proxy". `hide` are host directories the
@@ -189,7 +192,13 @@ class LocalSandbox:
         sandbox's own directory stays visible even when it lies below one of them.
         `confine` (implied by `hide`) makes the rest of the host filesystem read-only to
         the commands and shows them the sandbox's tmp/ as /tmp, so nothing they write
-        escapes the sandbox directory."""
+        escapes the sandbox directory. What the commands need stays visible (read-only)
+        even where it lies under /tmp: the interpreter and its import path, the launchers,
+        the directories on their PATH, and `show` (e.g. the harness prefix).
+
+        A sandbox with a launch chain (confinement, a network namespace) proves it at
+        creation by running a trivial command through it; a failure is a `SandboxError`
+        that names what is missing."""
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
             raise ValueError(f"sandbox name {name!r}: use letters, digits, '.', '_', '-'")
         if network not in ("host", "none", "loopback-proxy"):
@@ -211,13 +220,19 @@ class LocalSandbox:
         sandbox = cls(directory, env=env, limits=limits, network=network,
                       kill_grace=kill_grace)
         sandbox.hide = tuple(Path(p).resolve() for p in hide)
+        sandbox.show = tuple(Path(p) for p in show)
         sandbox.confined = bool(hide) or confine
-        if network == "loopback-proxy":
-            try:
-                await sandbox._start_relays(proxy_ports)
-            except OSError as error:
-                await sandbox.close()
-                raise SandboxError(f"cannot start the proxy relay: {error}") from error
+        try:
+            if network == "loopback-proxy":
+                try:
+                    await sandbox._start_relays(proxy_ports)
+                except OSError as error:
+                    raise SandboxError(f"cannot start the proxy relay: {error}") from error
+            if sandbox.confined or network != "host":
+                await sandbox._self_check()
+        except BaseException:
+            await sandbox.close()
+            raise
         return sandbox
 
     @staticmethod
@@ -236,7 +251,19 @@ class LocalSandbox:
 
     # -- commands ------------------------------------------------------------------------
 
-    def _argv(self, command: str | list[str]) -> list[str]:
+    def _needed(self, env: Mapping[str, str]) -> list[str]:
+        """Host paths the commands need to see: the interpreter that runs the launchers
+        (and the verifiers, as $PYTHON) with its import path, the launchers, the PATH
+        they are given, and `show`; those that exist here, each as given and resolved (a
+        venv's python is a link)."""
+        paths = [sys.prefix, sys.exec_prefix, sys.base_prefix,
+                 os.path.dirname(sys.executable), os.path.dirname(os.path.realpath(
+                     sys.executable)), str(_LAUNCHER.parent), *sys.path,
+                 *env.get("PATH", "").split(os.pathsep), *map(str, self.show)]
+        present = [p for p in paths if os.path.isabs(p) and os.path.exists(p)]
+        return sorted({q for p in present for q in (p, os.path.realpath(p))})
+
+    def _argv(self, command: str | list[str], env: Mapping[str, str]) -> list[str]:
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         namespaces = []
         if self.network != "host":
@@ -246,8 +273,9 @@ class LocalSandbox:
         if self.confined:
             hidden = [a for path in self.hide for a in ("--hide", str(path))]
             reveal = ["--reveal", str(self._relay_dir)] if self._relays else []
+            shown = [a for path in self._needed(env) for a in ("--show", path)]
             argv = [sys.executable, "-I", str(_CONFINE_LAUNCHER), "--keep", str(self.directory),
-                    "--tmp", str(self.tmp), *reveal, *hidden, "--", *argv]
+                    "--tmp", str(self.tmp), *reveal, *shown, *hidden, "--", *argv]
             namespaces.append("--mount")
         return ["unshare", *namespaces, "--", *argv] if namespaces else argv
 
@@ -261,13 +289,13 @@ class LocalSandbox:
         # keep it open (and asyncio's wait() waiting) long after the command has exited.
         n = next(self._runs)
         out_path, err_path = self._private / f"{n}.out", self._private / f"{n}.err"
+        full_env = self._env | dict(env or {})
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             try:
                 proc = await asyncio.create_subprocess_exec(
-                    *self._argv(command), stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                    cwd=self._inside(str(cwd or self.workdir)),
-                    env=self._env | dict(env or {}), start_new_session=True,
-                    preexec_fn=self.limits.apply)
+                    *self._argv(command, full_env), stdin=subprocess.DEVNULL, stdout=out,
+                    stderr=err, cwd=self._inside(str(cwd or self.workdir)),
+                    env=full_env, start_new_session=True, preexec_fn=self.limits.apply)
             except OSError as error:
                 raise SandboxError(f"cannot start {command!r}: {error}") from error
         timed_out = False
@@ -296,6 +324,18 @@ class LocalSandbox:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await asyncio.shield(proc.wait())
+
+    async def _self_check(self) -> None:
+        """Run the probe through the whole launch chain: every needed path visible, every
+        relayed port answering. Before any agent or verifier depends on it."""
+        ports = [str(port) for port, _path in self._relays]
+        probe = [sys.executable, "-I", str(_PROBE), *ports, "--", *self._needed(self._env)]
+        result = await self.run(probe, timeout=60)
+        if result.exit_code != 0:
+            detail = _text(result.stdout + result.stderr).strip()[-2000:]
+            how = "timed out" if result.timed_out else f"exit {result.exit_code}"
+            raise SandboxError(f"the sandbox failed its self-check ({how}; confined="
+                               f"{self.confined}, network={self.network}): {detail}")
 
     # -- files ---------------------------------------------------------------------------
 
@@ -343,6 +383,10 @@ class LocalSandbox:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
 
 
 def _take(path: Path) -> bytes:

@@ -28,8 +28,10 @@ paths are rewritten on the way in (text files under tests/ and solution/ only) w
 is not "/": a best effort for foreign tasks; the bundled ones use the variables.
 
 `verify` copies the tests in only after the agent has finished, into a freshly emptied
-tests/ and logs/ (so nothing the agent planted there counts), and never invents a pass: no
-reward file means reward 0 with the reason.
+tests/ and logs/ (so nothing the agent planted there counts), and never invents a score
+either way: no reward file is `no_reward` with the reason, and a verifier that cannot run
+(its interpreter, pytest or program missing: checked first, and exit 126/127) is
+`not_run`. Both are infrastructure errors for the runner, never a 0.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import asyncio
 import json
 import math
 import re
+import shlex
 import sys
 import tempfile
 import time
@@ -53,7 +56,10 @@ from harnessrl.rollout.sandbox import Sandbox
 
 BUNDLED = Path(__file__).with_name("bundled_tasks")
 DIFFICULTIES = ("easy", "medium", "hard")
-VerdictStatus = Literal["scored", "no_reward", "bad_reward", "timed_out"]
+VerdictStatus = Literal["scored", "no_reward", "bad_reward", "timed_out", "not_run"]
+# Exit codes of a verifier that could not start what it runs (a shell's "not executable"
+# and "not found"; our test runner without pytest).
+CANNOT_RUN = frozenset({126, 127})
 
 
 class TaskError(ValueError):
@@ -363,6 +369,9 @@ async def verify(task: Task, sandbox: Sandbox) -> Verdict:
     await _fresh(sandbox, layout, "tests", "logs/verifier")
     await _place(sandbox, str(layout.base / "tests"), task.tests_dir, task.test_files, layout)
     commands = task.verify_commands or ('bash "$TESTS_DIR/test.sh"',)
+    if (problem := await _cannot_run(task, sandbox, layout, commands)) is not None:
+        return Verdict(0.0, False, problem, time.monotonic() - started, status="not_run",
+                       reason=problem)
     deadline = time.monotonic() + task.verifier_timeout
     outputs, result = [], None
     for command in commands:
@@ -381,6 +390,38 @@ async def verify(task: Task, sandbox: Sandbox) -> Verdict:
         reward, raw, status, reason = _read_reward(Path(logs), task, result.exit_code)
     return Verdict(reward, reward >= 1.0, output, time.monotonic() - started, raw=raw,
                    status=status, reason=reason, exit_code=result.exit_code)
+
+
+async def _cannot_run(task: Task, sandbox: Sandbox, layout: Layout,
+                      commands: tuple[str, ...]) -> str | None:
+    """Why the verifier cannot run in this sandbox (a program it starts is missing, or
+    $PYTHON cannot import pytest for our test runner), or None. Checked before it runs:
+    a verifier that swallows its own failure would otherwise write a 0."""
+    programs = sorted({p for command in commands if (p := _program(command))})
+    checks = [f'command -v {shlex.quote(p)} >/dev/null || echo "{p} is not installed in '
+              f'the sandbox"' for p in programs]
+    uses_runner = "run_tests.py" in task.test_files or (
+        task.tests_dir is not None and (task.tests_dir / "run_tests.py").is_file())
+    if uses_runner:
+        checks.append('"$PYTHON" -c "import pytest" 2>&1 >/dev/null || echo "the verifier\'s '
+                      'interpreter $PYTHON cannot import pytest here"')
+    result = await sandbox.run("; ".join(checks) or "true", env=layout.env(), timeout=60)
+    problem = _text(result.stdout, result.stderr).strip()
+    if result.exit_code != 0 and not problem:
+        problem = f"the verifier's pre-check exited {result.exit_code}"
+    return problem or None
+
+
+def _program(command: str) -> str | None:
+    """The program a shell command starts, when it is named bare (found on PATH)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    first = next((w for w in words if not re.fullmatch(r"[A-Za-z_]\w*=.*", w)), None)
+    if first is None or "/" in first or "$" in first:
+        return None
+    return first
 
 
 def _read_reward(logs: Path, task: Task, exit_code: int | None
@@ -407,6 +448,9 @@ def _read_reward(logs: Path, task: Task, exit_code: int | None
         return reward, None, "scored", None
     if task.verify_commands:
         return (1.0 if exit_code == 0 else 0.0), None, "scored", None
+    if exit_code in CANNOT_RUN:
+        return 0.0, None, "not_run", (
+            f"the verifier could not run what it starts (exit {exit_code}) and wrote no reward")
     return 0.0, None, "no_reward", (
         f"the verifier wrote no reward.txt or reward.json (exit code {exit_code})")
 

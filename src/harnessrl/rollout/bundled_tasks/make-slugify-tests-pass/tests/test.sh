@@ -6,8 +6,12 @@ TESTS_DIR="${TESTS_DIR:-/tests}"
 LOGS_DIR="${LOGS_DIR:-/logs/verifier}"
 export WORKDIR="${WORKDIR:-$PWD}" PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 mkdir -p "$LOGS_DIR"
-if "$PY" -P "$TESTS_DIR/run_tests.py"; then
-    echo 1 > "$LOGS_DIR/reward.txt"
-else
-    echo 0 > "$LOGS_DIR/reward.txt"
-fi
+"$PY" -P "$TESTS_DIR/run_tests.py"
+code=$?
+# 126/127: the interpreter or pytest is missing, so nothing was tested. No reward is
+# written: the rollout is an infrastructure error, not a 0.
+case $code in
+    0) echo 1 > "$LOGS_DIR/reward.txt" ;;
+    126|127) echo "the tests could not run (exit $code)" >&2; exit "$code" ;;
+    *) echo 0 > "$LOGS_DIR/reward.txt" ;;
+esac
