@@ -3,6 +3,7 @@ oracle policy (each task's reference solution through the harness's own shell to
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,28 @@ def test_a_hanging_harness_is_killed_and_recorded_as_timed_out(tmp_path):
     assert 2 <= outcome.timings["agent"] < 15
     alive = subprocess.run(["pgrep", "-f", "sleep 983"], capture_output=True, text=True)
     assert alive.stdout == ""  # the whole process tree is gone
+
+
+@pytest.mark.slow
+@pytest.mark.harness
+def test_an_oracle_that_does_not_pass_is_a_broken_pipeline(mini, tmp_path, monkeypatch):
+    """A verifier that cannot run is an infrastructure error, and an oracle rollout that is
+    scored but fails names the pipeline, not the model."""
+    from harnessrl.rollout import tasks as tasks_module
+    from harnessrl.rollout.run import oracle_check
+
+    good, wrong = load_tasks("bundled:create-hello-file,fizzbuzz")
+    wrong = dataclasses.replace(wrong, solution_dir=None, solution_commands=("true",))
+    config = RunConfig(harnesses=[mini], tasks=[good, wrong], retries=0, tools_dir=TOOLS)
+    quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
+    [problem] = oracle_check(config, tmp_path / "scored", console=quiet)
+    assert problem.startswith("mini-swe-agent on fizzbuzz (sample 0): the reference "
+                              "solution did not pass (verifier scored, reward 0.0")
+
+    env = tasks_module.Layout.env
+    monkeypatch.setattr(tasks_module.Layout, "env",
+                        lambda self: env(self) | {"PYTHON": "/nonexistent/python"})
+    problems = oracle_check(dataclasses.replace(config, tasks=[good]), tmp_path / "broken",
+                            console=quiet)
+    assert len(problems) == 1 and "infrastructure error" in problems[0]
+    assert "/nonexistent/python" in problems[0] and "verifier" in problems[0]

@@ -145,7 +145,7 @@ def _run_parser(p: argparse.ArgumentParser) -> None:
 
 def _execute_run(args: argparse.Namespace) -> list[Any]:
     from harnessrl.rollout.rewards import Shaping, load_term
-    from harnessrl.rollout.run import execute, oracle_policy
+    from harnessrl.rollout.run import execute, oracle_engine
     from harnessrl.rollout.runner import RunConfig
     from harnessrl.rollout.tasks import load_tasks
     from harnessrl.types import Sampling
@@ -160,10 +160,7 @@ def _execute_run(args: argparse.Namespace) -> list[Any]:
                        shaping=shaping)
     server = None
     if args.oracle:
-        from harnessrl.harnesses.conformance import policy_tokenizer
-        from harnessrl.proxy.engines.scripted import ScriptedEngine
-
-        engine = ScriptedEngine(policy_tokenizer(), oracle_policy(tasks), model="oracle")
+        engine = oracle_engine(tasks)
     elif args.teacher:
         import os
 
@@ -191,7 +188,23 @@ def _execute_run(args: argparse.Namespace) -> list[Any]:
 
 def _run(args: argparse.Namespace) -> int:
     outcomes = _execute_run(args)
+    if args.oracle and _report_broken(outcomes):
+        return 1
     return 0 if all(o.status == "done" for o in outcomes) else 1
+
+
+def _report_broken(outcomes: list[Any]) -> bool:
+    """--oracle: every rollout that did not pass is a broken pipeline, said so (exit 1)."""
+    from rich.console import Console
+
+    from harnessrl.rollout.run import broken_pipeline
+
+    problems = broken_pipeline(outcomes)
+    console = Console(stderr=True)
+    for problem in problems:
+        console.print(f"[bold red]broken pipeline[/]: {problem}", markup=True,
+                      highlight=False)
+    return bool(problems)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -200,11 +213,12 @@ def _eval(args: argparse.Namespace) -> int:
 
     from harnessrl.rollout.evaluate import evaluate, markdown, write_all
 
-    rows = evaluate(_execute_run(args), args.samples)
+    outcomes = _execute_run(args)
+    rows = evaluate(outcomes, args.samples)
     paths = write_all(rows, args.out or args.run_dir / "eval")
     Console().print(Markdown(markdown(rows)))
     print("wrote " + ", ".join(str(p) for p in paths))
-    return 0
+    return 1 if args.oracle and _report_broken(outcomes) else 0
 
 
 def _serve_parser(p: argparse.ArgumentParser) -> None:

@@ -70,6 +70,13 @@ def run_demo(run_dir: Path, model: str | None = None) -> int:
     run_dir = run_dir / time.strftime("%Y%m%d-%H%M%S")
     config = demo_config(run_dir, model)
     console.rule("harnessrl demo: a real harness through the capture proxy, then GRPO")
+    console.print("checking the pipeline first: one rollout per task with its reference "
+                  "solution (the oracle) must pass")
+    if problems := oracle_first(config, console):
+        for problem in problems:
+            console.print(f"[bold red]broken pipeline[/]: {problem}", highlight=False)
+        console.print("stopping: the rewards of this setup would not mean anything")
+        return 1
     steps = train(config, console=console)
     store = TraceStore(run_dir)
     try:
@@ -79,6 +86,22 @@ def run_demo(run_dir: Path, model: str | None = None) -> int:
     console.print(f"\nstore: [bold]{store.path}[/] · look at it with [bold]harnessrl ui "
                   f"{run_dir}[/] · samples report: [bold]harnessrl report {run_dir}[/]")
     return 0
+
+
+def oracle_first(config: TrainConfig, console: Console) -> list[str]:
+    """The demo's harnesses and tasks, driven once each by the oracle in the same kind of
+    sandbox (into RUN_DIR/oracle): what broke, if anything. A 135M model's 0% pass rate is
+    expected; a 0% from a broken sandbox or verifier must not look the same."""
+    from harnessrl.harnesses import get
+    from harnessrl.rollout.run import oracle_check
+    from harnessrl.rollout.runner import RunConfig
+    from harnessrl.rollout.tasks import load_tasks
+
+    r = config.rollout
+    run = RunConfig(harnesses=[get(name) for name in r.harnesses], tasks=load_tasks(r.tasks),
+                    concurrency=r.concurrency, retries=r.retries,
+                    tools_dir=Path(r.tools_dir), network=r.network, hide_host=r.hide_host)
+    return oracle_check(run, Path(config.run_dir) / "oracle", console=console)
 
 
 def _show(console: Console, store: TraceStore, model: Path,

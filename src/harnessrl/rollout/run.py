@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,40 @@ def oracle_policy(tasks: Sequence[Task]) -> OraclePolicy:
         solutions[task.instruction.strip().splitlines()[0][:100]] = (
             f"echo {encoded} | base64 -d | bash")
     return OraclePolicy(solutions)
+
+
+def oracle_engine(tasks: Sequence[Task]) -> Any:
+    """The scripted engine that drives every harness with each task's reference solution."""
+    from harnessrl.harnesses.conformance import policy_tokenizer
+    from harnessrl.proxy.engines.scripted import ScriptedEngine
+
+    return ScriptedEngine(policy_tokenizer(), oracle_policy(tasks), model="oracle")
+
+
+def broken_pipeline(outcomes: Sequence[Outcome]) -> list[str]:
+    """What went wrong in an oracle run, one line per rollout that did not pass. The
+    reference solution passes by definition, so each is the pipeline's fault (sandbox,
+    harness, proxy, verifier), never the model's."""
+    problems = []
+    for o in outcomes:
+        where = f"{o.harness} on {o.task} (sample {o.sample})"
+        if o.status != "done":
+            problems.append(f"{where}: infrastructure error: {o.error}")
+        elif (o.verifier_reward or 0) < 1:
+            tail = " ".join((o.verifier_output or "").split()[-40:])
+            problems.append(f"{where}: the reference solution did not pass (verifier "
+                            f"{o.verifier_status}, reward {o.verifier_reward}; agent "
+                            f"{o.agent_detail or '-'}): {tail}")
+    return problems
+
+
+def oracle_check(config: RunConfig, run_dir: Path, *,
+                 console: Console | None = None) -> list[str]:
+    """One oracle rollout per harness and task of `config`, in `run_dir`: the problems
+    (empty when the whole pipeline works)."""
+    once = dataclasses.replace(config, samples=1)
+    return broken_pipeline(execute(once, oracle_engine(config.tasks), run_dir,
+                                   console=console))
 
 
 def execute(config: RunConfig, engine: Any, run_dir: Path, *,
