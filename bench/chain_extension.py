@@ -9,7 +9,7 @@ that only the policy's text matches), so both modes see the same conversation; t
 are still the model's own: under the constraint it picks its own tokenization of that
 text, often not the tokenizer's canonical one, as real models sometimes do.
 
-Then `harnessrl.train.samples.report` gives, per harness and mode, how many turns extend
+Then `harnessrl.rollout.chains.report` gives, per harness and mode, how many turns extend
 the turn before them (prompt ids = earlier prompt + completion ids + new ids).
 
   chat mode   vLLM renders the history the harness sends back and tokenizes it again
@@ -62,7 +62,7 @@ from harnessrl.proxy.serve import in_thread
 from harnessrl.proxy.sessions import Sessions
 from harnessrl.proxy.sse import SSEDecoder
 from harnessrl.proxy.store import TraceStore
-from harnessrl.train.samples import ChainStats, link, report
+from harnessrl.rollout.chains import ChainStats, link, report
 from harnessrl.types import ChatRequest, EngineEvent, ToolResult
 
 TOOLS_DIR = Path("~/.cache/harnessrl/tools").expanduser()

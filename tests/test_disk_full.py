@@ -24,7 +24,7 @@ import pytest
 
 from harnessrl.proxy.engines.vllm import VLLMEngine
 from harnessrl.proxy.serve import in_thread
-from harnessrl.train.samples import link
+from harnessrl.rollout.chains import link
 from tests.conftest import ServedProxy, make_proxy
 from tests.test_faults import DIALECTS, IDS, Dialect, QuickFake
 

@@ -27,7 +27,7 @@ from starlette.responses import Response
 
 from harnessrl.proxy.engines.vllm import VLLMEngine
 from harnessrl.proxy.serve import in_thread
-from harnessrl.train.samples import link
+from harnessrl.rollout.chains import link
 from tests.conftest import ServedProxy, make_proxy
 from tests.fake_vllm import PROMPT_IDS, TOKENS, FakeVLLM
 

@@ -15,20 +15,18 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from harnessrl.proxy.engines.scripted import Reply, ScriptedEngine
-from harnessrl.train.samples import (
+from harnessrl.reports import render_report
+from harnessrl.rollout.chains import (
     BREAK_REASONS,
     EXCLUDE_REASONS,
     ChainStats,
     build_report,
     chains,
     common_prefix,
-    iter_samples,
     link,
-    render_report,
     report,
-    sample,
-    samples_for_rollout,
 )
+from harnessrl.train.samples import iter_samples, sample, samples_for_rollout
 from harnessrl.types import (
     ChainBreak,
     Completion,

@@ -63,7 +63,8 @@ DRIVER = textwrap.dedent('''
                 "harness": await out("hello"),
                 "python": await out([sys.executable, "-c", "import sys; print(sys.prefix)"]),
                 "relay": await out([sys.executable, "-c", CONNECT, str(port)]),
-                "task_hidden": await out(f"cat {task_dir}/tests/test_answer.py 2>/dev/null || echo unseen"),
+                "task_hidden": await out(
+                    f"cat {task_dir}/tests/test_answer.py 2>/dev/null || echo unseen"),
                 "secret": await out(f"cat {base}/secret.txt 2>/dev/null || echo unseen"),
                 "prefix_write": await out(f"touch {prefix}/bin/new 2>/dev/null || echo refused"),
                 "tmp_write": await out("echo mine > /tmp/t && cat /tmp/t"),

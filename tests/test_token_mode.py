@@ -22,7 +22,7 @@ from harnessrl.proxy.engines.managed import VLLMServer, tool_call_parser_for
 from harnessrl.proxy.engines.render import Rendered, Renderer
 from harnessrl.proxy.engines.token import TokenEngine
 from harnessrl.proxy.engines.toolformats import Qwen3CoderParser, make_parser, typed
-from harnessrl.train.samples import rollout_stats
+from harnessrl.rollout.chains import rollout_stats
 from harnessrl.types import (
     ChatRequest,
     Message,

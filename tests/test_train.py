@@ -549,7 +549,7 @@ def test_teacher_engine_sends_standard_fields_and_its_turns_are_not_trainable(tm
 
     from harnessrl.proxy.engines.openai_compat import OpenAICompatEngine
     from harnessrl.proxy.serve import in_thread
-    from harnessrl.train.samples import link
+    from harnessrl.rollout.chains import link
     from tests.conftest import ServedProxy, make_proxy
 
     seen: list[dict] = []
@@ -582,8 +582,8 @@ def test_teacher_engine_sends_standard_fields_and_its_turns_are_not_trainable(tm
 def test_step_metrics_per_harness_leave_infra_errors_out_of_rates():
     from collections import Counter
 
+    from harnessrl.rollout.chains import ChainStats
     from harnessrl.train.loop import batch_metrics
-    from harnessrl.train.samples import ChainStats
     from harnessrl.train.trl import Batch, RolloutRecord
     from harnessrl.types import Outcome, Sample
 

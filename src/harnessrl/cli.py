@@ -469,7 +469,8 @@ def _report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from harnessrl.proxy.store import TraceStore
-    from harnessrl.train.samples import render_report, report
+    from harnessrl.reports import render_report
+    from harnessrl.rollout.chains import report
 
     if not (args.run_dir / "trace.db").is_file():
         print(f"harnessrl: no trace store in {args.run_dir}", file=sys.stderr)

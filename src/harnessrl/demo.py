@@ -108,7 +108,8 @@ def _show(console: Console, store: TraceStore, model: Path,
           steps: list[dict[str, Any]]) -> None:
     from transformers import AutoTokenizer
 
-    from harnessrl.train.samples import render_report, report
+    from harnessrl.reports import render_report
+    from harnessrl.rollout.chains import report
 
     outcomes = store.outcomes()
     turns = {o.rollout: store.turns(o.rollout) for o in outcomes}

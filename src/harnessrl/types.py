@@ -7,7 +7,7 @@ structs so that they encode to JSON (for the store and exports) without hand-wri
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -174,6 +174,13 @@ class Finished(msgspec.Struct, tag="finished", frozen=True):
 EngineEvent = Started | Chunk | Finished
 
 
+# The store packs token ids as 32-bit integers (proxy/store.py). Engines decode the ids a
+# reply reports as `TokenId`, so an id outside that range fails its call as the engine's
+# error, with the reason, instead of failing the write and losing the call.
+MAX_TOKEN_ID = 2**31 - 1
+TokenId = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKEN_ID)]
+
+
 class Tokens(msgspec.Struct, frozen=True):
     """Exact ids the engine reported. Missing pieces stay None, never guessed."""
 
@@ -251,7 +258,7 @@ class Trace(msgspec.Struct, frozen=True):
 
 
 # ------------------------------------------------------------------ training samples
-# Why a chain of turns started (see `harnessrl.train.samples.BREAK_REASONS` for the
+# Why a chain of turns started (see `harnessrl.rollout.chains.BREAK_REASONS` for the
 # exact rules) and why a turn was left out of every chain (`EXCLUDE_REASONS`).
 BreakReason = Literal["first", "side_call", "history_rewritten", "rewound"]
 ExcludeReason = Literal["failed", "cancelled", "flagged", "no_tokens"]

@@ -25,8 +25,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from harnessrl.rollout.chains import ChainStats
 from harnessrl.train.config import TrainConfig, shaping_of
-from harnessrl.train.samples import ChainStats
 from harnessrl.train.trl import Batch, RolloutRecord
 
 METRICS_FILE = "metrics.jsonl"

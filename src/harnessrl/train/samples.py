@@ -1,207 +1,24 @@
-"""Chains and samples: a rollout's turns become training sequences, never re-tokenized.
+"""Samples: each chain of a rollout becomes one training sequence, never re-tokenized.
 
-A turn *extends* a chain when its prompt ids start with the ids of the chain's last turn,
-prompt and completion: the harness sent its history back exactly as the model saw and
-produced it, plus new tokens (tool results, user text, template tokens). A chain of such
-turns is one `Sample`: the first prompt, then every turn's sampled ids (mask 1, with the
-engine's logprobs) and the ids inserted between turns (mask 0, no logprob).
-
-Several chains can be open at once, because harnesses interleave side calls (titles,
-summaries) with the main conversation; a turn extends whichever open chain it extends,
-the longest when several do. A turn that extends none starts a new chain, and the
-`ChainBreak` says why and where its prompt left the closest chain, since that position
-is what a user debugging re-tokenization drift or compaction needs to see.
+A chain (`harnessrl.rollout.chains`) is one `Sample`: the first prompt, then every turn's
+sampled ids (mask 1, with the engine's logprobs) and the ids inserted between turns (mask
+0, no logprob).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 from itertools import groupby
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
-from rich.console import Group
-from rich.table import Table
-
-from harnessrl.types import (
-    BreakReason,
-    ChainBreak,
-    ExcludedTurn,
-    ExcludeReason,
-    Rollout,
-    Sample,
-    Tokens,
-    Turn,
-)
+from harnessrl.rollout.chains import Chain, chains, extends, length, tokens
+from harnessrl.types import Sample, Turn
 
 if TYPE_CHECKING:
     from harnessrl.proxy.store import TraceStore
 
-# A prompt sharing less than this fraction of a chain's first prompt is a different
-# conversation (a side call has its own system prompt or task), not an edited history.
-SIDE_CALL_SHARE = 0.5
 
-BREAK_REASONS: dict[BreakReason, str] = {
-    "first": "the rollout's first trainable turn: there was no chain to extend",
-    "rewound": "the prompt is a proper prefix of a chain's tokens: the harness went back "
-               "to an earlier point (a retry or a regenerated reply)",
-    "side_call": f"the prompt shares less than {SIDE_CALL_SHARE:.0%} of the first prompt of "
-                 "every chain: another conversation, such as title generation",
-    "history_rewritten": "the prompt shares the start of a chain but differs inside it: in an "
-                         "earlier completion (re-tokenization drift, reasoning dropped) or in "
-                         "earlier inserted tokens (context compacted, history edited)",
-}
-EXCLUDE_REASONS: dict[ExcludeReason, str] = {
-    "failed": "the call failed (status failed)",
-    "cancelled": "the client went away before the reply ended (status cancelled)",
-    "flagged": "the capture is suspect (turn.flags, e.g. logprob_count_mismatch)",
-    "no_tokens": "prompt ids, completion ids or one logprob per completion id are missing",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class Chain:
-    """Turns of one rollout, each extending the one before; `start` says why it began."""
-
-    turns: tuple[Turn, ...]
-    start: ChainBreak
-
-
-@dataclass(frozen=True, slots=True)
-class Linked:
-    """A rollout's turns sorted into chains, and the turns left out of every chain."""
-
-    chains: list[Chain]
-    excluded: list[ExcludedTurn]
-
-
-@dataclass(frozen=True, slots=True)
-class _Divergence:
-    shared: int  # length of the common prefix of the prompt and the chain's tokens
-    prompt_len: int
-    first_prompt_len: int
-
-
-# Tried in order; the first rule that holds names the break.
-_RULES: tuple[tuple[BreakReason, Callable[[_Divergence], bool]], ...] = (
-    ("rewound", lambda d: d.shared == d.prompt_len),
-    ("side_call", lambda d: d.shared < SIDE_CALL_SHARE * d.first_prompt_len),
-    ("history_rewritten", lambda d: True),
-)
-
-
-# ------------------------------------------------------------------ tokens
-# Flags that say how a turn's ids were made, not that they are doubtful: token mode could
-# not reuse the earlier ids and tokenized the prompt whole (the ids are still the exact ids
-# sent; the chain just breaks there).
-INFORMATIONAL_FLAGS = frozenset({"render_fallback"})
-
-
-def tokens(turn: Turn) -> Tokens:
-    """The turn's tokens; only call on trainable turns (see `exclusion`)."""
-    assert turn.completion is not None
-    return turn.completion.tokens
-
-
-def exclusion(turn: Turn) -> ExcludedTurn | None:
-    """Why `turn` cannot be trained on, or None when it can."""
-    if turn.status != "ok":
-        return ExcludedTurn(turn.index, turn.status, turn.error)
-    if flags := [f for f in turn.flags if f not in INFORMATIONAL_FLAGS]:
-        return ExcludedTurn(turn.index, "flagged", ",".join(flags))
-    t = turn.completion.tokens if turn.completion is not None else None
-    if (t is None or t.prompt_ids is None or t.completion_ids is None or t.logprobs is None
-            or len(t.logprobs) != len(t.completion_ids)):
-        return ExcludedTurn(turn.index, "no_tokens")
-    return None
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the common prefix; slice comparisons run in C, so bisect over them."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-def _extends(prompt: tuple[int, ...], last: Tokens) -> bool:
-    p, c = last.prompt_ids or (), last.completion_ids or ()
-    return (len(prompt) >= len(p) + len(c) and prompt[:len(p)] == p
-            and prompt[len(p):len(p) + len(c)] == c)
-
-
-def _shared(prompt: tuple[int, ...], last: Tokens) -> int:
-    p, c = last.prompt_ids or (), last.completion_ids or ()
-    shared = common_prefix(prompt, p)
-    return shared + common_prefix(prompt[shared:], c) if shared == len(p) else shared
-
-
-# ------------------------------------------------------------------ chains
-def link(turns: Sequence[Turn]) -> Linked:
-    """Sort one rollout's turns into chains (in turn order) and excluded turns."""
-    if len({t.rollout for t in turns}) > 1:
-        raise ValueError("link() takes the turns of one rollout")
-    open_chains: list[list[Turn]] = []
-    starts: list[ChainBreak] = []
-    excluded: list[ExcludedTurn] = []
-    for turn in sorted(turns, key=attrgetter("index")):
-        if (why := exclusion(turn)) is not None:
-            excluded.append(why)
-            continue
-        prompt = tokens(turn).prompt_ids or ()
-        extended = [c for c in open_chains if _extends(prompt, tokens(c[-1]))]
-        if extended:  # several can hold when chains nest; the longest is the closest
-            max(extended, key=lambda c: _length(c[-1])).append(turn)
-            continue
-        starts.append(_break(turn, prompt, open_chains))
-        open_chains.append([turn])
-    chains = [Chain(tuple(c), s) for c, s in zip(open_chains, starts, strict=True)]
-    return Linked(chains, excluded)
-
-
-def chains(turns: Sequence[Turn]) -> list[Chain]:
-    return link(turns).chains
-
-
-def _length(turn: Turn) -> int:
-    t = tokens(turn)
-    return len(t.prompt_ids or ()) + len(t.completion_ids or ())
-
-
-def _break(turn: Turn, prompt: tuple[int, ...], open_chains: list[list[Turn]]) -> ChainBreak:
-    if not open_chains:
-        return ChainBreak("first", turn.index)
-    # The last turn's tokens hold every earlier turn's, so they share the most.
-    shared, chain = max(((_shared(prompt, tokens(c[-1])), c) for c in open_chains),
-                        key=lambda pair: pair[0])
-    divergence = _Divergence(shared, len(prompt), len(tokens(chain[0]).prompt_ids or ()))
-    reason = next(name for name, holds in _RULES if holds(divergence))
-    within_turn, within = _locate(chain, shared)
-    return ChainBreak(reason, turn.index, against=chain[-1].index, diverged_at=shared,
-                      within=within, within_turn=within_turn)
-
-
-def _locate(chain: list[Turn], position: int) -> tuple[int, Literal["prompt", "completion"]]:
-    """The turn whose inserted prompt tokens or completion hold `position`."""
-    for turn in chain:
-        t = tokens(turn)
-        if position < len(t.prompt_ids or ()):
-            return turn.index, "prompt"
-        if position < _length(turn):
-            return turn.index, "completion"
-    return chain[-1].index, "completion"  # not reached: a break lies inside the chain
-
-
-# ------------------------------------------------------------------ samples
 def sample(chain: Chain) -> Sample:
     """The chain as one sequence; raises ValueError if its turns do not extend each other."""
     turns = chain.turns
@@ -215,9 +32,9 @@ def sample(chain: Chain) -> Sample:
         mask.extend([1] * len(completion))
         logprobs.extend(t.logprobs or ())
         if after is not None:
-            if not _extends(tokens(after).prompt_ids or (), t):
+            if not extends(tokens(after).prompt_ids or (), t):
                 raise ValueError(f"turn {after.index} does not extend turn {turn.index}")
-            inserted = (tokens(after).prompt_ids or ())[_length(turn):]
+            inserted = (tokens(after).prompt_ids or ())[length(turn):]
             ids.extend(inserted)
             mask.extend([0] * len(inserted))
     if len(logprobs) != sum(mask) or len(mask) != len(ids):
@@ -239,126 +56,3 @@ def iter_samples(store: TraceStore) -> Iterator[Sample]:
     """Every sample of a run, one rollout at a time (the store yields turns by rollout)."""
     for _key, turns in groupby(store.iter_turns(), key=attrgetter("rollout")):
         yield from samples_for_rollout(list(turns))
-
-
-# ------------------------------------------------------------------ report
-@dataclass(slots=True)
-class ChainStats:
-    """Counts for one rollout or many.
-
-    `extension_rate` = extended / (extended + history_rewritten): of the trainable turns
-    that continued one of the rollout's conversations, the share whose prompt carried
-    that conversation's tokens unchanged. A rollout's first turn, side calls and rewound
-    turns (retries) continue nothing, and excluded turns are not trainable, so they are
-    left out of both sides. None when no turn continued a conversation.
-    """
-
-    rollouts: int = 0
-    turns: int = 0
-    trainable: int = 0
-    chains: int = 0
-    breaks: Counter[str] = field(default_factory=Counter)
-    excluded: Counter[str] = field(default_factory=Counter)
-
-    @property
-    def extended(self) -> int:
-        return self.trainable - self.chains
-
-    @property
-    def extension_rate(self) -> float | None:
-        continuing = self.extended + self.breaks["history_rewritten"]
-        return self.extended / continuing if continuing else None
-
-    def add(self, other: ChainStats) -> None:
-        self.rollouts += other.rollouts
-        self.turns += other.turns
-        self.trainable += other.trainable
-        self.chains += other.chains
-        self.breaks.update(other.breaks)
-        self.excluded.update(other.excluded)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rollouts": self.rollouts, "turns": self.turns, "trainable": self.trainable,
-                "chains": self.chains, "extended": self.extended,
-                "extension_rate": self.extension_rate, "breaks": dict(self.breaks),
-                "excluded": dict(self.excluded)}
-
-
-def rollout_stats(turns: Sequence[Turn]) -> ChainStats:
-    linked = link(turns)
-    return ChainStats(
-        rollouts=1, turns=len(turns), trainable=sum(len(c.turns) for c in linked.chains),
-        chains=len(linked.chains), breaks=Counter(c.start.reason for c in linked.chains),
-        excluded=Counter(e.reason for e in linked.excluded))
-
-
-def harness_of(rollout: Rollout | None) -> str:
-    value = None if rollout is None else rollout.metadata.get("harness")
-    return "unknown" if value is None else str(value)
-
-
-@dataclass(slots=True)
-class Report:
-    rollouts: dict[str, tuple[str, ChainStats]] = field(default_factory=dict)  # key: harness
-    harnesses: dict[str, ChainStats] = field(default_factory=dict)
-
-    def add(self, key: str, harness: str, stats: ChainStats) -> None:
-        self.rollouts[key] = (harness, stats)
-        self.harnesses.setdefault(harness, ChainStats()).add(stats)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"harnesses": {h: s.to_dict() for h, s in self.harnesses.items()},
-                "rollouts": {k: {"harness": h, **s.to_dict()}
-                             for k, (h, s) in self.rollouts.items()}}
-
-
-def build_report(traces: Iterable[tuple[Rollout | None, Sequence[Turn]]]) -> Report:
-    report = Report()
-    for rollout, turns in traces:
-        key = rollout.key if rollout is not None else turns[0].rollout
-        report.add(key, harness_of(rollout), rollout_stats(turns))
-    return report
-
-
-def report(store: TraceStore) -> Report:
-    """Chain statistics of every rollout in the store, turns streamed one rollout at a time."""
-    meta = {r.key: r for r in store.iter_rollouts()}
-    grouped = ((key, list(turns)) for key, turns in
-               groupby(store.iter_turns(), key=attrgetter("rollout")))
-    result = build_report((meta.pop(key, None), turns) for key, turns in grouped)
-    for rollout in meta.values():  # rollouts that made no call
-        result.add(rollout.key, harness_of(rollout), ChainStats(rollouts=1))
-    return result
-
-
-_COLUMNS = ("rollouts", "turns", "trainable", "chains", "extended", "ext. rate", "breaks",
-            "excluded")
-
-
-def _cells(stats: ChainStats) -> list[str]:
-    rate = stats.extension_rate
-    return [str(stats.rollouts), str(stats.turns), str(stats.trainable), str(stats.chains),
-            str(stats.extended), "-" if rate is None else f"{rate:.0%}",
-            _counts(stats.breaks), _counts(stats.excluded)]
-
-
-def _counts(counter: Counter[str]) -> str:
-    return ", ".join(f"{name} {n}" for name, n in sorted(counter.items())) or "-"
-
-
-def render_report(report: Report, *, rollouts: bool = True) -> Group:
-    """The report as rich tables: one row per harness, then (optionally) per rollout."""
-    by_harness = Table(title="chains per harness")
-    for column in ("harness", *_COLUMNS):
-        by_harness.add_column(column)
-    for harness, stats in sorted(report.harnesses.items()):
-        by_harness.add_row(harness, *_cells(stats))
-    tables: list[Table] = [by_harness]
-    if rollouts:
-        by_rollout = Table(title="chains per rollout")
-        for column in ("rollout", "harness", *_COLUMNS[1:]):
-            by_rollout.add_column(column)
-        for key, (harness, stats) in report.rollouts.items():
-            by_rollout.add_row(key, harness, *_cells(stats)[1:])
-        tables.append(by_rollout)
-    return Group(*tables)

@@ -55,10 +55,11 @@ from harnessrl.proxy.app import Proxy
 from harnessrl.proxy.serve import in_thread
 from harnessrl.proxy.sessions import Sessions
 from harnessrl.proxy.store import TraceStore
+from harnessrl.rollout.chains import Chain, ChainStats, link, rollout_stats
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.runner import Planned, RunConfig, Runner
 from harnessrl.rollout.tasks import Task
-from harnessrl.train.samples import Chain, ChainStats, link, rollout_stats, sample
+from harnessrl.train.samples import sample
 from harnessrl.train.weights import VLLMWeightSync, version_name
 from harnessrl.types import Outcome, Sample, Sampling, Turn
 

@@ -1,0 +1,43 @@
+"""Report tables for the command line (`harnessrl report`, the demo): rich renderings of
+what `harnessrl.rollout.chains` computes."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.console import Group
+from rich.table import Table
+
+from harnessrl.rollout.chains import ChainStats, Report
+
+_COLUMNS = ("rollouts", "turns", "trainable", "chains", "extended", "ext. rate", "breaks",
+            "excluded")
+
+
+def _cells(stats: ChainStats) -> list[str]:
+    rate = stats.extension_rate
+    return [str(stats.rollouts), str(stats.turns), str(stats.trainable), str(stats.chains),
+            str(stats.extended), "-" if rate is None else f"{rate:.0%}",
+            _counts(stats.breaks), _counts(stats.excluded)]
+
+
+def _counts(counter: Counter[str]) -> str:
+    return ", ".join(f"{name} {n}" for name, n in sorted(counter.items())) or "-"
+
+
+def render_report(report: Report, *, rollouts: bool = True) -> Group:
+    """The report as rich tables: one row per harness, then (optionally) per rollout."""
+    by_harness = Table(title="chains per harness")
+    for column in ("harness", *_COLUMNS):
+        by_harness.add_column(column)
+    for harness, stats in sorted(report.harnesses.items()):
+        by_harness.add_row(harness, *_cells(stats))
+    tables: list[Table] = [by_harness]
+    if rollouts:
+        by_rollout = Table(title="chains per rollout")
+        for column in ("rollout", "harness", *_COLUMNS[1:]):
+            by_rollout.add_column(column)
+        for key, (harness, stats) in report.rollouts.items():
+            by_rollout.add_row(key, harness, *_cells(stats)[1:])
+        tables.append(by_rollout)
+    return Group(*tables)
