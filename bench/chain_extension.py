@@ -36,7 +36,6 @@ import msgspec
 
 from harnessrl.harnesses import MODULES, get
 from harnessrl.harnesses.base import Harness
-from harnessrl.harnesses.conformance import FILENAME, Result, _run, random_line
 from harnessrl.harnesses.policy import (
     SHELL_TOOLS,
     WriteFilePolicy,
@@ -44,7 +43,6 @@ from harnessrl.harnesses.policy import (
     _shell_arguments,
     tool_call,
 )
-from harnessrl.proxy.app import Proxy
 from harnessrl.proxy.engines import openai_wire
 from harnessrl.proxy.engines.managed import VLLMServer
 from harnessrl.proxy.engines.scripted import Reply
@@ -58,11 +56,10 @@ from harnessrl.proxy.engines.vllm import (
     _StreamParser,
     merge_chunks,
 )
-from harnessrl.proxy.serve import in_thread
-from harnessrl.proxy.sessions import Sessions
+from harnessrl.proxy.serve import running
 from harnessrl.proxy.sse import SSEDecoder
-from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.chains import ChainStats, link, report
+from harnessrl.rollout.conformance import FILENAME, Result, _run, random_line
 from harnessrl.types import ChatRequest, EngineEvent, ToolResult
 
 TOOLS_DIR = Path("~/.cache/harnessrl/tools").expanduser()
@@ -150,12 +147,11 @@ def run_mode(mode: str, harnesses: list[Harness], engine_url: str, model: Path, 
     force = forcing(policies)
     engine: VLLMEngine = (TokenEngine(engine_url, str(model), extra_body=force)
                           if mode == "token" else ForcedChatEngine(engine_url, force))
-    store = TraceStore(root / mode)
     notes: dict[str, str] = {}
-    try:
-        with in_thread(Proxy(engine, Sessions(store)).app()) as (url, _server):
-            for harness in harnesses:
-                notes[harness.name] = _one(harness, policies, url, root / mode, timeout)
+    with running(engine, root / mode) as served:
+        for harness in harnesses:
+            notes[harness.name] = _one(harness, policies, served.url, root / mode, timeout)
+        store = served.store
         stats = report(store).harnesses
         for rollout in store.iter_rollouts():
             name = str(rollout.metadata.get("harness"))
@@ -165,8 +161,6 @@ def run_mode(mode: str, harnesses: list[Harness], engine_url: str, model: Path, 
                 notes[name] += "; broke in " + ", ".join(
                     f"{n} {'sampled' if w == 'completion' else 'inserted'}"
                     for w, n in sorted(where.items()))
-    finally:
-        store.close()
     return stats, notes
 
 

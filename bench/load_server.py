@@ -30,13 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import uvicorn
 
-from harnessrl.proxy.app import Proxy, ProxyConfig
 from harnessrl.proxy.engines.scripted import Reply, ScriptedEngine, _detokenize, default_logprob
-from harnessrl.proxy.serve import config, run
-from harnessrl.proxy.sessions import Sessions
-from harnessrl.proxy.store import TraceStore
+from harnessrl.proxy.serve import build, run, serve
 from harnessrl.types import (
     ChatRequest,
     Chunk,
@@ -214,7 +210,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def write_pool(args: argparse.Namespace) -> None:
     # In its own process: transformers' import alone would add hundreds of MiB and
     # millions of objects for the garbage collector to the proxy under measurement.
-    from harnessrl.harnesses.conformance import policy_tokenizer
+    from harnessrl.rollout.conformance import policy_tokenizer
 
     pool = reply_pool(policy_tokenizer(), args.pool_size, (args.min_tokens, args.max_tokens),
                       args.seed)
@@ -227,20 +223,21 @@ def main(argv: list[str] | None = None) -> int:
         write_pool(args)
         return 0
     engine = PacedEngine(None, load_pool(args.pool), args.rate, args.seed)
-    proxy = Proxy(engine, Sessions(TraceStore(args.run_dir)), ProxyConfig())
+    proxy = build(engine, args.run_dir)
     probe = LagProbe()
-    server = uvicorn.Server(config(with_probe(proxy.app(), probe), "127.0.0.1", args.port))
-    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
 
-    async def serve() -> None:
+    def on_server(server: Any) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
+
+    async def main_loop() -> None:
         task = asyncio.create_task(probe.run())
         try:
-            await server.serve()
+            await serve(proxy, "127.0.0.1", args.port, wrap=lambda app: with_probe(app, probe),
+                        on_server=on_server)
         finally:
             task.cancel()
-            proxy.store.close()
 
-    run(serve())
+    run(main_loop())
     return 0
 
 

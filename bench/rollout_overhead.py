@@ -23,8 +23,8 @@ from rich.console import Console
 from table import Row, verdict
 
 from harnessrl.harnesses.base import Harness
-from harnessrl.harnesses.conformance import policy_tokenizer
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
+from harnessrl.rollout.conformance import policy_tokenizer
 from harnessrl.rollout.run import execute
 from harnessrl.rollout.runner import RunConfig
 from harnessrl.rollout.tasks import load_tasks

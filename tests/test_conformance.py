@@ -1,5 +1,5 @@
 """Every real harness, unmodified and headless, writes hello.txt through the proxy with the
-scripted policy; the workspace and the trace are checked (see harnesses/conformance.py).
+scripted policy; the workspace and the trace are checked (see rollout/conformance.py).
 Installs each pinned harness into ~/.cache/harnessrl/tools on first use."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harnessrl.harnesses import MODULES, get
-from harnessrl.harnesses.conformance import check, policy_tokenizer
+from harnessrl.rollout.conformance import check, policy_tokenizer
 
 pytestmark = [pytest.mark.harness, pytest.mark.slow]
 TOOLS = Path("~/.cache/harnessrl/tools").expanduser()

@@ -9,8 +9,8 @@ import pytest
 from rich.console import Console
 
 from harnessrl.harnesses import get
-from harnessrl.harnesses.conformance import policy_tokenizer
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
+from harnessrl.rollout.conformance import policy_tokenizer
 from harnessrl.rollout.evaluate import evaluate, markdown, pass_at_k, wilson, write_all
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.run import execute, oracle_policy

@@ -12,9 +12,9 @@ import pytest
 
 from harnessrl.harnesses import MODULES, get
 from harnessrl.harnesses.base import RunContext
-from harnessrl.harnesses.conformance import instruction_for, random_line
 from harnessrl.proxy.engines.managed import VLLMServer
 from harnessrl.proxy.engines.vllm import VLLMEngine
+from harnessrl.rollout.conformance import instruction_for, random_line
 from harnessrl.rollout.sandbox import LocalSandbox
 from harnessrl.types import Sampling
 from tests.conftest import CACHE, ServedProxy, make_proxy

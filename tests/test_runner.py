@@ -11,9 +11,9 @@ from rich.console import Console
 
 from harnessrl.errors import EngineUnavailable
 from harnessrl.harnesses import get
-from harnessrl.harnesses.conformance import policy_tokenizer
 from harnessrl.proxy.engines.scripted import ScriptedEngine
 from harnessrl.proxy.store import TraceStore
+from harnessrl.rollout.conformance import policy_tokenizer
 from harnessrl.rollout.rewards import Shaping, TraceStats
 from harnessrl.rollout.run import execute, oracle_policy
 from harnessrl.rollout.runner import RunConfig

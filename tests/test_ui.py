@@ -232,8 +232,8 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from rich.console import Console
 
     from harnessrl.harnesses import get
-    from harnessrl.harnesses.conformance import policy_tokenizer
     from harnessrl.proxy.engines.scripted import ScriptedEngine
+    from harnessrl.rollout.conformance import policy_tokenizer
     from harnessrl.rollout.rewards import Shaping
     from harnessrl.rollout.run import execute, oracle_policy
     from harnessrl.rollout.runner import RunConfig

@@ -248,7 +248,11 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vllm-arg", action="append", default=[], help="extra vLLM flag (repeat)")
     p.add_argument("--vllm-log", type=Path)
     p.add_argument("--engine-timeout", type=float, default=600.0,
-                   help="seconds the engine may stay silent before the call fails")
+                   help="seconds the engine may stay silent once it has begun to answer "
+                        "(the generation limit)")
+    p.add_argument("--engine-first-byte-timeout", type=float, default=30.0,
+                   help="seconds the engine may stay silent before it begins to answer; "
+                        "then it must answer GET /health (within 10 s) or the call fails")
     p.add_argument("--temperature", type=float, help="override the harness's temperature")
     p.add_argument("--top-p", type=float)
     p.add_argument("--top-k", type=int)
@@ -302,19 +306,16 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def build_proxy(args: argparse.Namespace) -> Any:
-    from harnessrl.proxy.app import Proxy, ProxyConfig
-    from harnessrl.proxy.sessions import Sessions
-    from harnessrl.proxy.store import TraceStore
+    from harnessrl.proxy.app import ProxyConfig
+    from harnessrl.proxy.serve import build
     from harnessrl.types import Sampling
 
     sampling = Sampling(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                         max_tokens=args.max_tokens)
-    sessions = Sessions(TraceStore(args.run_dir),
-                        sampling=sampling if sampling != Sampling() else None,
-                        unset_sampling=frozenset(args.unset_sampling))
     config = ProxyConfig(max_body_bytes=int(args.max_body_mb * 1024 * 1024),
                          strict_model=args.strict_model, admin_token=args.admin_token)
-    return Proxy(_engine(args), sessions, config)
+    return build(_engine(args), args.run_dir, sampling=sampling if sampling != Sampling()
+                 else None, unset_sampling=frozenset(args.unset_sampling), config=config)
 
 
 def _engine(args: argparse.Namespace) -> Any:
@@ -333,7 +334,8 @@ def _engine(args: argparse.Namespace) -> Any:
         return _token_engine(args)
     from harnessrl.proxy.engines.vllm import VLLMEngine
 
-    return VLLMEngine(args.engine_url, read_timeout=args.engine_timeout)
+    return VLLMEngine(args.engine_url, read_timeout=args.engine_timeout,
+                      first_byte_timeout=args.engine_first_byte_timeout)
 
 
 def _token_engine(args: argparse.Namespace) -> Any:
@@ -346,21 +348,17 @@ def _token_engine(args: argparse.Namespace) -> Any:
     parser = args.tool_call_parser or tool_call_parser_for(tokenizer) or "hermes"
     template = args.chat_template.read_text() if args.chat_template else None
     return TokenEngine(args.engine_url, tokenizer, tool_parser=parser, chat_template=template,
-                       read_timeout=args.engine_timeout)
+                       read_timeout=args.engine_timeout,
+                       first_byte_timeout=args.engine_first_byte_timeout)
 
 
 async def _run_proxy(args: argparse.Namespace) -> None:
-    import uvicorn
-
-    from harnessrl.proxy.serve import config
+    from harnessrl.proxy.serve import serve
 
     proxy = build_proxy(args)
     print(f"harnessrl proxy on http://{args.host}:{args.port} (store: "
           f"{proxy.store.path})", file=sys.stderr, flush=True)
-    try:
-        await uvicorn.Server(config(proxy.app(), args.host, args.port)).serve()
-    finally:
-        proxy.store.close()
+    await serve(proxy, args.host, args.port)
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -442,7 +440,7 @@ def _conformance(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markdown import Markdown
 
-    from harnessrl.harnesses.conformance import check, matrix_markdown, policy_tokenizer
+    from harnessrl.rollout.conformance import check, matrix_markdown, policy_tokenizer
 
     console = Console()
     tokenizer = policy_tokenizer()

@@ -1,17 +1,75 @@
-"""Run an ASGI app with uvicorn: in the foreground (the CLI) or in a thread (the demo, tests)."""
+"""The one assembly of the capture proxy (engine -> store -> sessions -> proxy), served in
+the foreground (`harnessrl serve`) or in a thread (the runner, training, conformance,
+benchmarks, tests)."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 import uvloop
 
+from harnessrl.proxy.app import Proxy, ProxyConfig
+from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.managed import free_port
+from harnessrl.proxy.sessions import Sessions
+from harnessrl.proxy.store import TraceStore
+from harnessrl.types import Sampling
+
+
+def build(engine: Engine, run_dir: Path, *, sampling: Sampling | None = None,
+          unset_sampling: frozenset[str] = frozenset(),
+          config: ProxyConfig | None = None) -> Proxy:
+    """The proxy in front of `engine`, recording into RUN_DIR/trace.db with the server-wide
+    sampling policy. The caller closes `proxy.store` (`running` and `serve` do)."""
+    sessions = Sessions(TraceStore(run_dir), sampling=sampling, unset_sampling=unset_sampling)
+    return Proxy(engine, sessions, config)
+
+
+@dataclass(frozen=True)
+class Running:
+    """A proxy being served: where (`url`), and its store."""
+
+    proxy: Proxy
+    url: str
+    server: uvicorn.Server
+
+    @property
+    def store(self) -> TraceStore:
+        return self.proxy.store
+
+
+@contextlib.contextmanager
+def running(engine: Engine, run_dir: Path, *, host: str = "127.0.0.1", port: int | None = None,
+            **options: Any) -> Iterator[Running]:
+    """`build` served in a thread for the block; the store is closed after it. `options`
+    are `build`'s."""
+    proxy = build(engine, run_dir, **options)
+    try:
+        with in_thread(proxy.app(), host, port) as (url, server):
+            yield Running(proxy, url, server)
+    finally:
+        proxy.store.close()
+
+
+async def serve(proxy: Proxy, host: str, port: int, *,
+                wrap: Callable[[Any], Any] = lambda app: app,
+                on_server: Callable[[uvicorn.Server], None] = lambda _s: None) -> None:
+    """Serve `proxy` on this event loop until the server exits, then close its store.
+    `wrap` wraps the ASGI app (a benchmark's probe); `on_server` sees the server (to stop
+    it from a signal handler)."""
+    server = uvicorn.Server(config(wrap(proxy.app()), host, port))
+    on_server(server)
+    try:
+        await server.serve()
+    finally:
+        proxy.store.close()
 
 
 def config(app: Any, host: str, port: int) -> uvicorn.Config:

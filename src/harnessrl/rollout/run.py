@@ -13,10 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from harnessrl.harnesses.policy import OraclePolicy
-from harnessrl.proxy.app import Proxy
-from harnessrl.proxy.serve import in_thread
-from harnessrl.proxy.sessions import Sessions
-from harnessrl.proxy.store import TraceStore
+from harnessrl.proxy.serve import running
 from harnessrl.rollout.progress import RunProgress, summary
 from harnessrl.rollout.runner import RunConfig, Runner
 from harnessrl.rollout.tasks import Task
@@ -42,8 +39,8 @@ def oracle_policy(tasks: Sequence[Task]) -> OraclePolicy:
 
 def oracle_engine(tasks: Sequence[Task]) -> Any:
     """The scripted engine that drives every harness with each task's reference solution."""
-    from harnessrl.harnesses.conformance import policy_tokenizer
     from harnessrl.proxy.engines.scripted import ScriptedEngine
+    from harnessrl.rollout.conformance import policy_tokenizer
 
     return ScriptedEngine(policy_tokenizer(), oracle_policy(tasks), model="oracle")
 
@@ -78,21 +75,17 @@ def execute(config: RunConfig, engine: Any, run_dir: Path, *,
             sampling: Sampling | None = None, console: Console | None = None) -> list[Outcome]:
     console = console or Console()
     run_dir.mkdir(parents=True, exist_ok=True)
-    store = TraceStore(run_dir)
-    proxy = Proxy(engine, Sessions(store, sampling=sampling))
-    try:
-        with in_thread(proxy.app()) as (url, _server):
-            runner = Runner(config, store, url, run_dir)
-            todo = runner.pending()
-            skipped = len(config.harnesses) * len(config.tasks) * config.samples - len(todo)
-            if skipped:
-                console.print(f"resuming: {skipped} rollouts already have an outcome")
-            with RunProgress(len(todo)) as progress:
-                runner.on_outcome = progress.update
-                asyncio.run(runner.run(todo))
-        outcomes = store.outcomes()
-    finally:
-        store.close()
+    with running(engine, run_dir, sampling=sampling) as served:
+        runner = Runner(config, served.store, served.url, run_dir)
+        todo = runner.pending()
+        skipped = len(config.harnesses) * len(config.tasks) * config.samples - len(todo)
+        if skipped:
+            console.print(f"resuming: {skipped} rollouts already have an outcome")
+        with RunProgress(len(todo)) as progress:
+            runner.on_outcome = progress.update
+            asyncio.run(runner.run(todo))
+        outcomes = served.store.outcomes()
+        path = served.store.path
     console.print(summary(outcomes))
-    console.print(f"store: {store.path}")
+    console.print(f"store: {path}")
     return outcomes

@@ -51,9 +51,7 @@ from typing import Any, Literal
 from transformers import TrainerCallback
 
 from harnessrl.harnesses.base import Harness
-from harnessrl.proxy.app import Proxy
-from harnessrl.proxy.serve import in_thread
-from harnessrl.proxy.sessions import Sessions
+from harnessrl.proxy.serve import running
 from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.chains import Chain, ChainStats, link, rollout_stats
 from harnessrl.rollout.rewards import Shaping
@@ -198,15 +196,15 @@ class HarnessRollouts:
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> HarnessRollouts:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._store = store = TraceStore(self.run_dir)
-        self._stack.callback(store.close)
+        if self.sync is not None and self.engine not in self.sync.engines:
+            self.sync.engines.append(self.engine)  # every turn records the version
+        served = self._stack.enter_context(
+            running(self.engine, self.run_dir, sampling=self.sampling))
+        self._store = store = served.store
         for o in store.outcomes():  # resume: sample numbers stay unique per harness and task
             key = (o.harness, o.task)
             self._samples[key] = max(self._samples.get(key, 0), o.sample + 1)
-        if self.sync is not None and self.engine not in self.sync.engines:
-            self.sync.engines.append(self.engine)  # every turn records the version
-        proxy = Proxy(self.engine, Sessions(store, sampling=self.sampling))
-        url, _server = self._stack.enter_context(in_thread(proxy.app()))
+        url = served.url
         config = RunConfig(harnesses=self.harnesses, tasks=self.tasks,
                            concurrency=self.concurrency, retries=self.retries,
                            tools_dir=self.tools_dir, network=self.network,  # type: ignore[arg-type]

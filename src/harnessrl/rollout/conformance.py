@@ -14,11 +14,8 @@ import httpx
 
 from harnessrl.harnesses.base import Harness, RunContext
 from harnessrl.harnesses.policy import WriteFilePolicy
-from harnessrl.proxy.app import Proxy
 from harnessrl.proxy.engines.scripted import ScriptedEngine
-from harnessrl.proxy.serve import in_thread
-from harnessrl.proxy.sessions import Sessions
-from harnessrl.proxy.store import TraceStore
+from harnessrl.proxy.serve import running
 from harnessrl.rollout.sandbox import LocalSandbox
 from harnessrl.types import ToolResult, Turn
 
@@ -59,19 +56,15 @@ async def check(harness: Harness, *, tokenizer: Any, tools_dir: Path, root: Path
     result = Result(harness.name, harness.version, harness.dialect)
     line = random_line()
     policy = WriteFilePolicy(FILENAME, line, harness.finish)
-    store = TraceStore(root / "run")
-    proxy = Proxy(ScriptedEngine(tokenizer, policy, model="harnessrl-policy"), Sessions(store))
+    engine = ScriptedEngine(tokenizer, policy, model="harnessrl-policy")
     started = time.monotonic()
-    try:
-        with in_thread(proxy.app()) as (url, _server):
-            rollout = httpx.post(f"{url}/rollouts",
-                                 json={"metadata": {"harness": harness.name}}).json()
-            output = await _run(harness, rollout, tools_dir, root, line, timeout, result)
-            result.output = output[-4000:]
-            result.seconds = time.monotonic() - started
-            _check_trace(harness, store.turns(rollout["key"]), result)
-    finally:
-        store.close()
+    with running(engine, root / "run") as served:
+        rollout = httpx.post(f"{served.url}/rollouts",
+                             json={"metadata": {"harness": harness.name}}).json()
+        output = await _run(harness, rollout, tools_dir, root, line, timeout, result)
+        result.output = output[-4000:]
+        result.seconds = time.monotonic() - started
+        _check_trace(harness, served.store.turns(rollout["key"]), result)
     return result
 
 
