@@ -24,7 +24,7 @@ import json
 import re
 from pathlib import Path
 
-from harnessrl.harnesses.base import Harness, Outcome, RunContext
+from harnessrl.harnesses.base import ExitState, Harness, RunContext
 
 CONTEXT_TOKENS = 131072
 # A log entry header: "TO LLM 2026-11-30T12:00:00" or "LLM RESPONSE 2026-...".
@@ -82,17 +82,17 @@ def _last_reply(log: str) -> str | None:
                      if line.startswith("ASSISTANT")).strip()
 
 
-def _outcome(ctx: RunContext, code: int | None, _output: bytes) -> Outcome:
+def _outcome(ctx: RunContext, code: int | None, _output: bytes) -> ExitState:
     files = _files(ctx)
     if not files["llm"].is_file():
-        return Outcome(False, f"no LLM history written (exit code {code})")
+        return ExitState(False, f"no LLM history written (exit code {code})")
     reply = _last_reply(files["llm"].read_text(errors="replace"))
     chat = files["chat"].read_text(errors="replace") if files["chat"].is_file() else ""
     applied = re.findall(r"^> Applied edit to (.+?)\s*$", chat, re.MULTILINE)
     detail = f"edits applied to {applied or 'no file'}, exit code {code}"
     if not reply:
-        return Outcome(False, f"no model reply received; {detail}")
-    return Outcome(True, detail)
+        return ExitState(False, f"no model reply received; {detail}")
+    return ExitState(True, detail)
 
 
 HARNESS = Harness(

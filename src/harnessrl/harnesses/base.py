@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from harnessrl.harnesses.policy import Finish
 
-Dialect = Literal["openai_chat", "openai_responses", "anthropic", "gemini"]
+DialectName = Literal["openai_chat", "openai_responses", "anthropic", "gemini"]
 DEFAULT_TOOLS_DIR = Path("~/.cache/harnessrl/tools")
 
 
@@ -42,7 +42,7 @@ class RunContext:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ExitState:
     """What the harness itself says about how it ended (its exit code may lie)."""
 
     finished: bool
@@ -53,7 +53,7 @@ class Outcome:
 class Harness:
     name: str
     version: str
-    dialect: Dialect
+    dialect: DialectName
     registry: Literal["npm", "pypi"]
     package: str
     binary: str
@@ -62,8 +62,8 @@ class Harness:
     setup: Callable[[RunContext], None] = lambda ctx: None
     argv: Callable[[RunContext, str], list[str]] = lambda ctx, instruction: []
     env: Callable[[RunContext], Mapping[str, str]] = lambda ctx: {}
-    outcome: Callable[[RunContext, int | None, bytes], Outcome] = (
-        lambda ctx, code, out: Outcome(code == 0, f"exit code {code}"))
+    outcome: Callable[[RunContext, int | None, bytes], ExitState] = (
+        lambda ctx, code, out: ExitState(code == 0, f"exit code {code}"))
     extra_packages: tuple[str, ...] = ()
     finish: Finish = "answer"  # how the conformance policy ends a run (see policy.py)
     min_turns: int = 2  # a harness acting through tools makes at least a call and a reply

@@ -20,7 +20,7 @@ finished means `subtype == "success"` and not `is_error`.
 
 from __future__ import annotations
 
-from harnessrl.harnesses.base import Harness, Outcome, RunContext, last_of_type
+from harnessrl.harnesses.base import ExitState, Harness, RunContext, last_of_type
 
 
 def _argv(ctx: RunContext, instruction: str) -> list[str]:
@@ -40,12 +40,12 @@ def _env(ctx: RunContext) -> dict[str, str]:
             "CLAUDE_CODE_MAX_RETRIES": "2"}
 
 
-def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> Outcome:
+def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> ExitState:
     record = last_of_type(stdout, "result")
     if record is None:
-        return Outcome(False, f"no result record on stdout (exit code {code})")
+        return ExitState(False, f"no result record on stdout (exit code {code})")
     ok = record.get("subtype") == "success" and not record.get("is_error")
-    return Outcome(ok, f"subtype {record.get('subtype')!r}, is_error "
+    return ExitState(ok, f"subtype {record.get('subtype')!r}, is_error "
                        f"{record.get('is_error')!r}, exit code {code}")
 
 

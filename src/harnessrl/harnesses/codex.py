@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harnessrl.harnesses.base import Harness, Outcome, RunContext, json_lines
+from harnessrl.harnesses.base import ExitState, Harness, RunContext, json_lines
 
 _PROVIDER = "harnessrl"
 _KEY_VARIABLE = "HARNESSRL_API_KEY"  # the provider's env_key: the key never sits in a file
@@ -73,15 +73,15 @@ def _env(ctx: RunContext) -> dict[str, str]:
     return {"CODEX_HOME": str(_codex_home(ctx)), _KEY_VARIABLE: ctx.key}
 
 
-def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> Outcome:
+def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> ExitState:
     events = json_lines(stdout)
     failed = [e for e in events if e.get("type") == "turn.failed"]
     if failed:
         error = failed[-1].get("error", {})
-        return Outcome(False, f"turn.failed: {str(error)[:300]} (exit code {code})")
+        return ExitState(False, f"turn.failed: {str(error)[:300]} (exit code {code})")
     if not any(e.get("type") == "turn.completed" for e in events):
-        return Outcome(False, f"no turn.completed event (exit code {code})")
-    return Outcome(True, f"turn.completed, exit code {code}")
+        return ExitState(False, f"no turn.completed event (exit code {code})")
+    return ExitState(True, f"turn.completed, exit code {code}")
 
 
 HARNESS = Harness(

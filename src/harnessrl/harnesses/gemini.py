@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harnessrl.harnesses.base import Harness, Outcome, RunContext
+from harnessrl.harnesses.base import ExitState, Harness, RunContext
 
 
 def _settings() -> dict[str, Any]:
@@ -77,14 +77,14 @@ def _result(stdout: bytes) -> dict[str, Any] | None:
     return found
 
 
-def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> Outcome:
+def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> ExitState:
     result = _result(stdout)
     if result is None:
-        return Outcome(False, f"no JSON result on stdout (exit code {code})")
+        return ExitState(False, f"no JSON result on stdout (exit code {code})")
     if result.get("error"):
-        return Outcome(False, f"error {json.dumps(result['error'])[:300]} (exit code {code})")
+        return ExitState(False, f"error {json.dumps(result['error'])[:300]} (exit code {code})")
     finished = "response" in result
-    return Outcome(finished, f"response {'present' if finished else 'missing'}, "
+    return ExitState(finished, f"response {'present' if finished else 'missing'}, "
                              f"exit code {code}")
 
 

@@ -18,7 +18,7 @@ import json
 import time
 from pathlib import Path
 
-from harnessrl.harnesses.base import Harness, Outcome, RunContext
+from harnessrl.harnesses.base import ExitState, Harness, RunContext
 
 VERSION = "0.19.0"
 CONTEXT_LENGTH = 131072  # hermes refuses models under 64K; stating it skips discovery
@@ -59,17 +59,17 @@ def _env(ctx: RunContext) -> dict[str, str]:
             "HERMES_INFERENCE_MODEL": ctx.model}
 
 
-def _outcome(ctx: RunContext, code: int | None, _output: bytes) -> Outcome:
+def _outcome(ctx: RunContext, code: int | None, _output: bytes) -> ExitState:
     path = _usage_file(ctx)
     if not path.is_file():
-        return Outcome(False, f"no usage report written (exit code {code})")
+        return ExitState(False, f"no usage report written (exit code {code})")
     report = json.loads(path.read_text())
     finished = bool(report.get("completed")) and not report.get("failed")
     detail = (f"completed={report.get('completed')} failed={report.get('failed')} "
               f"api_calls={report.get('api_calls')} exit code {code}")
     if report.get("failure"):
         detail += f": {report['failure']}"
-    return Outcome(finished, detail)
+    return ExitState(finished, detail)
 
 
 HARNESS = Harness(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harnessrl.harnesses.base import Harness, Outcome, RunContext
+from harnessrl.harnesses.base import ExitState, Harness, RunContext
 
 CONTEXT_TOKENS = 131072
 _EXIT_MEANING = {0: "the turn ended on a reply", 1: "failed",
@@ -71,9 +71,9 @@ def _env(ctx: RunContext) -> dict[str, str]:
             "KIMI_DISABLE_TELEMETRY": "1", "KIMI_CLI_NO_AUTO_UPDATE": "1"}
 
 
-def _outcome(_ctx: RunContext, code: int | None, _output: bytes) -> Outcome:
+def _outcome(_ctx: RunContext, code: int | None, _output: bytes) -> ExitState:
     meaning = _EXIT_MEANING.get(code, "killed" if code is None else "unexpected")
-    return Outcome(code == 0, f"exit code {code}: {meaning}")
+    return ExitState(code == 0, f"exit code {code}: {meaning}")
 
 
 HARNESS = Harness(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from harnessrl.harnesses.base import Harness, Outcome, RunContext
+from harnessrl.harnesses.base import ExitState, Harness, RunContext
 
 
 def _argv(ctx: RunContext, instruction: str) -> list[str]:
@@ -25,12 +25,12 @@ def _env(ctx: RunContext) -> dict[str, str]:
             "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
-def _outcome(ctx: RunContext, code: int | None, _output: bytes) -> Outcome:
+def _outcome(ctx: RunContext, code: int | None, _output: bytes) -> ExitState:
     path = ctx.home / "trajectory.json"
     if not path.is_file():
-        return Outcome(False, f"no trajectory written (exit code {code})")
+        return ExitState(False, f"no trajectory written (exit code {code})")
     status = json.loads(path.read_text()).get("info", {}).get("exit_status")
-    return Outcome(status == "Submitted", f"exit_status {status!r}, exit code {code}")
+    return ExitState(status == "Submitted", f"exit_status {status!r}, exit code {code}")
 
 
 HARNESS = Harness(

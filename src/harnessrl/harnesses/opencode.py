@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harnessrl.harnesses.base import Harness, Outcome, RunContext, json_lines
+from harnessrl.harnesses.base import ExitState, Harness, RunContext, json_lines
 
 PROVIDER = "harnessrl"
 
@@ -62,19 +62,19 @@ def _env(ctx: RunContext) -> dict[str, str]:
             "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1", "OPENCODE_DISABLE_TERMINAL_TITLE": "1"}
 
 
-def run_outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> Outcome:
+def run_outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> ExitState:
     """Finished when no error event was printed and the last step did not end on tool
     calls (the agent loop stopped by itself)."""
     seen = json_lines(stdout)
     errors = [e for e in seen if e.get("type") == "error"]
     if errors:
-        return Outcome(False, f"error event {json.dumps(errors[-1])[:300]} "
+        return ExitState(False, f"error event {json.dumps(errors[-1])[:300]} "
                               f"(exit code {code})")
     steps = [e for e in seen if e.get("type") == "step_finish"]
     if not steps:
-        return Outcome(False, f"no step finished (exit code {code})")
+        return ExitState(False, f"no step finished (exit code {code})")
     reason = steps[-1].get("part", {}).get("reason")
-    return Outcome(code == 0 and reason not in (None, "tool-calls"),
+    return ExitState(code == 0 and reason not in (None, "tool-calls"),
                    f"last step reason {reason!r}, exit code {code}")
 
 

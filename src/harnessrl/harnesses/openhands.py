@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harnessrl.harnesses.base import Harness, Outcome, RunContext
+from harnessrl.harnesses.base import ExitState, Harness, RunContext
 
 
 def _persistence(ctx: RunContext) -> Path:
@@ -41,13 +41,13 @@ def _env(ctx: RunContext) -> dict[str, str]:
             "OPENHANDS_SUPPRESS_BANNER": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
-def _outcome(ctx: RunContext, code: int | None, _output: bytes) -> Outcome:
+def _outcome(ctx: RunContext, code: int | None, _output: bytes) -> ExitState:
     states = sorted((_persistence(ctx) / "conversations").glob("*/base_state.json"),
                     key=lambda path: path.stat().st_mtime)
     if not states:
-        return Outcome(False, f"no conversation persisted (exit code {code})")
+        return ExitState(False, f"no conversation persisted (exit code {code})")
     status = json.loads(states[-1].read_text()).get("execution_status")
-    return Outcome(status == "finished", f"execution_status {status!r}, exit code {code}")
+    return ExitState(status == "finished", f"execution_status {status!r}, exit code {code}")
 
 
 HARNESS = Harness(

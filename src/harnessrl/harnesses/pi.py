@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harnessrl.harnesses.base import Harness, Outcome, RunContext, last_of_type
+from harnessrl.harnesses.base import ExitState, Harness, RunContext, last_of_type
 
 PROVIDER = "harnessrl"
 KEY_VARIABLE = "HARNESSRL_API_KEY"
@@ -55,18 +55,18 @@ def _env(ctx: RunContext) -> dict[str, str]:
             "PI_OFFLINE": "1", "PI_SKIP_VERSION_CHECK": "1", "PI_TELEMETRY": "0"}
 
 
-def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> Outcome:
+def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> ExitState:
     end = last_of_type(stdout, "agent_end")
     if end is None:
-        return Outcome(False, f"no agent_end event (exit code {code})")
+        return ExitState(False, f"no agent_end event (exit code {code})")
     replies = [m for m in end.get("messages", []) if m.get("role") == "assistant"]
     if not replies:
-        return Outcome(False, f"no assistant message (exit code {code})")
+        return ExitState(False, f"no assistant message (exit code {code})")
     last = replies[-1]
     reason, error = last.get("stopReason"), last.get("errorMessage")
     detail = f"stopReason {reason!r}, exit code {code}" + (f", error {error!r}" if error
                                                             else "")
-    return Outcome(reason == "stop", detail)
+    return ExitState(reason == "stop", detail)
 
 
 HARNESS = Harness(

@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harnessrl.harnesses.base import Harness, Outcome, RunContext, last_of_type
+from harnessrl.harnesses.base import ExitState, Harness, RunContext, last_of_type
 
 
 def _settings() -> dict[str, Any]:
@@ -75,22 +75,22 @@ def _recorded_events(path: Path) -> list[dict[str, Any]]:
     return found
 
 
-def _outcome(ctx: RunContext, code: int | None, stdout: bytes) -> Outcome:
+def _outcome(ctx: RunContext, code: int | None, stdout: bytes) -> ExitState:
     record = last_of_type(stdout, "result")
     if record is None:
-        return Outcome(False, f"no result record on stdout (exit code {code})")
+        return ExitState(False, f"no result record on stdout (exit code {code})")
     detail = (f"subtype {record.get('subtype')!r}, is_error {record.get('is_error')!r}, "
               f"exit code {code}")
     if record.get("subtype") != "success" or record.get("is_error"):
-        return Outcome(False, detail)
+        return ExitState(False, detail)
     calls = _api_events(ctx)
     if not calls:
-        return Outcome(False, f"no model call recorded; {detail}")
+        return ExitState(False, f"no model call recorded; {detail}")
     last = calls[-1]
     if last.get("event.name") != "qwen-code.api_response":
-        return Outcome(False, f"last model call failed: {last.get('error_type')} "
+        return ExitState(False, f"last model call failed: {last.get('error_type')} "
                               f"{str(last.get('error_message'))[:200]!r}; {detail}")
-    return Outcome(True, f"{len(calls)} model calls recorded, the last answered; {detail}")
+    return ExitState(True, f"{len(calls)} model calls recorded, the last answered; {detail}")
 
 
 HARNESS = Harness(
