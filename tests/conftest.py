@@ -1,16 +1,19 @@
-"""Shared fixtures: the tiny model (built once, cached), and a proxy served in a thread."""
+"""Shared fixtures: the tiny model (built once, cached) and its tokenizer. Helpers that
+test files share live in tests/helpers.py."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
 
-from harnessrl.proxy.serve import in_thread
+# Re-exported for the test files that still import them from here; new code imports
+# tests.helpers.
+from tests.helpers import CACHE, ServedProxy, make_proxy
+
+__all__ = ["CACHE", "SHARED", "ServedProxy", "make_proxy"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -19,7 +22,9 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 settings.register_profile("harnessrl", deadline=None, max_examples=300)
 settings.load_profile("harnessrl")
 
-CACHE = Path(os.environ.get("HARNESSRL_TEST_CACHE", Path.home() / ".cache" / "harnessrl" / "test"))
+# Only tests/test_fuzz.py still reads this (seed bodies from the recorded requests, none
+# when ../shared is absent); the same requests are in tests/recorded, read through
+# tests.helpers.recorded_requests().
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
@@ -35,35 +40,3 @@ def tokenizer(tiny_model: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model)
-
-
-class ServedProxy:
-    """A proxy served in a thread, for sync SDK clients."""
-
-    def __init__(self, proxy) -> None:
-        self.proxy = proxy
-        self.store = proxy.store
-        self.url = ""
-
-    @contextlib.contextmanager
-    def running(self) -> Iterator[ServedProxy]:
-        with in_thread(self.proxy.app()) as (url, _server):
-            self.url = url
-            yield self
-
-    def new_rollout(self, **options) -> dict:
-        import httpx
-
-        resp = httpx.post(f"{self.url}/rollouts", json=options)
-        resp.raise_for_status()
-        return resp.json()
-
-
-def make_proxy(engine, run_dir: Path, **config):
-    from harnessrl.proxy.app import Proxy, ProxyConfig
-    from harnessrl.proxy.sessions import Sessions
-    from harnessrl.proxy.store import TraceStore
-
-    sessions_options = {k: config.pop(k) for k in ("sampling", "unset_sampling") if k in config}
-    sessions = Sessions(TraceStore(run_dir), **sessions_options)
-    return Proxy(engine, sessions, ProxyConfig(**config))

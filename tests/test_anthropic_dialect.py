@@ -43,7 +43,7 @@ from harnessrl.types import (
     ToolResult,
     Usage,
 )
-from tests.conftest import SHARED
+from tests.helpers import recorded_requests
 
 try:  # newer SDKs speak httpx2 and reject plain httpx objects
     import httpx2 as http
@@ -51,7 +51,6 @@ except ImportError:  # pragma: no cover
     import httpx as http  # type: ignore[no-redef]
 
 GOLDEN = Path(__file__).parent / "golden"
-WIRE = SHARED / "harnesses/wire/claude"
 CTX = ReplyContext("msg_1", 1700000000, "their-model")
 USER = {"role": "user", "content": "hi"}
 
@@ -61,8 +60,7 @@ def base(**fields: Any) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ real requests
-@pytest.mark.skipif(not WIRE.is_dir(), reason="../shared is not beside")
-@pytest.mark.parametrize("path", sorted(WIRE.glob("*.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", recorded_requests("claude"), ids=lambda p: p.name)
 def test_claude_code_requests_parse_and_keep_unknown_fields(path: Path) -> None:
     body = json.loads(path.read_text())["body"]
     request = dialect.parse_request(body)

@@ -9,7 +9,7 @@ from pathlib import Path
 from harnessrl.cli import main
 from harnessrl.proxy.store import TraceStore
 from harnessrl.types import Rollout
-from tests.test_store import make_turn
+from tests.helpers import make_turn
 
 
 def test_export_and_report_commands(tmp_path: Path, capsys, monkeypatch) -> None:

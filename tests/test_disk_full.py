@@ -25,7 +25,7 @@ import pytest
 from harnessrl.proxy.engines.vllm import VLLMEngine
 from harnessrl.proxy.serve import in_thread
 from harnessrl.rollout.chains import link
-from tests.conftest import ServedProxy, make_proxy
+from tests.helpers import ServedProxy, make_proxy
 from tests.test_faults import DIALECTS, IDS, Dialect, QuickFake
 
 DISK = "4m"  # room for the schema, a few turns and the WAL of this test

@@ -36,10 +36,9 @@ from harnessrl.types import (
     ToolResult,
     Usage,
 )
-from tests.conftest import SHARED
+from tests.helpers import recorded_requests
 
 GOLDEN = Path(__file__).parent / "golden"
-WIRE = SHARED / "harnesses/wire/gemini"
 CTX = ReplyContext("resp-1", 1700000000, "their-model")
 SIG = "c2lnbmF0dXJlLWZyb20tZWxzZXdoZXJl"  # a foreign signature: must pass through
 
@@ -52,9 +51,7 @@ def check_golden(name: str, data: bytes) -> None:
 
 
 # ------------------------------------------------------------------ real requests
-@pytest.mark.skipif(not WIRE.is_dir(), reason="../shared is not beside")
-@pytest.mark.parametrize("path", sorted(WIRE.glob("*.json")) if WIRE.is_dir() else [],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("path", recorded_requests("gemini"), ids=lambda p: p.name)
 def test_real_gemini_cli_requests_parse(path: Path) -> None:
     wire = json.loads(path.read_text())
     body = wire["body"]

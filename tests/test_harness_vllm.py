@@ -17,7 +17,7 @@ from harnessrl.proxy.engines.vllm import VLLMEngine
 from harnessrl.rollout.conformance import instruction_for, random_line
 from harnessrl.rollout.sandbox import LocalSandbox
 from harnessrl.types import Sampling
-from tests.conftest import CACHE, ServedProxy, make_proxy
+from tests.helpers import CACHE, ServedProxy, make_proxy
 
 pytestmark = [pytest.mark.vllm, pytest.mark.harness, pytest.mark.slow]
 TOOLS = Path("~/.cache/harnessrl/tools").expanduser()

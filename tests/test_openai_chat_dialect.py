@@ -28,7 +28,7 @@ from harnessrl.types import (
     ToolResult,
     Usage,
 )
-from tests.conftest import SHARED
+from tests.helpers import recorded_requests
 
 GOLDEN = Path(__file__).parent / "golden"
 CHAT_HARNESSES = ["opencode", "qwen", "hermes-agent", "kimi-cli", "mini-swe-agent",
@@ -36,12 +36,8 @@ CHAT_HARNESSES = ["opencode", "qwen", "hermes-agent", "kimi-cli", "mini-swe-agen
 CTX = ReplyContext("chatcmpl-1", 1700000000, "their-model")
 
 
-def wire_requests() -> list[Path]:
-    return sorted(p for h in CHAT_HARNESSES for p in (SHARED / "harnesses/wire" / h).glob("*.json"))
-
-
-@pytest.mark.skipif(not (SHARED / "harnesses/wire").is_dir(), reason="../shared is not beside")
-@pytest.mark.parametrize("path", wire_requests(), ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", recorded_requests(*CHAT_HARNESSES),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_real_harness_requests_parse_and_keep_unknown_fields(path: Path) -> None:
     body = json.loads(path.read_text())["body"]
     request = openai_chat.parse_request(body)

@@ -36,11 +36,10 @@ from harnessrl.types import (
     ToolResult,
     Usage,
 )
-from tests.conftest import SHARED
+from tests.helpers import recorded_requests
 
 GOLDEN = Path(__file__).parent / "golden"
 CTX = ReplyContext("resp_1", 1700000000, "their-model")
-WIRE = SHARED / "harnesses/wire/codex"
 NO_TOKENS = Tokens(None, None, None)
 
 
@@ -56,8 +55,7 @@ def parse(**body: Any) -> ChatRequest:
 
 
 # ------------------------------------------------------------------ requests
-@pytest.mark.skipif(not WIRE.is_dir(), reason="../shared is not beside")
-@pytest.mark.parametrize("path", sorted(WIRE.glob("*.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", recorded_requests("codex"), ids=lambda p: p.name)
 def test_codex_requests_parse_and_keep_unknown_fields(path: Path) -> None:
     body = json.loads(path.read_text())["body"]
     request = responses.parse_request(body)

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from harnessrl.proxy.engines.scripted import Reply, ScriptedEngine, default_logprob, replay
-from tests.conftest import ServedProxy, make_proxy
+from tests.helpers import ServedProxy, make_proxy
 
 TOOLS = [{
     "type": "function",

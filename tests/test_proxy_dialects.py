@@ -12,23 +12,17 @@ import httpx
 import pytest
 
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
-from tests.conftest import ServedProxy, make_proxy
-
-SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}},
-          "required": ["command"]}
-
-
-def call(name: str, arguments: dict) -> str:
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
-
-
-# Three turns with reasoning and tool calls, written as the model's own output.
-REPLIES = [
-    "<think>\nI will look first.\n</think>\n\n" + call("bash", {"command": "ls"}),
-    "<think>\nNow write it.\n</think>\n\nWriting.\n"
-    + call("bash", {"command": "echo hi > hello.txt"}),
-    "Done: hello.txt holds hi.",
-]
+from tests.helpers import (
+    REPLIES,
+    SCHEMA,
+    Anthropic,
+    Chat,
+    Gemini,
+    Responses,
+    ServedProxy,
+    call,
+    make_proxy,
+)
 
 
 @pytest.fixture
@@ -45,76 +39,6 @@ def served(engine: ScriptedEngine, tmp_path: Path):
 
 
 # ------------------------------------------------------------------ harness-like drivers
-class Chat:
-    path = "/v1/chat/completions"
-
-    def body(self, history: list) -> dict:
-        return {"model": "m", "messages": history, "tools": [
-            {"type": "function", "function": {"name": "bash", "parameters": SCHEMA}}]}
-
-    def start(self) -> list:
-        return [{"role": "user", "content": "make hello.txt"}]
-
-    def extend(self, history: list, reply: dict) -> list:
-        message = reply["choices"][0]["message"]
-        results = [{"role": "tool", "tool_call_id": c["id"], "content": "ok"}
-                   for c in message.get("tool_calls") or []]
-        return [*history, message, *results]
-
-
-class Anthropic:
-    path = "/v1/messages"
-
-    def body(self, history: list) -> dict:
-        return {"model": "claude", "max_tokens": 256, "messages": history,
-                "tools": [{"name": "bash", "input_schema": SCHEMA}]}
-
-    def start(self) -> list:
-        return [{"role": "user", "content": "make hello.txt"}]
-
-    def extend(self, history: list, reply: dict) -> list:
-        results = [{"type": "tool_result", "tool_use_id": b["id"], "content": "ok"}
-                   for b in reply["content"] if b["type"] == "tool_use"]
-        return [*history, {"role": "assistant", "content": reply["content"]},
-                *([{"role": "user", "content": results}] if results else [])]
-
-
-class Responses:
-    path = "/v1/responses"
-
-    def body(self, history: list) -> dict:
-        return {"model": "codex", "input": history, "store": False,
-                "include": ["reasoning.encrypted_content"],
-                "tools": [{"type": "function", "name": "bash", "parameters": SCHEMA}]}
-
-    def start(self) -> list:
-        return [{"type": "message", "role": "user", "content": "make hello.txt"}]
-
-    def extend(self, history: list, reply: dict) -> list:
-        results = [{"type": "function_call_output", "call_id": i["call_id"], "output": "ok"}
-                   for i in reply["output"] if i["type"] == "function_call"]
-        return [*history, *reply["output"], *results]
-
-
-class Gemini:
-    path = "/v1beta/models/gemini-x:generateContent"
-
-    def body(self, history: list) -> dict:
-        return {"contents": history, "tools": [{"functionDeclarations": [
-            {"name": "bash", "parametersJsonSchema": SCHEMA}]}]}
-
-    def start(self) -> list:
-        return [{"role": "user", "parts": [{"text": "make hello.txt"}]}]
-
-    def extend(self, history: list, reply: dict) -> list:
-        content = reply["candidates"][0]["content"]
-        results = [{"functionResponse": {"name": p["functionCall"]["name"],
-                                         "id": p["functionCall"].get("id"),
-                                         "response": {"output": "ok"}}}
-                   for p in content["parts"] if "functionCall" in p]
-        return [*history, content, *([{"role": "user", "parts": results}] if results else [])]
-
-
 DRIVERS = [Chat(), Anthropic(), Responses(), Gemini()]
 NAMES = {"Chat": "openai_chat", "Anthropic": "anthropic", "Responses": "openai_responses",
          "Gemini": "gemini"}

@@ -248,7 +248,7 @@ def _trainer_logprobs(model, prompt: list[int], completion: list[int]) -> list[f
 @pytest.fixture(scope="module")
 def vllm_tiny(tiny_model: Path):
     from harnessrl.proxy.engines.managed import VLLMServer
-    from tests.conftest import CACHE
+    from tests.helpers import CACHE
 
     server = VLLMServer(model=str(tiny_model), served_name="tiny", dtype="float32",
                         max_model_len=32768, extra_args=["--seed", "0"],
@@ -550,7 +550,7 @@ def test_teacher_engine_sends_standard_fields_and_its_turns_are_not_trainable(tm
     from harnessrl.proxy.engines.openai_compat import OpenAICompatEngine
     from harnessrl.proxy.serve import in_thread
     from harnessrl.rollout.chains import link
-    from tests.conftest import ServedProxy, make_proxy
+    from tests.helpers import ServedProxy, make_proxy
 
     seen: list[dict] = []
     with in_thread(strict_openai_app(seen)) as (teacher, _server):

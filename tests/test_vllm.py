@@ -11,7 +11,7 @@ import pytest
 
 from harnessrl.proxy.engines.managed import VLLMServer
 from harnessrl.proxy.engines.vllm import VLLMEngine
-from tests.conftest import CACHE, ServedProxy, make_proxy
+from tests.helpers import CACHE, ServedProxy, make_proxy
 
 pytestmark = pytest.mark.vllm
 

@@ -1,4 +1,4 @@
-"""Every real request a harness sent (../shared/harnesses/wire) is accepted by the proxy,
+"""Every real request a harness sent (tests/recorded) is accepted by the proxy,
 recorded, and answered in its own dialect."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
 from harnessrl.proxy.sse import SSEDecoder
-from tests.conftest import SHARED, ServedProxy, make_proxy
+from tests.helpers import ServedProxy, make_proxy, recorded_requests
 
-WIRE = sorted((SHARED / "harnesses" / "wire").glob("*/*.json"))
+WIRE = recorded_requests()
 DIALECT_BY_PATH = {"/v1/chat/completions": "openai_chat", "/v1/messages": "anthropic",
                    "/v1/responses": "openai_responses"}
 
@@ -25,7 +25,6 @@ def served(tokenizer, tmp_path_factory):
         yield served
 
 
-@pytest.mark.skipif(not WIRE, reason="../shared/harnesses/wire is not beside the checkout")
 @pytest.mark.parametrize("path", WIRE, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_recorded_request_is_accepted(served, path: Path) -> None:
     wire = json.loads(path.read_text())

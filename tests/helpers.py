@@ -1,0 +1,175 @@
+"""What several test files share, so that none imports another: the recorded harness
+requests, a proxy served in a thread, a stored turn, and harness-like drivers of each
+dialect. Fixtures stay in conftest.py."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from harnessrl.proxy.serve import in_thread
+from harnessrl.types import (
+    ChatRequest,
+    Completion,
+    Message,
+    Text,
+    Timings,
+    Tokens,
+    Turn,
+    Usage,
+)
+
+CACHE = Path(os.environ.get("HARNESSRL_TEST_CACHE", Path.home() / ".cache" / "harnessrl" / "test"))
+
+# ------------------------------------------------------------------ recorded requests
+# Real requests the harnesses sent to a loopback recorder, redacted (long harness text
+# replaced by "<N chars of harness text>", keys masked): tests/recorded/<harness>/*.json,
+# each {"method", "path", "query", "headers", "body"}.
+RECORDED = Path(__file__).parent / "recorded"
+
+
+def recorded_requests(*harnesses: str) -> list[Path]:
+    """The recorded request files of `harnesses` (of every harness when none is named),
+    sorted. A harness without any is an error, not an empty list: a test parametrized
+    over nothing would be skipped."""
+    dirs = ([RECORDED / h for h in harnesses] if harnesses
+            else sorted(p for p in RECORDED.iterdir() if p.is_dir()))
+    if missing := [d.name for d in dirs if not any(d.glob("*.json"))]:
+        raise FileNotFoundError(f"no recorded requests in {RECORDED} for {missing}")
+    return sorted(p for d in dirs for p in d.glob("*.json"))
+
+
+# ------------------------------------------------------------------ a proxy in a thread
+class ServedProxy:
+    """A proxy served in a thread, for sync SDK clients."""
+
+    def __init__(self, proxy) -> None:
+        self.proxy = proxy
+        self.store = proxy.store
+        self.url = ""
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[ServedProxy]:
+        with in_thread(self.proxy.app()) as (url, _server):
+            self.url = url
+            yield self
+
+    def new_rollout(self, **options) -> dict:
+        import httpx
+
+        resp = httpx.post(f"{self.url}/rollouts", json=options)
+        resp.raise_for_status()
+        return resp.json()
+
+
+def make_proxy(engine, run_dir: Path, **config):
+    from harnessrl.proxy.app import Proxy, ProxyConfig
+    from harnessrl.proxy.sessions import Sessions
+    from harnessrl.proxy.store import TraceStore
+
+    sessions_options = {k: config.pop(k) for k in ("sampling", "unset_sampling") if k in config}
+    sessions = Sessions(TraceStore(run_dir), **sessions_options)
+    return Proxy(engine, sessions, ProxyConfig(**config))
+
+
+# ------------------------------------------------------------------ a stored turn
+def make_turn(key: str, index: int, n: int = 3) -> Turn:
+    """A finished chat turn with `n` completion ids and distinct logprobs."""
+    request = ChatRequest(model="m", messages=(Message("user", (Text("hi"),)),))
+    tokens = Tokens(tuple(range(100 + index)), tuple(range(n)),
+                    tuple(-0.1 * i - 1e-9 for i in range(n)))
+    completion = Completion("m", (Text("yo"),), "stop", Usage(100 + index, n), tokens)
+    return Turn(rollout=key, index=index, dialect="openai_chat", status="ok",
+                timings=Timings(1.0, 2.0, 3.0), raw_request=b'{"x": 1}',
+                raw_response=b"data: [DONE]\n\n", request=request, completion=completion)
+
+
+# ------------------------------------------------------------------ harness-like drivers
+SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}},
+          "required": ["command"]}
+
+
+def call(name: str, arguments: dict) -> str:
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+
+
+# Three turns with reasoning and tool calls, written as the model's own output.
+REPLIES = [
+    "<think>\nI will look first.\n</think>\n\n" + call("bash", {"command": "ls"}),
+    "<think>\nNow write it.\n</think>\n\nWriting.\n"
+    + call("bash", {"command": "echo hi > hello.txt"}),
+    "Done: hello.txt holds hi.",
+]
+
+
+class Chat:
+    path = "/v1/chat/completions"
+
+    def body(self, history: list) -> dict:
+        return {"model": "m", "messages": history, "tools": [
+            {"type": "function", "function": {"name": "bash", "parameters": SCHEMA}}]}
+
+    def start(self) -> list:
+        return [{"role": "user", "content": "make hello.txt"}]
+
+    def extend(self, history: list, reply: dict) -> list:
+        message = reply["choices"][0]["message"]
+        results = [{"role": "tool", "tool_call_id": c["id"], "content": "ok"}
+                   for c in message.get("tool_calls") or []]
+        return [*history, message, *results]
+
+
+class Anthropic:
+    path = "/v1/messages"
+
+    def body(self, history: list) -> dict:
+        return {"model": "claude", "max_tokens": 256, "messages": history,
+                "tools": [{"name": "bash", "input_schema": SCHEMA}]}
+
+    def start(self) -> list:
+        return [{"role": "user", "content": "make hello.txt"}]
+
+    def extend(self, history: list, reply: dict) -> list:
+        results = [{"type": "tool_result", "tool_use_id": b["id"], "content": "ok"}
+                   for b in reply["content"] if b["type"] == "tool_use"]
+        return [*history, {"role": "assistant", "content": reply["content"]},
+                *([{"role": "user", "content": results}] if results else [])]
+
+
+class Responses:
+    path = "/v1/responses"
+
+    def body(self, history: list) -> dict:
+        return {"model": "codex", "input": history, "store": False,
+                "include": ["reasoning.encrypted_content"],
+                "tools": [{"type": "function", "name": "bash", "parameters": SCHEMA}]}
+
+    def start(self) -> list:
+        return [{"type": "message", "role": "user", "content": "make hello.txt"}]
+
+    def extend(self, history: list, reply: dict) -> list:
+        results = [{"type": "function_call_output", "call_id": i["call_id"], "output": "ok"}
+                   for i in reply["output"] if i["type"] == "function_call"]
+        return [*history, *reply["output"], *results]
+
+
+class Gemini:
+    path = "/v1beta/models/gemini-x:generateContent"
+
+    def body(self, history: list) -> dict:
+        return {"contents": history, "tools": [{"functionDeclarations": [
+            {"name": "bash", "parametersJsonSchema": SCHEMA}]}]}
+
+    def start(self) -> list:
+        return [{"role": "user", "parts": [{"text": "make hello.txt"}]}]
+
+    def extend(self, history: list, reply: dict) -> list:
+        content = reply["candidates"][0]["content"]
+        results = [{"functionResponse": {"name": p["functionCall"]["name"],
+                                         "id": p["functionCall"].get("id"),
+                                         "response": {"output": "ok"}}}
+                   for p in content["parts"] if "functionCall" in p]
+        return [*history, content, *([{"role": "user", "parts": results}] if results else [])]
