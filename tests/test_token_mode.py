@@ -35,7 +35,7 @@ from harnessrl.types import (
     ToolCallDelta,
     ToolResult,
 )
-from tests.conftest import CACHE, ServedProxy, make_proxy
+from tests.helpers import CACHE, ServedProxy, make_proxy
 
 HARNESS_TOOLS = Path("~/.cache/harnessrl/tools").expanduser()
 
