@@ -83,10 +83,18 @@ def test_plan_interleaves_harnesses_and_skips_done() -> None:
     from harnessrl.rollout.runner import plan
 
     tasks = load_tasks("bundled:fizzbuzz,is-palindrome")
-    todo = plan(RunConfig(harnesses=[get("mini-swe-agent")], tasks=tasks, samples=2),
-                done={("mini-swe-agent", "fizzbuzz", 1)})
-    assert [(p.task.id, p.sample) for p in todo] == [
-        ("fizzbuzz", 0), ("is-palindrome", 0), ("is-palindrome", 1)]
+    harnesses = [get("mini-swe-agent"), get("opencode"), get("claude")]
+    todo = plan(RunConfig(harnesses=harnesses, tasks=tasks, samples=2),
+                done={("mini-swe-agent", "fizzbuzz", 1), ("opencode", "is-palindrome", 0)})
+    # Each (task, sample) is handed to every harness in turn before the next one, so
+    # running the plan in order keeps the harnesses side by side; done ones are left out.
+    assert [(p.harness.name, p.task.id, p.sample) for p in todo] == [
+        ("mini-swe-agent", "fizzbuzz", 0), ("opencode", "fizzbuzz", 0),
+        ("claude", "fizzbuzz", 0),
+        ("opencode", "fizzbuzz", 1), ("claude", "fizzbuzz", 1),
+        ("mini-swe-agent", "is-palindrome", 0), ("claude", "is-palindrome", 0),
+        ("mini-swe-agent", "is-palindrome", 1), ("opencode", "is-palindrome", 1),
+        ("claude", "is-palindrome", 1)]
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ import itertools
 import math
 from collections import Counter
 from pathlib import Path
+from typing import get_args
 
 import httpx
 import pytest
@@ -28,16 +29,17 @@ from harnessrl.rollout.chains import (
 )
 from harnessrl.train.samples import iter_samples, sample, samples_for_rollout
 from harnessrl.types import (
+    BreakReason,
     ChainBreak,
     Completion,
     ExcludedTurn,
+    ExcludeReason,
     Rollout,
     Timings,
     Tokens,
     Turn,
 )
-from tests.conftest import ServedProxy, make_proxy
-from tests.test_proxy_dialects import REPLIES, Chat
+from tests.helpers import REPLIES, Chat, ServedProxy, make_proxy
 
 
 def make_turn(index: int, prompt, completion, logprobs=None, *, status="ok", flags=(),
@@ -198,9 +200,29 @@ def test_common_prefix(a, b, n) -> None:
     assert common_prefix(a, b) == common_prefix(b, a) == n
 
 
-def test_reasons_are_documented() -> None:
-    assert set(BREAK_REASONS) == {"first", "side_call", "history_rewritten", "rewound"}
-    assert set(EXCLUDE_REASONS) == {"failed", "cancelled", "flagged", "no_tokens"}
+def test_every_reason_link_gives_is_documented_and_each_documented_one_occurs() -> None:
+    bare = make_turn(7, P0, C0)  # its completion has ids but no logprobs
+    bare = Turn(**{**{f: getattr(bare, f) for f in Turn.__struct_fields__}, "completion":
+                   Completion("m", (), "stop", None, Tokens(P0, C0, None))})
+    linked = link([
+        make_turn(0, P0, C0),
+        make_turn(1, (1, 90, 91), (95,)),  # another conversation
+        make_turn(2, (*P0, 10, 99), C1),  # turn 0's completion sent back differently
+        make_turn(3, P0, (10, 12)),  # turn 0's prompt again: a regenerated reply
+        make_turn(4, P1, C1, status="failed"),
+        make_turn(5, P1, C1, status="cancelled"),
+        make_turn(6, P1, C1, flags=("logprob_count_mismatch",)),
+        bare,
+    ])
+    starts = [c.start.reason for c in linked.chains]
+    assert starts == ["first", "side_call", "history_rewritten", "rewound"]
+    assert [e.reason for e in linked.excluded] == ["failed", "cancelled", "flagged", "no_tokens"]
+    # What the viewer and the report explain (the tables) is what the types allow and what
+    # link() gives: no reason without an explanation, no explanation never used.
+    assert set(BREAK_REASONS) == set(get_args(BreakReason)) == set(starts)
+    assert set(EXCLUDE_REASONS) == set(get_args(ExcludeReason)) == {
+        e.reason for e in linked.excluded}
+    assert all(BREAK_REASONS.values()) and all(EXCLUDE_REASONS.values())
 
 
 def test_report_counts_per_rollout_and_per_harness() -> None:

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sqlite3
+import struct
 import subprocess
 import sys
 import time
@@ -20,27 +21,8 @@ import pytest
 from harnessrl.proxy.engines.managed import free_port
 from harnessrl.proxy.store import TraceStore, pack, unpack
 from harnessrl.train.export import export
-from harnessrl.types import (
-    ChatRequest,
-    Completion,
-    Message,
-    Rollout,
-    Text,
-    Timings,
-    Tokens,
-    Turn,
-    Usage,
-)
-
-
-def make_turn(key: str, index: int, n: int = 3) -> Turn:
-    request = ChatRequest(model="m", messages=(Message("user", (Text("hi"),)),))
-    tokens = Tokens(tuple(range(100 + index)), tuple(range(n)),
-                    tuple(-0.1 * i - 1e-9 for i in range(n)))
-    completion = Completion("m", (Text("yo"),), "stop", Usage(100 + index, n), tokens)
-    return Turn(rollout=key, index=index, dialect="openai_chat", status="ok",
-                timings=Timings(1.0, 2.0, 3.0), raw_request=b'{"x": 1}',
-                raw_response=b"data: [DONE]\n\n", request=request, completion=completion)
+from harnessrl.types import Rollout
+from tests.helpers import make_turn
 
 
 def test_packed_arrays_round_trip_exactly() -> None:
@@ -50,7 +32,7 @@ def test_packed_arrays_round_trip_exactly() -> None:
     assert pack(None, "i") is None and unpack(None, "i") is None
 
 
-def test_turns_round_trip_and_concurrent_writes_group_commit(tmp_path: Path) -> None:
+def test_turns_round_trip_under_concurrent_writes(tmp_path: Path) -> None:
     store = TraceStore(tmp_path)
 
     async def write() -> None:
@@ -62,6 +44,50 @@ def test_turns_round_trip_and_concurrent_writes_group_commit(tmp_path: Path) -> 
     assert [t.index for t in turns] == list(range(200))
     assert turns[7] == make_turn("k", 7)
     assert store.next_index("k") == 200
+    store.close()
+
+
+def wal_commits(db: Path) -> int:
+    """Transactions in the database's write-ahead log, read from the file itself: in
+    SQLite's WAL format a frame whose header holds a database size ends a commit."""
+    wal = (db.parent / f"{db.name}-wal").read_bytes()
+    page_size, salts = struct.unpack(">I", wal[8:12])[0], wal[16:24]
+    frame = 24 + page_size
+    commits = 0
+    for offset in range(32, len(wal) - frame + 1, frame):
+        if wal[offset + 8:offset + 16] != salts:  # left over from before a reset
+            break
+        commits += struct.unpack(">I", wal[offset + 4:offset + 8])[0] != 0
+    return commits
+
+
+def test_queued_writes_share_a_commit(tmp_path: Path) -> None:
+    store = TraceStore(tmp_path)
+    asyncio.run(store.put_rollout(Rollout("k", 0.0)))
+    before = wal_commits(store.path)
+    # Another connection holds the write lock while 200 writes are queued behind it.
+    blocker = sqlite3.connect(store.path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+
+    async def write() -> None:
+        pending = [asyncio.ensure_future(store.add_turn(make_turn("k", i)))
+                   for i in range(200)]
+        await asyncio.sleep(0)  # each has queued its write and waits for the commit
+        blocker.execute("COMMIT")
+        await asyncio.gather(*pending)
+
+    asyncio.run(write())
+    blocker.close()
+    # The writer may have taken the first few before it met the lock; the rest go in one.
+    grouped = wal_commits(store.path) - before
+    assert 1 <= grouped <= 2 and store.count_turns() == 200
+
+    async def one_by_one() -> None:  # the count is of transactions: awaited writes add one each
+        for i in range(200, 203):
+            await store.add_turn(make_turn("k", i))
+
+    asyncio.run(one_by_one())
+    assert wal_commits(store.path) - before == grouped + 3
     store.close()
 
 
