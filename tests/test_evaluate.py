@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,15 @@ from rich.console import Console
 from harnessrl.harnesses import get
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
 from harnessrl.rollout.conformance import policy_tokenizer
-from harnessrl.rollout.evaluate import evaluate, markdown, pass_at_k, wilson, write_all
+from harnessrl.rollout.evaluate import (
+    PlotUnavailable,
+    evaluate,
+    markdown,
+    pass_at_k,
+    plot,
+    wilson,
+    write_all,
+)
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.run import execute, oracle_policy
 from harnessrl.rollout.runner import RunConfig
@@ -53,6 +62,17 @@ def test_evaluate_counts_infra_errors_apart(tmp_path: Path) -> None:
     assert csv_file.read_text().splitlines()[0].startswith("harness,version")
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert "pass@k" in markdown([a])
+
+
+def test_without_matplotlib_the_tables_are_written_and_the_plot_skipped(
+        tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
+    rows = evaluate([outcome("a", "t1", 0, 1.0)], k=1)
+    with pytest.raises(PlotUnavailable, match=r"pip install 'harnessrl\[plot\]'"):
+        plot(rows, tmp_path / "eval.png")
+    assert write_all(rows, tmp_path) == [tmp_path / "eval.md", tmp_path / "eval.csv"]
+    assert not (tmp_path / "eval.png").exists()
+    assert "harnessrl[plot]" in capsys.readouterr().err
 
 
 @pytest.mark.slow

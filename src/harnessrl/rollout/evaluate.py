@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import math
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -104,9 +105,17 @@ def write_csv(rows: Sequence[HarnessEval], path: Path) -> None:
         writer.writerows(asdict(r) for r in rows)
 
 
+class PlotUnavailable(ImportError):
+    """matplotlib, which only eval.png needs, is not installed."""
+
+
 def plot(rows: Sequence[HarnessEval], path: Path) -> None:
-    """Pass rate per harness with its 95% interval, as a PNG."""
-    import matplotlib
+    """Pass rate per harness with its 95% interval, as a PNG (the `plot` extra)."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise PlotUnavailable("eval.png needs matplotlib, which is not installed: "
+                              "pip install 'harnessrl[plot]'") from exc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -126,9 +135,15 @@ def plot(rows: Sequence[HarnessEval], path: Path) -> None:
 
 
 def write_all(rows: Sequence[HarnessEval], directory: Path) -> list[Path]:
+    """eval.md, eval.csv and eval.png in `directory`; the paths written. Without matplotlib
+    the plot is skipped with a note: the tables are the result."""
     directory.mkdir(parents=True, exist_ok=True)
-    paths = [directory / "eval.md", directory / "eval.csv", directory / "eval.png"]
-    paths[0].write_text(markdown(rows))
-    write_csv(rows, paths[1])
-    plot(rows, paths[2])
-    return paths
+    md, table, png = directory / "eval.md", directory / "eval.csv", directory / "eval.png"
+    md.write_text(markdown(rows))
+    write_csv(rows, table)
+    try:
+        plot(rows, png)
+    except PlotUnavailable as exc:
+        print(f"harnessrl: {exc} (eval.png skipped)", file=sys.stderr)
+        return [md, table]
+    return [md, table, png]
