@@ -47,11 +47,6 @@ class AuthenticationFailed(HarnessRLError):
     status = 401
 
 
-class PermissionDenied(HarnessRLError):
-    kind = "permission"
-    status = 403
-
-
 class NotFound(HarnessRLError):
     kind = "not_found"
     status = 404

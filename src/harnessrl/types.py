@@ -252,11 +252,6 @@ class Rollout(msgspec.Struct, frozen=True, omit_defaults=True):
     metadata: dict[str, Any] = {}
 
 
-class Trace(msgspec.Struct, frozen=True):
-    rollout: Rollout
-    turns: tuple[Turn, ...]
-
-
 # ------------------------------------------------------------------ training samples
 # Why a chain of turns started (see `harnessrl.rollout.chains.BREAK_REASONS` for the
 # exact rules) and why a turn was left out of every chain (`EXCLUDE_REASONS`).
