@@ -124,11 +124,12 @@ def _show(console: Console, store: TraceStore, model: Path,
                if t.completion and t.completion.tokens.completion_ids]
     if sampled:
         turn = sampled[-1]
+        assert turn.completion is not None  # sampled turns have one
         console.rule(f"the exact tokens of one captured turn ({turn.dialect}, "
                      f"weights {turn.weight_version})")
         tokens = turn.completion.tokens
         console.print(_token_table(AutoTokenizer.from_pretrained(model),
-                                   tokens.completion_ids, tokens.logprobs))
+                                   tokens.completion_ids or (), tokens.logprobs))
 
 
 def _rollout_table(outcomes: list[Outcome], turns: dict[str, list[Turn]]) -> Table:

@@ -72,7 +72,7 @@ def _env(ctx: RunContext) -> dict[str, str]:
 
 
 def _outcome(_ctx: RunContext, code: int | None, _output: bytes) -> ExitState:
-    meaning = _EXIT_MEANING.get(code, "killed" if code is None else "unexpected")
+    meaning = "killed" if code is None else _EXIT_MEANING.get(code, "unexpected")
     return ExitState(code == 0, f"exit code {code}: {meaning}")
 
 

@@ -110,9 +110,9 @@ def _load_gguf(gguf_path: Path) -> tuple[Any, Any]:
     model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, **kwargs)
     # The GGUF loader leaves the model marked as quantized, which blocks saving
     # even though every tensor is already a plain float tensor.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # pyright: ignore[reportArgumentType]  (a plain attribute)
     if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+        delattr(model.config, "quantization_config")
     _restore_smollm2_pre_tokenizer(tokenizer)
     return tokenizer, model
 

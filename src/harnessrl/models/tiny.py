@@ -147,7 +147,7 @@ def _build_model(tokenizer: Any, seed: int) -> Any:
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
-        head_dim=64,
+        head_dim=64,  # pyright: ignore[reportCallIssue]  (Qwen2Config takes **kwargs)
         intermediate_size=256,
         max_position_embeddings=MAX_POSITIONS,
         # Untied so a trainer's lm_head update can be pushed into vLLM exactly.
@@ -158,7 +158,7 @@ def _build_model(tokenizer: Any, seed: int) -> Any:
         dtype="float32",
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+    model = Qwen2ForCausalLM(config).to(torch.float32).eval()  # pyright: ignore[reportArgumentType]
     # Only token ids: vLLM turns any sampling field found here into request defaults.
     model.generation_config = GenerationConfig(
         bos_token_id=pad_id, eos_token_id=eos_id, pad_token_id=pad_id

@@ -182,7 +182,7 @@ def _break(turn: Turn, prompt: tuple[int, ...], open_chains: list[list[Turn]]) -
     shared, chain = max(((_shared(prompt, tokens(c[-1])), c) for c in open_chains),
                         key=lambda pair: pair[0])
     divergence = _Divergence(shared, len(prompt), len(tokens(chain[0]).prompt_ids or ()))
-    reason = next(name for name, holds in _RULES if holds(divergence))
+    reason: BreakReason = next(name for name, holds in _RULES if holds(divergence))
     within_turn, within = _locate(chain, shared)
     return ChainBreak(reason, turn.index, against=chain[-1].index, diverged_at=shared,
                       within=within, within_turn=within_turn)

@@ -127,11 +127,11 @@ def _tool_result_extends_call(turns: list[Turn]) -> bool | None:
             continue
         caller = next((t for t in reversed(turns[:position])
                        if t.completion is not None and t.completion.tool_calls), None)
-        if caller is None or turn.completion is None:
+        if caller is None or caller.completion is None or turn.completion is None:
             return False
         before = caller.completion.tokens
         prefix = (before.prompt_ids or ()) + (before.completion_ids or ())
-        return turn.completion.tokens.prompt_ids[: len(prefix)] == prefix
+        return (turn.completion.tokens.prompt_ids or ())[: len(prefix)] == prefix
     return None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 from harnessrl.rollout.tasks import Verdict
 from harnessrl.types import Turn
@@ -75,4 +76,4 @@ def load_term(spec: str) -> tuple[str, ShapingTerm]:
     term = getattr(importlib.import_module(module), name)
     if not callable(term):
         raise ValueError(f"shaping term {spec!r} is not a function")
-    return name, term
+    return name, cast(ShapingTerm, term)  # its signature is the user's promise

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, Self
 
 Network = Literal["host", "none", "loopback-proxy"]
 
@@ -184,7 +184,7 @@ class LocalSandbox:
                      limits: Limits = Limits(), network: Network = "host",
                      proxy_ports: Sequence[int] = (), kill_grace: float = 2.0,
                      hide: Sequence[Path] = (), show: Sequence[Path] = (),
-                     confine: bool = False) -> LocalSandbox:
+                     confine: bool = False) -> Self:
         """A fresh sandbox at `root/name` (which must not exist yet). `allowed_env` is added
         to the minimal environment of every command; `proxy_ports` are the host loopback
         ports reachable with network="loopback-proxy". `hide` are host directories the
