@@ -417,7 +417,8 @@ def test_serve_builds_a_token_engine(tiny_model) -> None:
 
     args = argparse.Namespace(scripted=None, engine_mode="token", tokenizer=str(tiny_model),
                               model=None, tool_call_parser=None, chat_template=None,
-                              engine_url="http://127.0.0.1:9", engine_timeout=5.0)
+                              engine_url="http://127.0.0.1:9", engine_timeout=5.0,
+                              engine_first_byte_timeout=5.0)
     engine = _engine(args)
     assert engine.name == "vllm-token" and engine.tool_parser == "hermes"
     assert engine.stop_ids == [engine.renderer.tokenizer.eos_token_id]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import sqlite3
 import time
 import uuid
@@ -25,25 +24,36 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from harnessrl.errors import (
-    AuthenticationFailed,
-    HarnessRLError,
-    InvalidRequest,
-    NotFound,
-    StoreFailed,
-    TooLarge,
-)
+from harnessrl.errors import EngineError, HarnessRLError, NotFound, StoreFailed
+from harnessrl.proxy import nesting
 from harnessrl.proxy.accumulate import Accumulator
+from harnessrl.proxy.boundary import (
+    as_error,
+    decode_json,
+    error_response,
+    read_body,
+    request_key,
+)
 from harnessrl.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
 from harnessrl.proxy.dialects.base import ReplyContext
 from harnessrl.proxy.engines.base import Engine
-from harnessrl.proxy.history import check_tool_results, restore_arguments
+from harnessrl.proxy.history import check_arguments, check_tool_results, restore_arguments
+from harnessrl.proxy.rollout_routes import RolloutRoutes
 from harnessrl.proxy.sessions import OpenRollout, Sessions
-from harnessrl.types import ChatRequest, Chunk, EngineEvent, Finished, Sampling, Timings, Turn
+from harnessrl.types import (
+    ChatRequest,
+    Chunk,
+    EngineEvent,
+    Finished,
+    Sampling,
+    Timings,
+    Tokens,
+    Turn,
+)
 
-log = logging.getLogger(__name__)
 _encode = msgspec.json.Encoder().encode
 _JSON = "application/json"
+_NO_TOKENS = Tokens(None, None, None)
 
 
 @dataclass(frozen=True)
@@ -72,15 +82,6 @@ ENDPOINTS = [
 _HTTP_METHOD = {"call": "POST", "count_tokens": "POST", "gemini": "POST", "models": "GET"}
 _MODELS_BY_HEADER = {"anthropic-version": anthropic, "x-goog-api-key": gemini}
 _GEMINI_CALLS = {"generateContent": False, "streamGenerateContent": True}
-_KEY_HEADERS = ("x-api-key", "x-goog-api-key")
-
-
-class RolloutOptions(msgspec.Struct, forbid_unknown_fields=True):
-    """The body of `POST /rollouts`; every field optional."""
-
-    sampling: Sampling | None = None
-    unset_sampling: list[str] | None = None
-    metadata: dict[str, Any] | None = None
 
 
 @dataclass
@@ -137,9 +138,7 @@ class Proxy:
             Route("/", _probe, methods=["GET", "HEAD"]),
             Route("/r/{key}", _probe, methods=["GET", "HEAD"]),
             Route("/r/{key}/", _probe, methods=["GET", "HEAD"]),
-            Route("/rollouts", self.create_rollout, methods=["POST"]),
-            Route("/rollouts/{key}", self.get_rollout, methods=["GET"]),
-            Route("/rollouts/{key}", self.delete_rollout, methods=["DELETE"]),
+            *RolloutRoutes(self.sessions, self.engine, self.config).routes(),
         ]
         for endpoint in ENDPOINTS:
             handler = self._handler(endpoint)
@@ -165,80 +164,17 @@ class Proxy:
             try:
                 return await action(request, endpoint.dialect)
             except Exception as exc:  # a bug must still answer in the client's shape
-                return _error(endpoint.dialect, _as_error(exc))
+                return error_response(endpoint.dialect, as_error(exc))
         return handle
 
-    # ---------------------------------------------------------------- admin
+    # ---------------------------------------------------------------- health
     async def health(self, _request: Request) -> Response:
         return Response(_encode({"status": "ok", "models": self.served,
                                  "open_rollouts": len(self.sessions)}), media_type=_JSON)
 
-    def _admin(self, request: Request) -> None:
-        token = self.config.admin_token
-        if token is not None and _bearer(request) != token:
-            raise AuthenticationFailed("this endpoint needs the admin token as the bearer token")
-
-    async def create_rollout(self, request: Request) -> Response:
-        try:
-            self._admin(request)
-            raw = await _read_body(request, self.config.max_body_bytes)
-            options = msgspec.json.decode(raw or b"{}", type=RolloutOptions)
-            unknown = set(options.unset_sampling or ()) - set(Sampling.__struct_fields__)
-            if unknown:
-                raise InvalidRequest(f"unset_sampling names unknown fields {sorted(unknown)}; "
-                                     f"use some of {list(Sampling.__struct_fields__)}",
-                                     param="unset_sampling")
-            record = await self.sessions.create(
-                sampling=options.sampling, metadata=options.metadata,
-                unset_sampling=None if options.unset_sampling is None
-                else tuple(options.unset_sampling))
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            return _error(openai_chat, InvalidRequest(f"bad rollout options: {exc}"))
-        except HarnessRLError as err:
-            return _error(openai_chat, err)
-        except sqlite3.Error as exc:  # a full disk, say: refused in shape, not a bare 500
-            return _error(openai_chat, StoreFailed(
-                f"the trace store could not record the new rollout ({exc}); none was made"))
-        root = f"{str(request.base_url).rstrip('/')}/r/{record.key}"
-        body = {"key": record.key, "base_url": root,
-                "base_urls": {"openai": f"{root}/v1", "anthropic": root, "gemini": root}}
-        return Response(_encode(body), status_code=201, media_type=_JSON)
-
-    async def get_rollout(self, request: Request) -> Response:
-        key = request.path_params["key"]
-        try:
-            if _credential(request) != key:
-                self._admin(request)
-            record = await asyncio.to_thread(self.store.rollout, key)
-            if record is None:
-                raise NotFound("no rollout with that key")
-            offset = int(request.query_params.get("offset", 0))
-            limit = int(request.query_params.get("limit", 100))
-            turns = await asyncio.to_thread(self.store.turns, key, offset, limit)
-        except ValueError:
-            return _error(openai_chat, InvalidRequest("offset and limit must be integers"))
-        except HarnessRLError as err:
-            return _error(openai_chat, err)
-        return Response(_encode({"rollout": record, "turns": turns}), media_type=_JSON)
-
-    async def delete_rollout(self, request: Request) -> Response:
-        key = request.path_params["key"]
-        try:
-            if _credential(request) != key:
-                self._admin(request)
-            record = await self.sessions.close(key)
-            if (forget := getattr(self.engine, "forget_rollout", None)) is not None:
-                forget(key)  # per-rollout engine state (token mode) is no longer needed
-        except HarnessRLError as err:
-            return _error(openai_chat, err)
-        except sqlite3.Error as exc:
-            return _error(openai_chat, StoreFailed(
-                f"the trace store could not record the rollout as closed ({exc}); it stays open"))
-        return Response(_encode(record), media_type=_JSON)
-
     # ---------------------------------------------------------------- model calls
     async def _models(self, request: Request, dialect: ModuleType) -> Response:
-        await self.sessions.resolve(_request_key(request))
+        await self.sessions.resolve(request_key(request))
         if dialect is openai_chat:  # three APIs list models at /v1/models
             dialect = _MODELS_BY_HEADER.get(
                 next((h for h in _MODELS_BY_HEADER if h in request.headers), ""), dialect)
@@ -248,9 +184,9 @@ class Proxy:
                             model: str | None = None) -> Response:
         """The prompt's real token count, from the served model's own template and
         tokenizer. Not a model call, so not a turn."""
-        await self.sessions.resolve(_request_key(request))
-        raw = await _read_body(request, self.config.max_body_bytes)
-        parsed = dialect.parse_count_tokens(_decode_json(raw), model=model)
+        await self.sessions.resolve(request_key(request))
+        raw = await read_body(request, self.config.max_body_bytes)
+        parsed = dialect.parse_count_tokens(decode_json(raw), model=model)
         count = await self.engine.count_tokens(
             msgspec.structs.replace(parsed, model=self._model_for(parsed.model)))
         return Response(dialect.count_tokens_body(count), media_type=_JSON)
@@ -279,17 +215,18 @@ class Proxy:
                     stream: bool | None = None, encoder: dict[str, Any] | None = None,
                     media_type: str = "text/event-stream") -> Response:
         received = time.time()
-        rollout = await self.sessions.resolve(_request_key(request))
+        rollout = await self.sessions.resolve(request_key(request))
         raw = b""
         try:
-            raw = await _read_body(request, self.config.max_body_bytes)
-            parsed = dialect.parse_request(_decode_json(raw), model=model, stream=stream)
+            raw = await read_body(request, self.config.max_body_bytes)
+            parsed = dialect.parse_request(decode_json(raw), model=model, stream=stream)
             parsed = await self._full_history(rollout, parsed)
             engine_model = self._model_for(parsed.model)
-        except HarnessRLError as err:
+        except Exception as exc:  # a parser bug too: answered in shape and recorded
+            err = _request_error(exc)
             with contextlib.suppress(StoreFailed):
                 await self._record_rejected(rollout, dialect, received, raw, err)
-            return _error(dialect, err)
+            return error_response(dialect, err)
         used = self.sessions.policy(rollout, parsed.sampling)
         call = _Call(
             rollout=rollout, dialect=dialect, index=rollout.take_index(), received=received,
@@ -315,6 +252,7 @@ class Proxy:
                                "response of this rollout", param="previous_response_id")
             request = openai_responses.with_previous(turn.request, turn.completion, request)
         check_tool_results(request)
+        check_arguments(request, rollout.issued_calls)
         return restore_arguments(request, rollout.issued_calls)
 
     async def _complete(self, call: _Call, engine_request: ChatRequest,
@@ -330,6 +268,8 @@ class Proxy:
                 return Response(status_code=499)
             for event in events:
                 acc.feed(event)
+            if acc.finish_reason is None:
+                raise _unfinished()
             body = call.dialect.render_completion(acc.completion(), call.ctx)
             await self._record(call, acc, body)
         except Exception as exc:
@@ -337,7 +277,7 @@ class Proxy:
         return Response(body, media_type=_JSON)
 
     async def _failed(self, call: _Call, acc: Accumulator, exc: Exception) -> Response:
-        err = _as_error(exc)
+        err = as_error(exc)
         status, body = call.dialect.render_error(err)
         with contextlib.suppress(StoreFailed):
             await self._record(call, acc, body, err)
@@ -372,8 +312,10 @@ class Proxy:
                         call.first_token = time.time()
                     if out:
                         yield out
+            if not call.recorded:  # the engine's events ended without a finish
+                raise _unfinished()
         except Exception as exc:
-            err = _as_error(exc)
+            err = as_error(exc)
             out = encoder.error(err)
             call.sent.append(out)
             with contextlib.suppress(StoreFailed):
@@ -381,7 +323,7 @@ class Proxy:
             yield out
         except BaseException:
             # The client went away (or we are shutting down): keep what was sampled.
-            with anyio.CancelScope(shield=True):
+            with anyio.CancelScope(shield=True), contextlib.suppress(StoreFailed):
                 await self._record(call, acc, b"".join(call.sent), cancelled=True)
             raise
 
@@ -391,6 +333,9 @@ class Proxy:
         """Store the call's turn, once: later attempts (after a failure) do nothing."""
         if call.recorded:
             return
+        # Set before the write: a caller cancelled while it waits must not write again
+        # (the writer commits the row anyway). Cleared when nothing was written, so the
+        # error path can still record the call as failed.
         call.recorded = True
         completion = acc.completion() if acc.model is not None else None
         status = "cancelled" if cancelled else ("failed" if error is not None else "ok")
@@ -404,9 +349,32 @@ class Proxy:
             model=acc.model, weight_version=self.engine.weight_version,
             error=None if error is None else f"{error.kind}: {error.message}", flags=flags,
             reply_id=call.ctx.id)
-        await self._add(turn)
+        try:
+            kept_failed = await self._add_or_keep_failed(turn)
+        except StoreFailed:
+            call.recorded = False
+            raise
+        if kept_failed is not None:
+            raise kept_failed  # in the store, but as failed: the call did not succeed
         if completion is not None and status == "ok":
             call.rollout.remember_calls(completion.tool_calls)
+
+    async def _add_or_keep_failed(self, turn: Turn) -> StoreFailed | None:
+        """Writes `turn`; if the store refuses the row, writes it as a failed turn without
+        its tokens (the part it may not hold, an id past 32 bits say), with the reason, and
+        returns that reason. Raises only when nothing could be written."""
+        try:
+            await self._add(turn)
+            return None
+        except StoreFailed as err:
+            if turn.completion is None or turn.completion.tokens == _NO_TOKENS:
+                raise
+            completion = msgspec.structs.replace(turn.completion, tokens=_NO_TOKENS)
+            await self._add(msgspec.structs.replace(
+                turn, status="failed", completion=completion,
+                flags=(*turn.flags, "tokens_not_stored"),
+                error=f"{err.kind}: {err.message}"))
+            return err
 
     async def _add(self, turn: Turn) -> None:
         try:
@@ -460,58 +428,16 @@ async def _prepend(first: EngineEvent, rest: AsyncGenerator[EngineEvent, None]
             yield event
 
 
-def _as_error(exc: Exception) -> HarnessRLError:
-    if isinstance(exc, HarnessRLError):
-        return exc
-    log.exception("unexpected error in the proxy")
-    return HarnessRLError(f"internal proxy error ({type(exc).__name__}: {exc})")
+def _unfinished() -> EngineError:
+    """One rule, streamed or not: a reply is whole only when the engine says how it
+    finished. Without that it cannot be told from one cut off, so the call fails (what was
+    sampled is kept in its failed turn) instead of being stored as a finished step."""
+    return EngineError("the engine's reply ended without a finish reason")
 
 
-def _error(dialect: ModuleType, err: HarnessRLError) -> Response:
-    status, body = dialect.render_error(err)
-    return Response(body, status_code=status, media_type=_JSON)
-
-
-def _bearer(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
-def _request_key(request: Request) -> str | None:
-    """The rollout key: from the path, else from whichever API-key header the client uses."""
-    return request.path_params.get("key") or _credential(request)
-
-
-def _credential(request: Request) -> str | None:
-    """What the client presented as its API key (never the path)."""
-    for header in _KEY_HEADERS:
-        if value := request.headers.get(header):
-            return value
-    return _bearer(request) or request.query_params.get("key")
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise TooLarge(f"the body has {int(declared)} bytes; this proxy accepts at most {limit}")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise TooLarge(f"the body is larger than this proxy's limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _decode_json(raw: bytes) -> Any:
-    if not raw:
-        raise InvalidRequest("the body is empty; send a JSON object")
-    try:
-        return msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise InvalidRequest("the body is nested too deeply to parse") from exc
-
+def _request_error(exc: Exception) -> HarnessRLError:
+    """What a failure while reading a call's request means to the client. A decoder or a
+    parser that runs out of stack met nesting past what the boundary checks caught."""
+    if isinstance(exc, RecursionError):
+        return nesting.too_deep_error("the request")
+    return as_error(exc)

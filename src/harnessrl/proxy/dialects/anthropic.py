@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 
 from harnessrl.errors import HarnessRLError, InvalidRequest
-from harnessrl.proxy import sse
+from harnessrl.proxy import nesting, sse
 from harnessrl.proxy.dialects.base import ReplyContext, expect, lookup, number, optional, stop_list
 from harnessrl.types import (
     ChatRequest,
@@ -296,8 +296,10 @@ _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
 def _input(arguments: str) -> dict[str, Any]:
     try:
         value = _decode(arguments)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         value = None
+    if nesting.could_be_deep(arguments) and nesting.depth_over(value):
+        value = None  # past the nesting limit a client must keep to: sent as text
     return value if isinstance(value, dict) else {_RAW_ARGUMENTS: arguments}
 
 

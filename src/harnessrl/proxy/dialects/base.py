@@ -50,12 +50,33 @@ class Dialect(Protocol):
 
 # ------------------------------------------------------------------ validation helpers
 def expect(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
-    """`value` if it has the wanted JSON type, else a 400 naming the field and the type."""
+    """`value` if it has the wanted JSON type, else a 400 naming the field and the type.
+    An integer field takes 64-bit integers: JSON allows any size, the engine does not."""
     if isinstance(value, kind) and not (isinstance(value, bool) and bool not in _as_tuple(kind)):
+        if kind is int and not isinstance(value, bool):
+            return integer(value, where)
         return value
     raise InvalidRequest(
         f"`{where}` must be {_type_names(kind)}, got {_json_type(value)}", param=where
     )
+
+
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def integer(value: int, where: str) -> int:
+    if not _INT64[0] <= value <= _INT64[1]:
+        raise InvalidRequest(f"`{where}` must be an integer from -2**63 to 2**63-1, got one "
+                             "outside that range", param=where)
+    return value
+
+
+def to_float(value: int | float, where: str) -> float:
+    """A JSON number as a float; an integer too large for one is a 400, not an overflow."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise InvalidRequest(f"`{where}` is too large a number", param=where) from None
 
 
 def optional(body: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str = "") -> Any:
@@ -67,7 +88,7 @@ def optional(body: dict[str, Any], key: str, kind: type | tuple[type, ...], wher
 
 def number(body: dict[str, Any], key: str) -> float | None:
     value = optional(body, key, (int, float))
-    return None if value is None else float(value)
+    return None if value is None else to_float(value, key)
 
 
 def lookup(value: Any) -> str | None:

@@ -26,8 +26,16 @@ from typing import Any
 import msgspec
 
 from harnessrl.errors import HarnessRLError, InvalidRequest
-from harnessrl.proxy import sse
-from harnessrl.proxy.dialects.base import ReplyContext, expect, lookup, optional, stop_list
+from harnessrl.proxy import nesting, sse
+from harnessrl.proxy.dialects.base import (
+    ReplyContext,
+    expect,
+    integer,
+    lookup,
+    optional,
+    stop_list,
+    to_float,
+)
 from harnessrl.types import (
     ChatRequest,
     Chunk,
@@ -350,9 +358,9 @@ def _parse_sampling(config: dict[str, Any], extra: dict[str, Any]) -> Sampling:
             if value != int(value):
                 raise InvalidRequest(f"`{where}{key}` must be an integer, got {value}",
                                      param=f"{where}{key}")
-            value = int(value)
+            value = integer(int(value), f"{where}{key}")
         elif value is not None:
-            value = float(value)
+            value = to_float(value, f"{where}{key}")
         values[field] = value
     values["stop"] = stop_list(config.get("stopSequences"), f"{where}stopSequences")
     if "thinkingConfig" in config:
@@ -423,8 +431,10 @@ def _args(arguments: str) -> dict[str, Any] | None:
     """The arguments object, or None when they are not one (sent without `args`)."""
     try:
         value = json.loads(arguments) if arguments else None
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
+    if nesting.could_be_deep(arguments) and nesting.depth_over(value):
+        return None  # past the nesting limit a client must keep to
     return value if isinstance(value, dict) else None
 
 

@@ -14,7 +14,12 @@ from typing import Any
 
 from harnessrl.errors import NotFound
 from harnessrl.proxy.engines import openai_wire
-from harnessrl.proxy.engines.vllm import VLLMEngine, _encode, _json_or_error
+from harnessrl.proxy.engines.vllm import (
+    FIRST_BYTE_TIMEOUT,
+    VLLMEngine,
+    _encode,
+    _json_or_error,
+)
 from harnessrl.types import ChatRequest
 
 # vLLM extensions and token-accounting fields a standard endpoint may reject.
@@ -36,8 +41,10 @@ class OpenAICompatEngine(VLLMEngine):
     name = "openai"
 
     def __init__(self, api_base: str, *, model: str | None = None, api_key: str | None = None,
-                 read_timeout: float = 600.0) -> None:
-        super().__init__(api_base, read_timeout=read_timeout, api_key=api_key)
+                 read_timeout: float = 600.0,
+                 first_byte_timeout: float = FIRST_BYTE_TIMEOUT) -> None:
+        super().__init__(api_base, read_timeout=read_timeout, api_key=api_key,
+                         first_byte_timeout=first_byte_timeout)
         self.api_base = api_base.rstrip("/")
         self.model = model
 

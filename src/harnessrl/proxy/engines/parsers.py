@@ -114,7 +114,7 @@ class HermesParser:
         try:
             call = json.loads(raw)
             name, arguments = call["name"], call.get("arguments", {})
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return None
         if not isinstance(arguments, str):
             arguments = json.dumps(arguments, ensure_ascii=False)

@@ -327,8 +327,8 @@ def _parsed_arguments(message: dict[str, Any]) -> dict[str, Any]:
     fixed = []
     for call in calls:
         function = dict(call["function"])
-        # Not JSON: the template gets the text the model wrote.
-        with contextlib.suppress(TypeError, ValueError):
+        # Not JSON (or too deep to follow): the template gets the text the model wrote.
+        with contextlib.suppress(TypeError, ValueError, RecursionError):
             function["arguments"] = json.loads(function["arguments"])
         fixed.append({**call, "function": function})
     return {**message, "tool_calls": fixed}

@@ -27,6 +27,7 @@ from harnessrl.proxy.engines import openai_wire
 from harnessrl.proxy.engines.render import Rendered, Renderer
 from harnessrl.proxy.engines.toolformats import make_parser
 from harnessrl.proxy.engines.vllm import (
+    FIRST_BYTE_TIMEOUT,
     VLLMEngine,
     _engine_error,
     _json_or_error,
@@ -41,6 +42,7 @@ from harnessrl.types import (
     Finished,
     FinishReason,
     Started,
+    TokenId,
     Turn,
     Usage,
 )
@@ -70,9 +72,10 @@ class TokenEngine(VLLMEngine):
                  chat_template: str | None = None, extra_body: ExtraBody | None = None,
                  read_timeout: float = 600.0, connect_timeout: float = 10.0,
                  api_key: str | None = None, memory: int = 4,
-                 render_window: bool = True) -> None:
+                 render_window: bool = True,
+                 first_byte_timeout: float = FIRST_BYTE_TIMEOUT) -> None:
         super().__init__(base_url, read_timeout=read_timeout, connect_timeout=connect_timeout,
-                         api_key=api_key)
+                         api_key=api_key, first_byte_timeout=first_byte_timeout)
         if isinstance(tokenizer, str):
             from transformers import AutoTokenizer
 
@@ -161,8 +164,7 @@ class TokenEngine(VLLMEngine):
         rendered = await self.render(request)
         payload = self._body(request, rendered, stream=False)
         with self._upstream("answer"):
-            async with self._http.post(f"{self.base_url}/v1/completions",
-                                       data=payload) as resp:
+            async with self._post(f"{self.base_url}/v1/completions", payload) as resp:
                 raw = await resp.read()
                 if resp.status != 200:
                     raise _engine_error(resp.status, _loose(raw), raw)
@@ -174,9 +176,11 @@ class TokenEngine(VLLMEngine):
         deltas = parser.feed(choice.text) + parser.finish()
         ids, logprobs = _tokens(choice)
         self._remember(request, rendered, ids, choice.finish_reason)
-        return [self._started(request, rendered, choice.prompt_token_ids),
-                Chunk(tuple(deltas), ids, logprobs),
-                Finished(_finish(choice.finish_reason, parser.calls), _usage(body))]
+        events: list[EngineEvent] = [self._started(request, rendered, choice.prompt_token_ids),
+                                     Chunk(tuple(deltas), ids, logprobs)]
+        if choice.finish_reason is not None:  # without one the reply is not known to be whole
+            events.append(Finished(_finish(choice.finish_reason, parser.calls), _usage(body)))
+        return events
 
     async def stream(self, request: ChatRequest) -> AsyncGenerator[EngineEvent, None]:
         rendered = await self.render(request)
@@ -184,8 +188,7 @@ class TokenEngine(VLLMEngine):
         parser = self._parser(request, rendered)
         state = _StreamState()
         with self._upstream("send its next tokens"):
-            async with self._http.post(f"{self.base_url}/v1/completions",
-                                       data=payload) as resp:
+            async with self._post(f"{self.base_url}/v1/completions", payload) as resp:
                 if resp.status != 200:
                     await _json_or_error(resp)
                 decoder = SSEDecoder()
@@ -228,8 +231,8 @@ class _Logprobs(msgspec.Struct):
 class _Choice(msgspec.Struct):
     text: str = ""
     finish_reason: str | None = None
-    token_ids: tuple[int, ...] | None = None
-    prompt_token_ids: tuple[int, ...] | None = None
+    token_ids: tuple[TokenId, ...] | None = None
+    prompt_token_ids: tuple[TokenId, ...] | None = None
     logprobs: _Logprobs | None = None
 
 

@@ -108,7 +108,7 @@ def typed(value: str, schema: Any) -> Any:
     if kinds & _JSON_TYPES or not kinds:
         try:
             return json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
     return value
 

@@ -1,11 +1,21 @@
 """vLLM in chat mode: canonical requests go to `/v1/chat/completions` with
 `return_token_ids` and `logprobs`, streamed when the client streams, so every token chunk
-is passed on as vLLM produces it."""
+is passed on as vLLM produces it.
+
+Two limits on waiting: `read_timeout` (the generation limit) bounds any silence once the
+engine answers; `first_byte_timeout` bounds how long it may stay silent before it begins
+to answer without being asked whether it is alive (`GET /health`). A streamed answer begins
+at once, so a silent engine is one that is stuck or gone. A non-streamed answer begins
+only when it is done, so there the check keeps a long generation going, and ends a call
+to an engine that no longer answers anything, within `first_byte_timeout` + `_PROBE_MAX`
+seconds instead of the generation limit.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
@@ -24,14 +34,17 @@ from harnessrl.types import (
     ReasoningDelta,
     Started,
     TextDelta,
+    TokenId,
     ToolCallDelta,
     Usage,
 )
 
-_FINISH: dict[str | None, FinishReason] = {
+_FINISH: dict[str, FinishReason] = {
     "stop": "stop", "length": "length", "tool_calls": "tool_calls", "function_call": "tool_calls",
-    "content_filter": "content_filter", "abort": "error", None: "stop",
+    "content_filter": "content_filter", "abort": "error",
 }
+FIRST_BYTE_TIMEOUT = 30.0
+_PROBE_MAX = 10.0  # a health check slower than this counts as no answer
 _decode = msgspec.json.decode
 _encode = msgspec.json.encode
 
@@ -40,9 +53,11 @@ class VLLMEngine:
     name = "vllm"
 
     def __init__(self, base_url: str, *, read_timeout: float = 600.0,
-                 connect_timeout: float = 10.0, api_key: str | None = None) -> None:
+                 connect_timeout: float = 10.0, api_key: str | None = None,
+                 first_byte_timeout: float = FIRST_BYTE_TIMEOUT) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.weight_version: str | None = None
+        self.first_byte_timeout = first_byte_timeout
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=connect_timeout, sock_read=read_timeout)
         self._headers = {"Content-Type": "application/json"}
@@ -94,6 +109,38 @@ class VLLMEngine:
             raise EngineUnavailable(
                 f"the engine at {self.base_url} is unreachable or broke off: {exc}") from exc
 
+    @contextlib.asynccontextmanager
+    async def _post(self, url: str, payload: bytes) -> AsyncIterator[aiohttp.ClientResponse]:
+        """The engine's response to a call, once it has begun (status and headers)."""
+        sending = asyncio.ensure_future(self._send(url, payload))
+        try:
+            while not sending.done():
+                done, _ = await asyncio.wait({sending}, timeout=self.first_byte_timeout)
+                if not done and not await self._alive():
+                    raise EngineTimeout(
+                        f"the engine sent nothing for {self.first_byte_timeout:g} s and did "
+                        "not answer a health check: it is stuck or gone")
+        except BaseException:
+            sending.cancel()
+            if sending.done() and not sending.cancelled() and sending.exception() is None:
+                sending.result().release()  # it began just as we gave up on it
+            raise
+        async with sending.result() as resp:
+            yield resp
+
+    async def _send(self, url: str, payload: bytes) -> aiohttp.ClientResponse:
+        return await self._http.post(url, data=payload)
+
+    async def _alive(self) -> bool:
+        """Whether the engine answers `GET /health` (any answer below 500: an endpoint
+        without the route is up too)."""
+        timeout = aiohttp.ClientTimeout(total=min(self.first_byte_timeout, _PROBE_MAX))
+        try:
+            async with self._http.get(f"{self.base_url}/health", timeout=timeout) as resp:
+                return resp.status < 500
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
     async def count_tokens(self, request: ChatRequest) -> int:
         """vLLM renders the chat template and tokenizes it: the count the model sees."""
         body: dict[str, Any] = {"model": request.model, "add_generation_prompt": True,
@@ -113,7 +160,7 @@ class VLLMEngine:
     async def complete(self, request: ChatRequest) -> list[EngineEvent]:
         url, payload = self._chat_call(request, stream=False)
         with self._upstream("answer"):
-            async with self._http.post(url, data=payload) as resp:
+            async with self._post(url, payload) as resp:
                 raw = await resp.read()
                 if resp.status != 200:
                     raise _engine_error(resp.status, _loose(raw), raw)
@@ -123,7 +170,7 @@ class VLLMEngine:
         url, payload = self._chat_call(request, stream=True)
         parser = _StreamParser()
         with self._upstream("send its next tokens"):
-            async with self._http.post(url, data=payload) as resp:
+            async with self._post(url, payload) as resp:
                 if resp.status != 200:
                     await _json_or_error(resp)
                 decoder = SSEDecoder()
@@ -221,7 +268,7 @@ class _Choice(msgspec.Struct):
     message: _Message | None = None
     delta: _Message | None = None
     finish_reason: str | None = None
-    token_ids: tuple[int, ...] | None = None
+    token_ids: tuple[TokenId, ...] | None = None
     logprobs: _Logprobs | None = None
 
 
@@ -232,7 +279,7 @@ class _Usage(msgspec.Struct):
 
 class _Body(msgspec.Struct):
     model: str = ""
-    prompt_token_ids: tuple[int, ...] | None = None
+    prompt_token_ids: tuple[TokenId, ...] | None = None
     choices: list[_Choice] = []
     usage: _Usage | None = None
     error: Any = None
@@ -286,11 +333,11 @@ def _events_from_completion(raw: bytes) -> list[EngineEvent]:
         raise EngineError("the engine answered with no choices")
     choice = body.choices[0]
     ids, logprobs = _tokens(choice)
-    return [
-        Started(body.model, body.prompt_token_ids),
-        Chunk(tuple(_deltas(choice.message)), ids, logprobs),
-        Finished(_FINISH.get(choice.finish_reason, "stop"), _usage(body)),
-    ]
+    events: list[EngineEvent] = [Started(body.model, body.prompt_token_ids),
+                                 Chunk(tuple(_deltas(choice.message)), ids, logprobs)]
+    if choice.finish_reason is not None:  # without one the reply is not known to be whole
+        events.append(Finished(_FINISH.get(choice.finish_reason, "stop"), _usage(body)))
+    return events
 
 
 class _StreamParser:

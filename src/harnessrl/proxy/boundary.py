@@ -1,0 +1,103 @@
+"""What the proxy reads off an HTTP request before anything else looks at it: the key, the
+body (within its size limit), the body as JSON (within the nesting limit), the paging
+query. Everything refused here is a request error the caller can fix. And how any error
+becomes an answer in the caller's own shape."""
+
+from __future__ import annotations
+
+import logging
+from types import ModuleType
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from harnessrl.errors import HarnessRLError, InvalidRequest, TooLarge
+from harnessrl.proxy import nesting
+
+log = logging.getLogger("harnessrl.proxy.app")
+
+_KEY_HEADERS = ("x-api-key", "x-goog-api-key")
+# The largest page of turns one `GET /rollouts/<key>` returns: a turn holds its raw request
+# and response, so a page is held in memory whole.
+MAX_PAGE = 1000
+_MAX_OFFSET = 2**63 - 1  # SQLite's integer range
+
+
+def bearer(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def request_key(request: Request) -> str | None:
+    """The rollout key: from the path, else from whichever API-key header the client uses."""
+    return request.path_params.get("key") or credential(request)
+
+
+def credential(request: Request) -> str | None:
+    """What the client presented as its API key (never the path)."""
+    for header in _KEY_HEADERS:
+        if value := request.headers.get(header):
+            return value
+    return bearer(request) or request.query_params.get("key")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise TooLarge(f"the body has {int(declared)} bytes; this proxy accepts at most {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"the body is larger than this proxy's limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def decode_json(raw: bytes) -> Any:
+    if not raw:
+        raise InvalidRequest("the body is empty; send a JSON object")
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"the body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise nesting.too_deep_error("the body") from exc
+    nesting.check_body(body, raw)
+    return body
+
+
+def page(request: Request) -> tuple[int, int]:
+    """`?offset=&limit=` as (offset, limit), each within the range the store can page by."""
+    return (_query_int(request, "offset", 0, 0, _MAX_OFFSET),
+            _query_int(request, "limit", 100, 0, MAX_PAGE))
+
+
+def _query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise InvalidRequest(f"`{name}` must be an integer from {low} to {high}, got "
+                             f"{raw[:40]!r}", param=name)
+    return value
+
+
+def as_error(exc: Exception) -> HarnessRLError:
+    if isinstance(exc, HarnessRLError):
+        return exc
+    log.exception("unexpected error in the proxy")
+    return HarnessRLError(f"internal proxy error ({type(exc).__name__}: {exc})")
+
+
+def error_response(dialect: ModuleType, err: HarnessRLError) -> Response:
+    status, body = dialect.render_error(err)
+    return Response(body, status_code=status, media_type="application/json")

@@ -1,0 +1,138 @@
+"""The rollout endpoints: `POST /rollouts`, `GET` and `DELETE /rollouts/<key>`.
+
+They answer errors in the OpenAI shape (the one the runner and curl users read), and
+nothing that reaches them, whatever its shape, gets a bare 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from harnessrl.errors import (
+    AuthenticationFailed,
+    InvalidRequest,
+    NotFound,
+    StoreFailed,
+)
+from harnessrl.proxy import nesting
+from harnessrl.proxy.boundary import as_error, bearer, credential, error_response, page, read_body
+from harnessrl.proxy.dialects import openai_chat
+from harnessrl.proxy.dialects.base import integer
+from harnessrl.proxy.engines.base import Engine
+from harnessrl.proxy.sessions import Sessions
+from harnessrl.types import Sampling
+
+if TYPE_CHECKING:
+    from harnessrl.proxy.app import ProxyConfig
+
+_encode = msgspec.json.Encoder().encode
+_JSON = "application/json"
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class RolloutOptions(msgspec.Struct, forbid_unknown_fields=True):
+    """The body of `POST /rollouts`; every field optional."""
+
+    sampling: Sampling | None = None
+    unset_sampling: list[str] | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class RolloutRoutes:
+    def __init__(self, sessions: Sessions, engine: Engine, config: ProxyConfig) -> None:
+        self.sessions = sessions
+        self.store = sessions.store
+        self.engine = engine
+        self.config = config
+
+    def routes(self) -> list[Route]:
+        return [Route("/rollouts", _in_shape(self.create), methods=["POST"]),
+                Route("/rollouts/{key}", _in_shape(self.get), methods=["GET"]),
+                Route("/rollouts/{key}", _in_shape(self.delete), methods=["DELETE"])]
+
+    def _admin(self, request: Request) -> None:
+        token = self.config.admin_token
+        if token is not None and bearer(request) != token:
+            raise AuthenticationFailed("this endpoint needs the admin token as the bearer token")
+
+    async def create(self, request: Request) -> Response:
+        self._admin(request)
+        options = parse_options(await read_body(request, self.config.max_body_bytes))
+        try:
+            record = await self.sessions.create(
+                sampling=options.sampling, metadata=options.metadata,
+                unset_sampling=None if options.unset_sampling is None
+                else tuple(options.unset_sampling))
+        except sqlite3.Error as exc:  # a full disk, say: refused in shape, not a bare 500
+            raise StoreFailed(f"the trace store could not record the new rollout ({exc}); "
+                              "none was made") from exc
+        root = f"{str(request.base_url).rstrip('/')}/r/{record.key}"
+        body = {"key": record.key, "base_url": root,
+                "base_urls": {"openai": f"{root}/v1", "anthropic": root, "gemini": root}}
+        return Response(_encode(body), status_code=201, media_type=_JSON)
+
+    async def get(self, request: Request) -> Response:
+        key = request.path_params["key"]
+        if credential(request) != key:
+            self._admin(request)
+        record = await asyncio.to_thread(self.store.rollout, key)
+        if record is None:
+            raise NotFound("no rollout with that key")
+        offset, limit = page(request)
+        turns = await asyncio.to_thread(self.store.turns, key, offset, limit)
+        # Encoded off the event loop: a page can be megabytes.
+        body = await asyncio.to_thread(_encode, {"rollout": record, "turns": turns})
+        return Response(body, media_type=_JSON)
+
+    async def delete(self, request: Request) -> Response:
+        key = request.path_params["key"]
+        if credential(request) != key:
+            self._admin(request)
+        try:
+            record = await self.sessions.close(key)
+        except sqlite3.Error as exc:
+            raise StoreFailed(f"the trace store could not record the rollout as closed "
+                              f"({exc}); it stays open") from exc
+        if (forget := getattr(self.engine, "forget_rollout", None)) is not None:
+            forget(key)  # per-rollout engine state (token mode) is no longer needed
+        return Response(_encode(record), media_type=_JSON)
+
+
+def _in_shape(handler: Handler) -> Handler:
+    async def handle(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except Exception as exc:  # a bug must still answer in shape
+            return error_response(openai_chat, as_error(exc))
+    return handle
+
+
+def parse_options(raw: bytes) -> RolloutOptions:
+    """The body of `POST /rollouts`, validated: types, nesting, integer ranges, names."""
+    try:
+        options = msgspec.json.decode(raw or b"{}", type=RolloutOptions)
+    except msgspec.DecodeError as exc:  # ValidationError is one too
+        raise InvalidRequest(f"bad rollout options: {exc}") from exc
+    except RecursionError as exc:
+        raise nesting.too_deep_error("the body") from exc
+    if options.metadata is not None and nesting.could_be_deep(raw) and nesting.depth_over(
+            options.metadata):
+        raise InvalidRequest(f"`metadata` is nested more than {nesting.MAX_DEPTH} levels "
+                             "deep", param="metadata")
+    for name, value in msgspec.structs.asdict(options.sampling or Sampling()).items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            integer(value, f"sampling.{name}")  # msgspec takes integers of any size
+    unknown = set(options.unset_sampling or ()) - set(Sampling.__struct_fields__)
+    if unknown:
+        raise InvalidRequest(f"unset_sampling names unknown fields {sorted(unknown)}; "
+                             f"use some of {list(Sampling.__struct_fields__)}",
+                             param="unset_sampling")
+    return options
