@@ -13,56 +13,45 @@ The case counts per dialect are printed at the end of the module.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import copy
 import json
-import threading
-from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
 from harnessrl.proxy.engines.vllm import VLLMEngine
+from harnessrl.proxy.nesting import MAX_DEPTH
 from harnessrl.proxy.serve import in_thread
-from tests.conftest import SHARED, make_proxy
-from tests.fake_vllm import PROMPT_IDS
+from tests.conftest import make_proxy
+from tests.fuzzing import (
+    DIALECTS,
+    FIRST_CHUNK,
+    IDS,
+    PLACE,
+    PLACE_BYTES,
+    BrokenVLLM,
+    Dialect,
+    InProcess,
+    LoopThread,
+    chat_chunk,
+    check_answer,
+    delete_at,
+    fuzz,
+    get_at,
+    internal_error,
+    nested,
+    paths,
+    set_at,
+    sse_frame,
+)
 
 CASES: collections.Counter[tuple[str, str]] = collections.Counter()
-
-
-def fuzz(max_examples: int) -> settings:
-    return settings(max_examples=max_examples, deadline=None,
-                    suppress_health_check=list(HealthCheck))
-
-
-# ------------------------------------------------------------------ an event loop in a thread
-class LoopThread:
-    """One event loop on its own thread for the module: sync hypothesis tests submit
-    coroutines to it, and pytest-asyncio's loops are left alone."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 60) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 @pytest.fixture(scope="module")
@@ -88,154 +77,6 @@ def report_counts(request) -> Iterator[None]:
         print(text, flush=True)
 
 
-class InProcess:
-    """The proxy app behind an `httpx.AsyncClient` on the module's loop."""
-
-    def __init__(self, proxy, loop: LoopThread) -> None:
-        self.proxy, self.loop, self.store = proxy, loop, proxy.store
-        self.client: httpx.AsyncClient | None = None
-        self.key = ""
-
-    def __enter__(self) -> InProcess:
-        async def start() -> None:
-            await self.proxy.startup()
-            self.client = httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=self.proxy.app()), base_url="http://proxy",
-                timeout=60)
-        self.loop.run(start())
-        resp = self.post("/rollouts", b"{}")
-        assert resp.status_code == 201, resp.text
-        self.key = resp.json()["key"]
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        async def stop() -> None:
-            assert self.client is not None
-            await self.client.aclose()
-            await self.proxy.shutdown()
-        self.loop.run(stop())
-
-    def post(self, path: str, content: bytes, params: dict[str, str] | None = None
-             ) -> httpx.Response:
-        assert self.client is not None
-        return self.loop.run(self.client.post(
-            path, content=content, params=params,
-            headers={"content-type": "application/json"}))
-
-    def call(self, dialect: Dialect, content: bytes, *, stream: bool = False) -> httpx.Response:
-        path = dialect.stream_path if stream else dialect.path
-        params = {"alt": "sse"} if stream and dialect.name == "gemini" else None
-        return self.post(f"/r/{self.key}{path}", content, params)
-
-
-# ------------------------------------------------------------------ the dialects
-def _openai_shape(status: int, body: Any) -> bool:
-    return (isinstance(body, dict) and set(body) == {"error"}
-            and isinstance(body["error"], dict)
-            and set(body["error"]) == {"message", "type", "param", "code"}
-            and isinstance(body["error"]["message"], str)
-            and isinstance(body["error"]["type"], str))
-
-
-def _anthropic_shape(status: int, body: Any) -> bool:
-    return (isinstance(body, dict) and body.get("type") == "error"
-            and isinstance(body.get("error"), dict)
-            and set(body["error"]) == {"type", "message"}
-            and isinstance(body["error"]["message"], str))
-
-
-def _gemini_shape(status: int, body: Any) -> bool:
-    return (isinstance(body, dict) and set(body) == {"error"}
-            and isinstance(body["error"], dict)
-            and set(body["error"]) == {"code", "message", "status"}
-            and body["error"]["code"] == status and isinstance(body["error"]["status"], str))
-
-
-def _internal(body: Any) -> bool:
-    """The proxy's own fault, in any of the shapes."""
-    err = body.get("error") if isinstance(body, dict) else None
-    if not isinstance(err, dict):
-        return False
-    return (err.get("type") == "server_error"
-            or (err.get("type") == "api_error" and "internal proxy error" in str(
-                err.get("message")))
-            or "internal proxy error" in str(err.get("message")))
-
-
-def _wire(paths: tuple[str, ...]) -> list[dict[str, Any]]:
-    bodies = []
-    for file in sorted((SHARED / "harnesses" / "wire").glob("*/*.json")):
-        wire = json.loads(file.read_text())
-        if any(wire["path"].startswith(p) for p in paths) and isinstance(wire["body"], dict):
-            bodies.append(wire["body"])
-    return bodies
-
-
-SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}},
-          "required": ["command"]}
-
-
-@dataclass
-class Dialect:
-    name: str
-    path: str
-    stream_path: str
-    good: dict[str, Any]
-    seeds: list[dict[str, Any]]
-    shape: Callable[[int, Any], bool]
-    stream_error: bytes  # the marker of this dialect's error event in a stream
-    last_event: bytes  # how the last event of a failed stream starts
-
-    def body(self, *, stream: bool = False) -> bytes:
-        """The good body; streamed by a flag in it, except Gemini (by its path)."""
-        good = {**self.good, "stream": True} if stream and self.name != "gemini" else self.good
-        return json.dumps(good).encode()
-
-
-CHAT_GOOD = {"model": "m", "messages": [{"role": "user", "content": "make hello.txt"}],
-             "tools": [{"type": "function", "function": {"name": "bash",
-                                                         "parameters": SCHEMA}}]}
-ANTHROPIC_GOOD = {"model": "claude", "max_tokens": 256,
-                  "messages": [{"role": "user", "content": "make hello.txt"}],
-                  "tools": [{"name": "bash", "input_schema": SCHEMA}]}
-RESPONSES_GOOD = {"model": "codex", "store": False, "include": ["reasoning.encrypted_content"],
-                  "input": [{"type": "message", "role": "user", "content": "make hello.txt"}],
-                  "tools": [{"type": "function", "name": "bash", "parameters": SCHEMA}]}
-GEMINI_GOOD = {"contents": [{"role": "user", "parts": [{"text": "make hello.txt"}]}],
-               "tools": [{"functionDeclarations": [{"name": "bash",
-                                                    "parametersJsonSchema": SCHEMA}]}]}
-
-DIALECTS = [
-    Dialect("openai_chat", "/v1/chat/completions", "/v1/chat/completions", CHAT_GOOD,
-            [CHAT_GOOD, *_wire(("/v1/chat/completions", "/chat/completions"))],
-            _openai_shape, b'data: {"error":', b'data: {"error":'),
-    Dialect("anthropic", "/v1/messages", "/v1/messages", ANTHROPIC_GOOD,
-            [ANTHROPIC_GOOD, *_wire(("/v1/messages",))], _anthropic_shape,
-            b"event: error\n", b"event: error\n"),
-    Dialect("openai_responses", "/v1/responses", "/v1/responses", RESPONSES_GOOD,
-            [RESPONSES_GOOD, *_wire(("/v1/responses",))], _openai_shape,
-            b"event: response.failed\n", b"event: error\n"),
-    Dialect("gemini", "/v1beta/models/gemini-x:generateContent",
-            "/v1beta/models/gemini-x:streamGenerateContent", GEMINI_GOOD,
-            [GEMINI_GOOD, *_wire(("/v1beta/models",))], _gemini_shape, b'data: {"error":',
-            b'data: {"error":'),
-]
-IDS = [d.name for d in DIALECTS]
-
-
-def check_answer(dialect: Dialect, resp: httpx.Response, sent: bytes) -> None:
-    """The properties every answer must have, whatever was sent."""
-    status = resp.status_code
-    assert status < 500, f"{dialect.name}: {status} {resp.text[:500]} for {sent[:300]!r}"
-    if status == 200:
-        # A stream (the body kept `stream: true`) must not have failed on our side either.
-        assert b"internal proxy error" not in resp.content, (sent[:300], resp.content[-500:])
-        return
-    body = resp.json()
-    assert dialect.shape(status, body), f"{dialect.name}: bad error shape {body} for {sent!r:.300}"
-    assert not _internal(body), f"{dialect.name}: internal error {body} for {sent!r:.300}"
-
-
 def still_serves(served: InProcess, dialect: Dialect) -> None:
     resp = served.call(dialect, dialect.body())
     assert resp.status_code == 200, resp.text
@@ -259,39 +100,6 @@ _leaves = (st.none() | st.booleans() | st.integers() | st.integers(min_value=2**
 json_values = st.recursive(
     _leaves, lambda inner: st.lists(inner, max_size=4)
     | st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=12)
-Path_ = tuple[str | int, ...]
-
-
-def paths(value: Any, prefix: Path_ = ()) -> Iterator[Path_]:
-    yield prefix
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from paths(item, (*prefix, key))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from paths(item, (*prefix, index))
-
-
-def _get(body: Any, path: Path_) -> Any:
-    for step in path:
-        body = body[step]
-    return body
-
-
-def _set(body: Any, path: Path_, value: Any) -> Any:
-    if not path:
-        return value
-    _get(body, path[:-1])[path[-1]] = value
-    return body
-
-
-def _delete(body: Any, path: Path_) -> Any:
-    if path:
-        parent = _get(body, path[:-1])
-        del parent[path[-1]]
-    return body
-
-
 def _same_type(a: Any, b: Any) -> bool:
     kinds = (bool, (int, float), str, list, dict, type(None))
     return any(isinstance(a, k) and isinstance(b, k) for k in kinds) and (
@@ -310,18 +118,14 @@ def mutated(draw: st.DrawFn, seeds: list[dict[str, Any]], stream: bool = False
         where = draw(st.sampled_from(list(paths(body))))
         op = draw(st.sampled_from(["replace", "replace", "replace", "delete", "add"]))
         if op == "delete" and where:
-            body = _delete(body, where)
-        elif op == "add" and isinstance(_get(body, where), dict):
-            _get(body, where)[draw(st.text(max_size=12))] = draw(json_values)
+            body = delete_at(body, where)
+        elif op == "add" and isinstance(get_at(body, where), dict):
+            get_at(body, where)[draw(st.text(max_size=12))] = draw(json_values)
         else:
-            old = _get(body, where)
+            old = get_at(body, where)
             new = draw(json_values.filter(lambda v, old=old: not _same_type(v, old)))
-            body = _set(body, where, new)
+            body = set_at(body, where, new)
     return body
-
-
-_PLACE = "\u0000PLACEHOLDER\u0000"
-_PLACE_BYTES = json.dumps(_PLACE).encode()
 
 
 @st.composite
@@ -331,14 +135,8 @@ def with_raw(draw: st.DrawFn, seeds: list[dict[str, Any]], raws: st.SearchStrate
     so bytes JSON itself cannot hold (invalid UTF-8, NaN, nesting) can be planted."""
     body = copy.deepcopy(draw(st.sampled_from(seeds)))
     where = draw(st.sampled_from(list(paths(body))))
-    body = _set(body, where, _PLACE)
-    return json.dumps(body).encode().replace(_PLACE_BYTES, draw(raws), 1)
-
-
-def nested(depth: int, kind: str) -> bytes:
-    if kind == "list":
-        return b"[" * depth + b"]" * depth
-    return b'{"a":' * depth + b"1" + b"}" * depth
+    body = set_at(body, where, PLACE)
+    return json.dumps(body).encode().replace(PLACE_BYTES, draw(raws), 1)
 
 
 _BAD_UTF8 = [b"\xff", b"\xfe\xff", b"\xc3\x28", b"\xa0\xa1", b"\xe2\x28\xa1", b"\xf0\x28\x8c\xbc",
@@ -358,14 +156,14 @@ moderate_nesting = st.builds(nested, st.integers(1, 400), st.sampled_from(["list
 def huge_string(draw: st.DrawFn, seeds: list[dict[str, Any]]) -> bytes:
     """A string leaf (or a new one) of at least 1 MiB; the body stays under the limit."""
     body = copy.deepcopy(draw(st.sampled_from(seeds)))
-    strings = [p for p in paths(body) if isinstance(_get(body, p), str)]
+    strings = [p for p in paths(body) if isinstance(get_at(body, p), str)]
     size = draw(st.integers(1 << 20, (1 << 20) + 4096))
     unit = draw(st.sampled_from(["lorem ipsum dolor ", "\u00e9\u4e2d\U0001f600 ", "x", "\\n"]))
     text = (unit * (size // len(unit) + 1))[:size]
     where = draw(st.sampled_from(strings)) if strings else ("huge",)
     if not strings:
         body["huge"] = ""
-    body = _set(body, where, text)
+    body = set_at(body, where, text)
     return json.dumps(body).encode()
 
 
@@ -439,14 +237,17 @@ def test_huge_strings_are_served_or_refused_cleanly(served, dialect: Dialect) ->
     still_serves(served, dialect)
 
 
-def test_deep_nesting_up_to_the_decoder_limit_is_served(served) -> None:
-    """Nesting the decoder accepts (a few hundred levels) goes through every dialect."""
+def test_deep_nesting_up_to_the_limit_is_served_and_past_it_refused(served) -> None:
+    """Nesting up to the proxy's limit goes through every dialect; one level more is a 400
+    in shape (tests/test_fuzz_limits.py fuzzes the same rule everywhere in a body)."""
     for dialect in DIALECTS:
-        for depth in (100, 400, 900):
-            raw = json.dumps({**dialect.good, "x": _PLACE}).encode().replace(
-                _PLACE_BYTES, nested(depth, "list"))
+        for depth in (100, 400, MAX_DEPTH - 1, MAX_DEPTH, 900):  # the body adds a level
+            raw = json.dumps({**dialect.good, "x": PLACE}).encode().replace(
+                PLACE_BYTES, nested(depth, "list"))
             CASES["deep_nesting", dialect.name] += 1
-            check_answer(dialect, served.call(dialect, raw), raw)
+            resp = served.call(dialect, raw)
+            check_answer(dialect, resp, raw)
+            assert resp.status_code == (200 if depth < MAX_DEPTH else 400), resp.text[:300]
 
 
 # ------------------------------------------------------------------ bugs this fuzzing found
@@ -454,25 +255,25 @@ def test_deep_nesting_up_to_the_decoder_limit_is_served(served) -> None:
 def _with(dialect: str, raw_value: bytes, **fields: Any) -> tuple[Dialect, bytes]:
     d = next(x for x in DIALECTS if x.name == dialect)
     body = {**d.good, **fields}
-    return d, json.dumps(body).encode().replace(_PLACE_BYTES, raw_value)
+    return d, json.dumps(body).encode().replace(PLACE_BYTES, raw_value)
 
 
 _USER = {"role": "user", "content": "hi"}
 BUGS = {
     # msgspec raises RecursionError (not DecodeError) past ~1000 levels, in every dialect.
-    **{f"deep_nesting_{d.name}": (d.name, nested(10_000, "list"), {"x": _PLACE})
+    **{f"deep_nesting_{d.name}": (d.name, nested(10_000, "list"), {"x": PLACE})
        for d in DIALECTS},
-    "chat_role_list": ("openai_chat", b"[]", {"messages": [{"role": _PLACE, "content": "x"}]}),
+    "chat_role_list": ("openai_chat", b"[]", {"messages": [{"role": PLACE, "content": "x"}]}),
     "responses_item_type_list": ("openai_responses", b"[]",
-                                 {"input": [{"type": _PLACE, "role": "user", "content": "x"}]}),
+                                 {"input": [{"type": PLACE, "role": "user", "content": "x"}]}),
     "responses_role_list": ("openai_responses", b"[]",
-                            {"input": [{"type": "message", "role": _PLACE, "content": "x"}]}),
-    "anthropic_role_list": ("anthropic", b"[]", {"messages": [{"role": _PLACE, "content": "x"}]}),
+                            {"input": [{"type": "message", "role": PLACE, "content": "x"}]}),
+    "anthropic_role_list": ("anthropic", b"[]", {"messages": [{"role": PLACE, "content": "x"}]}),
     "anthropic_block_type_object": ("anthropic", b"{}", {"messages": [
-        {"role": "user", "content": [{"type": _PLACE, "text": "x"}]}]}),
-    "anthropic_tool_choice_type_list": ("anthropic", b"[]", {"tool_choice": {"type": _PLACE}}),
-    "anthropic_effort_list": ("anthropic", b"[]", {"output_config": {"effort": _PLACE}}),
-    "gemini_empty_parts": ("gemini", b"[]", {"contents": [{"role": "user", "parts": _PLACE}],
+        {"role": "user", "content": [{"type": PLACE, "text": "x"}]}]}),
+    "anthropic_tool_choice_type_list": ("anthropic", b"[]", {"tool_choice": {"type": PLACE}}),
+    "anthropic_effort_list": ("anthropic", b"[]", {"output_config": {"effort": PLACE}}),
+    "gemini_empty_parts": ("gemini", b"[]", {"contents": [{"role": "user", "parts": PLACE}],
                                             "tools": []}),
 }
 @pytest.mark.parametrize("name", list(BUGS))
@@ -487,58 +288,9 @@ def test_found_bug_is_a_client_error(served, name: str) -> None:
 
 
 # ------------------------------------------------------------------ broken SSE from the engine
-class BrokenVLLM:
-    """vLLM's models endpoint, and a chat stream that sends whatever bytes it is given."""
-
-    def __init__(self) -> None:
-        self.script: list[bytes] = []
-        self.ok = False
-
-    def app(self) -> Starlette:
-        return Starlette(routes=[Route("/v1/models", self.models),
-                                 Route("/v1/chat/completions", self.chat, methods=["POST"])])
-
-    async def models(self, _request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "fake", "object": "model"}]})
-
-    async def chat(self, request: Request) -> Response:
-        body = await request.json()
-        script = _good_stream() if self.ok else list(self.script)
-
-        async def stream():
-            for piece in script:
-                yield piece
-                await asyncio.sleep(0)
-
-        if not body.get("stream"):
-            return Response(b"".join(script), media_type="application/json")
-        return StreamingResponse(stream(), media_type="text/event-stream")
-
-
-def _chunk(text: str, token: int, finish: str | None = None) -> dict[str, Any]:
-    return {"id": "x", "object": "chat.completion.chunk", "model": "fake", "choices": [{
-        "index": 0, "delta": {"content": text}, "finish_reason": finish, "token_ids": [token],
-        "logprobs": {"content": [{"token": text, "logprob": -0.5}]}}]}
-
-
-_FIRST = {"id": "x", "object": "chat.completion.chunk", "model": "fake",
-          "prompt_token_ids": PROMPT_IDS,
-          "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                       "token_ids": [], "logprobs": None}]}
-
-
-def _sse(body: Any) -> bytes:
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
-
-
-def _good_stream() -> list[bytes]:
-    return [_sse(_FIRST), _sse(_chunk("Hi", 10)), _sse(_chunk("", 11, "stop")),
-            b"data: [DONE]\n\n"]
-
-
 _frames = st.one_of(
-    st.builds(lambda t, i: _sse(_chunk(t, i)), st.text(max_size=8), st.integers(0, 1000)),
-    st.builds(lambda b, n: _sse(b)[:n], st.just(_chunk("cut", 5)), st.integers(6, 60)),
+    st.builds(lambda t, i: sse_frame(chat_chunk(t, i)), st.text(max_size=8), st.integers(0, 1000)),
+    st.builds(lambda b, n: sse_frame(b)[:n], st.just(chat_chunk("cut", 5)), st.integers(6, 60)),
     st.binary(max_size=64),
     st.builds(lambda v: b"data: " + json.dumps(v).encode() + b"\n\n", json_values),
     st.sampled_from([b"data: {\"choices\": 5}\n\n", b"data: null\n\n", b"data: \n\n",
@@ -568,7 +320,7 @@ def test_broken_engine_stream_is_a_clean_error_and_a_failed_turn(broken, dialect
     @given(head=st.booleans(), frames=st.lists(_frames, max_size=6))
     def run(head: bool, frames: list[bytes]) -> None:
         CASES["broken_engine_sse", dialect.name] += 1
-        script = ([_sse(_FIRST)] if head else []) + frames  # no finish_reason, ever
+        script = ([sse_frame(FIRST_CHUNK)] if head else []) + frames  # no finish_reason, ever
         fake.script = script
         before = len(served.store.turns(served.key))
         resp = served.call(dialect, dialect.body(stream=True), stream=True)
@@ -586,7 +338,7 @@ def test_broken_engine_stream_is_a_clean_error_and_a_failed_turn(broken, dialect
         else:
             assert resp.status_code in (502, 503, 504), (script, resp.text)
             body = resp.json()
-            assert dialect.shape(resp.status_code, body) and not _internal(body), body
+            assert dialect.shape(resp.status_code, body) and not internal_error(body), body
         fake.ok = True
         try:
             good = served.call(dialect, dialect.body(stream=True), stream=True)
