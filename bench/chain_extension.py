@@ -35,7 +35,7 @@ import httpx
 import msgspec
 
 from harnessrl.harnesses import MODULES, get
-from harnessrl.harnesses.base import Harness
+from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR, Harness
 from harnessrl.harnesses.policy import (
     SHELL_TOOLS,
     WriteFilePolicy,
@@ -62,7 +62,7 @@ from harnessrl.rollout.chains import ChainStats, link, report
 from harnessrl.rollout.conformance import FILENAME, Result, _run, random_line
 from harnessrl.types import ChatRequest, EngineEvent, ToolResult
 
-TOOLS_DIR = Path("~/.cache/harnessrl/tools").expanduser()
+TOOLS_DIR = DEFAULT_TOOLS_DIR.expanduser()
 MODEL_CACHE = Path("~/.cache/harnessrl/models/tiny-qwen2").expanduser()
 Force = Callable[[ChatRequest], dict[str, Any]]
 

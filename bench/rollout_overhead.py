@@ -26,7 +26,7 @@ from harnessrl.harnesses.base import Harness
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
 from harnessrl.rollout.conformance import policy_tokenizer
 from harnessrl.rollout.run import execute
-from harnessrl.rollout.runner import RunConfig
+from harnessrl.rollout.runner import RolloutSettings, RunConfig
 from harnessrl.rollout.tasks import load_tasks
 
 
@@ -48,7 +48,7 @@ def measure(concurrency: int, rollouts: int, tokenizer: object) -> dict[str, flo
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
     with tempfile.TemporaryDirectory(prefix="hrl-bench-") as root:
         config = RunConfig(harnesses=[INSTANT], tasks=tasks, samples=samples,
-                           concurrency=concurrency, retries=0)
+                           settings=RolloutSettings(concurrency=concurrency, retries=0))
         started = time.monotonic()
         outcomes = execute(config, ScriptedEngine(tokenizer, replay(["ok"])), Path(root),
                            console=quiet)

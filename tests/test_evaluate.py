@@ -85,10 +85,10 @@ def test_two_harnesses_one_solving_one_failing(tmp_path: Path) -> None:
     solver, idler = get("mini-swe-agent"), get("pi")
     for harness in (solver, idler):
         harness.install(TOOLS, log=lambda _line: None)
-    execute(RunConfig(harnesses=[solver], tasks=tasks, tools_dir=TOOLS, shaping=shaping),
+    execute(RunConfig(harnesses=[solver], tasks=tasks, shaping=shaping),
             ScriptedEngine(tokenizer, oracle_policy(tasks)), tmp_path, console=quiet)
     outcomes = execute(
-        RunConfig(harnesses=[idler], tasks=tasks, tools_dir=TOOLS, shaping=shaping),
+        RunConfig(harnesses=[idler], tasks=tasks, shaping=shaping),
         ScriptedEngine(tokenizer, replay(["I will not do anything."])), tmp_path,
         console=quiet)
     by_harness = {(o.harness, o.task): o for o in outcomes}

@@ -16,7 +16,7 @@ from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.conformance import policy_tokenizer
 from harnessrl.rollout.rewards import Shaping, TraceStats
 from harnessrl.rollout.run import execute, oracle_policy
-from harnessrl.rollout.runner import RunConfig
+from harnessrl.rollout.runner import RolloutSettings, RunConfig
 from harnessrl.rollout.tasks import Verdict, load_tasks
 
 TOOLS = Path("~/.cache/harnessrl/tools").expanduser()
@@ -46,8 +46,9 @@ def mini():
 @pytest.mark.harness
 def test_oracle_run_scores_every_rollout_and_resumes_without_duplicates(mini, tmp_path):
     tasks = load_tasks("bundled:create-hello-file,fizzbuzz,rename-extensions")
-    config = RunConfig(harnesses=[mini], tasks=tasks, samples=2, concurrency=2,
-                       tools_dir=TOOLS, shaping=Shaping(fewer_tool_calls=0.1))
+    config = RunConfig(harnesses=[mini], tasks=tasks, samples=2,
+                       settings=RolloutSettings(concurrency=2),
+                       shaping=Shaping(fewer_tool_calls=0.1))
     engine = ScriptedEngine(policy_tokenizer(), oracle_policy(tasks), model="oracle")
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
     outcomes = execute(config, engine, tmp_path, console=quiet)
@@ -72,7 +73,7 @@ def test_engine_failure_is_an_infra_error_without_a_reward(mini, tmp_path):
         raise EngineUnavailable("the engine is down (test)")
 
     tasks = load_tasks("bundled:create-hello-file")
-    config = RunConfig(harnesses=[mini], tasks=tasks, retries=1, tools_dir=TOOLS)
+    config = RunConfig(harnesses=[mini], tasks=tasks, settings=RolloutSettings(retries=1))
     engine = ScriptedEngine(policy_tokenizer(), down, model="down")
     [outcome] = execute(config, engine, tmp_path, console=Console(file=open("/dev/null", "w")))  # noqa: SIM115
     assert outcome.status == "infra_error" and outcome.reward is None
@@ -107,8 +108,8 @@ def test_agent_cannot_see_tests_solution_or_other_rollouts(mini, tmp_path):
     snoop = (f"ls -A {task.source} {task.source}/tests {tmp_path / 'sandboxes'}; "
              f"cat {task.source}/solution/solve.sh; echo SNOOPED")
     policy = OraclePolicy({task.instruction.strip().splitlines()[0][:100]: snoop})
-    config = RunConfig(harnesses=[mini], tasks=[task], samples=2, concurrency=2,
-                       tools_dir=TOOLS)
+    config = RunConfig(harnesses=[mini], tasks=[task], samples=2,
+                       settings=RolloutSettings(concurrency=2))
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
     outcomes = execute(config, ScriptedEngine(policy_tokenizer(), policy), tmp_path,
                        console=quiet)
@@ -141,8 +142,7 @@ def test_a_hanging_harness_is_killed_and_recorded_as_timed_out(tmp_path):
                   argv=lambda ctx, instruction: ["-c", "sleep 983.5 & sleep 983.6"])
     (tmp_path / "tasks.jsonl").write_text(json.dumps(
         {"id": "hang", "instruction": "wait", "verify": ["test -f done.txt"], "timeout": 2}))
-    config = RunConfig(harnesses=[hangs], tasks=load_tasks(tmp_path / "tasks.jsonl"),
-                       tools_dir=TOOLS)
+    config = RunConfig(harnesses=[hangs], tasks=load_tasks(tmp_path / "tasks.jsonl"))
     engine = ScriptedEngine(policy_tokenizer(), replay(["unused"]))
     [outcome] = execute(config, engine, tmp_path / "run",
                         console=Console(file=open("/dev/null", "w")))  # noqa: SIM115
@@ -163,7 +163,8 @@ def test_an_oracle_that_does_not_pass_is_a_broken_pipeline(mini, tmp_path, monke
 
     good, wrong = load_tasks("bundled:create-hello-file,fizzbuzz")
     wrong = dataclasses.replace(wrong, solution_dir=None, solution_commands=("true",))
-    config = RunConfig(harnesses=[mini], tasks=[good, wrong], retries=0, tools_dir=TOOLS)
+    config = RunConfig(harnesses=[mini], tasks=[good, wrong],
+                       settings=RolloutSettings(retries=0))
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
     [problem] = oracle_check(config, tmp_path / "scored", console=quiet)
     assert problem.startswith("mini-swe-agent on fizzbuzz (sample 0): the reference "

@@ -21,6 +21,7 @@ from harnessrl.harnesses.base import Harness
 from harnessrl.harnesses.policy import OraclePolicy
 from harnessrl.proxy.engines.scripted import Reply, ScriptedEngine, default_logprob
 from harnessrl.rollout.run import oracle_policy
+from harnessrl.rollout.runner import RolloutSettings
 from harnessrl.rollout.tasks import load_tasks
 from harnessrl.train.trl import HarnessRollouts, columns, harness_reward
 from harnessrl.types import ChatRequest, Text
@@ -107,7 +108,7 @@ def setting(tmp_path: Path, tokenizer):
 def rollouts_for(tmp_path: Path, tasks, engine, harnesses, tokenizer, **options):
     return HarnessRollouts(tasks=tasks, harnesses=harnesses, engine=engine,
                            run_dir=tmp_path / "run", pad_token_id=tokenizer.pad_token_id,
-                           retries=0, hide_host=False, **options)
+                           settings=RolloutSettings(retries=0, hide_host=False), **options)
 
 
 def test_plan_mixes_harnesses_per_group_or_per_generation(setting, tmp_path, tokenizer):
@@ -296,7 +297,7 @@ def test_grpo_step_on_cpu_from_real_rollouts_syncs_vllm(vllm_tiny, tiny_model, t
     with HarnessRollouts(tasks=tasks, harnesses=[mini], engine=engine,
                          run_dir=tmp_path / "run", pad_token_id=tokenizer.pad_token_id,
                          sync=sync, sampling=on_policy_sampling(max_tokens=48), shaping=shaping,
-                         tools_dir=tools) as rollouts:
+                         settings=RolloutSettings(tools_dir=str(tools))) as rollouts:
         trainer = GRPOTrainer(
             model=model, reward_funcs=[harness_reward],
             args=grpo_args(tmp_path / "out", per_device_train_batch_size=2,
@@ -378,8 +379,8 @@ def _collect(setting, tmp_path: Path, engine=None) -> Path:
     from harnessrl.rollout.runner import RunConfig
 
     tasks, scripted, h = setting
-    config = RunConfig(harnesses=[h["solve"], h["idle"]], tasks=tasks[:1], retries=0,
-                       hide_host=False)
+    config = RunConfig(harnesses=[h["solve"], h["idle"]], tasks=tasks[:1],
+                       settings=RolloutSettings(retries=0, hide_host=False))
     from harnessrl.rollout.run import execute
 
     outcomes = execute(config, engine or scripted, tmp_path / "run", console=QUIET)

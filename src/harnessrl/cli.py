@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR
+
 DEFAULT_RUN_DIR = Path("runs/default")
-DEFAULT_TOOLS_DIR = Path("~/.cache/harnessrl/tools")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,6 +121,8 @@ def _run_parser(p: argparse.ArgumentParser) -> None:
                         "files from the agent, nor keep its writes inside its sandbox "
                         "(both need root for a mount namespace)")
     p.add_argument("--image", default="python:3.11-slim", help="docker sandbox image")
+    p.add_argument("--agent-timeout", type=float, metavar="SECONDS",
+                   help="cap every task's own agent deadline")
     engine = p.add_mutually_exclusive_group(required=True)
     engine.add_argument("--engine-url", help="a running vLLM server")
     engine.add_argument("--model", help="start vLLM for this model")
@@ -146,18 +149,19 @@ def _run_parser(p: argparse.ArgumentParser) -> None:
 def _execute_run(args: argparse.Namespace) -> list[Any]:
     from harnessrl.rollout.rewards import Shaping, load_term
     from harnessrl.rollout.run import execute, oracle_engine
-    from harnessrl.rollout.runner import RunConfig
+    from harnessrl.rollout.runner import RolloutSettings, RunConfig
     from harnessrl.rollout.tasks import load_tasks
     from harnessrl.types import Sampling
 
     tasks = load_tasks(args.tasks)
     shaping = Shaping(fewer_tool_calls=args.fewer_tool_calls, fewer_tokens=args.fewer_tokens,
                       custom=dict(load_term(spec) for spec in args.shaping))
+    settings = RolloutSettings(concurrency=args.concurrency, retries=args.retries,
+                               tools_dir=str(args.tools_dir), network=args.network,
+                               sandbox=args.sandbox, image=args.image,
+                               hide_host=not args.no_hide, agent_timeout=args.agent_timeout)
     config = RunConfig(harnesses=_harnesses(args.harness.split(",")), tasks=tasks,
-                       samples=args.samples, concurrency=args.concurrency,
-                       retries=args.retries, tools_dir=args.tools_dir, network=args.network,
-                       sandbox=args.sandbox, image=args.image, hide_host=not args.no_hide,
-                       shaping=shaping)
+                       samples=args.samples, settings=settings, shaping=shaping)
     server = None
     if args.oracle:
         engine = oracle_engine(tasks)

@@ -99,8 +99,7 @@ def oracle_first(config: TrainConfig, console: Console) -> list[str]:
 
     r = config.rollout
     run = RunConfig(harnesses=[get(name) for name in r.harnesses], tasks=load_tasks(r.tasks),
-                    concurrency=r.concurrency, retries=r.retries,
-                    tools_dir=Path(r.tools_dir), network=r.network, hide_host=r.hide_host)
+                    settings=r)
     return oracle_check(run, Path(config.run_dir) / "oracle", console=console)
 
 

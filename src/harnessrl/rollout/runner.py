@@ -12,16 +12,19 @@ started again on the same run directory it skips every rollout that has an outco
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import httpx
+import msgspec
 
 from harnessrl.errors import HarnessRLError
-from harnessrl.harnesses.base import Harness, RunContext
+from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR, Harness, RunContext
 from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.docker import DockerSandbox
 from harnessrl.rollout.rewards import Shaping, TraceStats
@@ -39,20 +42,34 @@ class InfraError(Exception):
     """Something outside the agent failed; the rollout is retried, never scored."""
 
 
+class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How every rollout runs, whoever starts it: `harnessrl run`/`eval`, the train
+    config's `[rollout]` table (which extends this) and `HarnessRollouts`."""
+
+    concurrency: int = 2
+    retries: int = 2  # of infrastructure failures
+    tools_dir: str = str(DEFAULT_TOOLS_DIR)  # harness prefixes, installed once, reused
+    network: Network = "host"
+    sandbox: Literal["local", "docker"] = "local"
+    # Show the agent an empty directory where the task's source (tests, solution), the
+    # bundled tasks and other rollouts' sandboxes are (local sandbox; needs root).
+    hide_host: bool = True
+    image: str = "python:3.11-slim"  # docker sandbox only
+    # Caps every task's own agent deadline (seconds): a small model that never finishes
+    # keeps a harness busy until the deadline, and a training step waits for its slowest.
+    agent_timeout: float | None = None
+
+    @property
+    def tools(self) -> Path:
+        return Path(self.tools_dir).expanduser()
+
+
 @dataclass(frozen=True)
 class RunConfig:
     harnesses: Sequence[Harness]
     tasks: Sequence[Task]
     samples: int = 1
-    concurrency: int = 2
-    retries: int = 2
-    tools_dir: Path = Path("~/.cache/harnessrl/tools")
-    network: Network = "host"
-    sandbox: str = "local"  # local | docker
-    # Show the agent an empty directory where the task's source (tests, solution), the
-    # bundled tasks and other rollouts' sandboxes are (local sandbox; needs root).
-    hide_host: bool = True
-    image: str = "python:3.11-slim"  # docker sandbox only
+    settings: RolloutSettings = field(default_factory=RolloutSettings)
     shaping: Shaping = field(default_factory=Shaping)
 
 
@@ -78,6 +95,7 @@ class Runner:
     def __init__(self, config: RunConfig, store: TraceStore, proxy_url: str, run_dir: Path,
                  on_outcome: Callable[[Outcome], None] = lambda _o: None) -> None:
         self.config = config
+        self.settings = config.settings
         self.store = store
         self.proxy_url = proxy_url
         self.sandboxes = run_dir / "sandboxes"
@@ -90,8 +108,8 @@ class Runner:
 
     async def run(self, todo: Sequence[Planned]) -> list[Outcome]:
         for harness in {p.harness.name: p.harness for p in todo}.values():
-            await asyncio.to_thread(harness.install, self.config.tools_dir, lambda _l: None)
-        gate = asyncio.Semaphore(self.config.concurrency)
+            await asyncio.to_thread(harness.install, self.settings.tools, lambda _l: None)
+        gate = asyncio.Semaphore(self.settings.concurrency)
 
         async def one(planned: Planned) -> Outcome:
             async with gate:
@@ -104,7 +122,7 @@ class Runner:
 
     async def _with_retries(self, planned: Planned) -> Outcome:
         error, key = "", ""
-        for attempt in range(1, self.config.retries + 2):
+        for attempt in range(1, self.settings.retries + 2):
             try:
                 key = await self._open_rollout(planned, attempt)
                 return await self._attempt(planned, key, attempt)
@@ -116,7 +134,7 @@ class Runner:
                     await self._close_rollout(key)
         return Outcome(harness=planned.harness.name, harness_version=planned.harness.version,
                        task=planned.task.id, sample=planned.sample, rollout=key,
-                       status="infra_error", attempts=self.config.retries + 1, error=error)
+                       status="infra_error", attempts=self.settings.retries + 1, error=error)
 
     async def _open_rollout(self, planned: Planned, attempt: int) -> str:
         metadata = {"harness": planned.harness.name, "harness_version": planned.harness.version,
@@ -133,6 +151,8 @@ class Runner:
 
     async def _attempt(self, planned: Planned, key: str, attempt: int) -> Outcome:
         task, harness = planned.task, planned.harness
+        if (cap := self.settings.agent_timeout) is not None:
+            task = dataclasses.replace(task, agent_timeout=min(task.agent_timeout, cap))
         deadline = time.monotonic() + task.agent_timeout + task.verifier_timeout + DEADLINE_SLACK
         timings: dict[str, float] = {}
         started = time.monotonic()
@@ -142,7 +162,7 @@ class Runner:
             timings["sandbox"] = time.monotonic() - started
             ctx = RunContext(home=sandbox.home, workdir=sandbox.workdir,
                              proxy_root=f"{self.proxy_url}/r/{key}", key=key,
-                             tools_dir=self.config.tools_dir)
+                             tools_dir=self.settings.tools)
             harness.setup(ctx)
             agent_started = time.monotonic()
             run = await sandbox.run(harness.command(ctx, task.instruction),
@@ -165,15 +185,15 @@ class Runner:
                             not run.timed_out, run, exit_state.detail, timings)
 
     async def _sandbox(self, name: str, task: Task) -> LocalSandbox:
-        if self.config.sandbox == "docker":
-            return await DockerSandbox.start(self.sandboxes, name, image=self.config.image,
-                                             read_only=[self.config.tools_dir.expanduser()],
+        if self.settings.sandbox == "docker":
+            return await DockerSandbox.start(self.sandboxes, name, image=self.settings.image,
+                                             read_only=[self.settings.tools],
                                              network="host")
         hide = [self.sandboxes, BUNDLED, *([task.source] if task.source else [])]
-        return await LocalSandbox.create(self.sandboxes, name, network=self.config.network,
+        return await LocalSandbox.create(self.sandboxes, name, network=self.settings.network,
                                          proxy_ports=[int(self.proxy_url.rsplit(":", 1)[1])],
-                                         hide=hide if self.config.hide_host else (),
-                                         show=[self.config.tools_dir.expanduser()])
+                                         hide=hide if self.settings.hide_host else (),
+                                         show=[self.settings.tools])
 
     def _scored(self, planned: Planned, key: str, attempt: int, verdict: Verdict,
                 finished: bool, run: ExecResult, detail: str,
@@ -187,6 +207,6 @@ class Runner:
             agent_finished=finished, agent_timed_out=run.timed_out,
             agent_exit_code=run.exit_code, agent_detail=detail,
             verifier_status=verdict.status, verifier_output=verdict.output[-4000:],
-            sandbox=self.config.sandbox, timings=timings, turns=stats.turns,
+            sandbox=self.settings.sandbox, timings=timings, turns=stats.turns,
             tool_calls=stats.tool_calls, completion_tokens=stats.completion_tokens,
             attempts=attempt)

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from harnessrl.rollout.runner import RolloutSettings
+
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pass
@@ -39,18 +41,14 @@ class EngineConfig(_Section):
     on_policy: bool = True
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(RolloutSettings, frozen=True):
+    """What to roll out (harnesses, tasks, how harnesses share a batch) on top of how each
+    rollout runs, the runner's own `RolloutSettings` (concurrency, sandbox, network, ...)."""
+
     harnesses: list[str] = msgspec.field(default_factory=lambda: ["mini-swe-agent"])
     tasks: str = "bundled:easy"  # a task dir, a .jsonl file, or bundled[:...]
     mix: Literal["group", "generation"] = "group"
-    concurrency: int = 2
-    retries: int = 1
-    tools_dir: str = "~/.cache/harnessrl/tools"
-    network: Literal["host", "none", "loopback-proxy"] = "host"
-    hide_host: bool = True
-    # Caps every task's own agent deadline (seconds): a small model that never finishes
-    # keeps a harness busy until the deadline, and a step waits for its slowest rollout.
-    agent_timeout: float | None = None
+    retries: int = 1  # a training step waits for its retries
 
 
 class GRPOSettings(_Section):

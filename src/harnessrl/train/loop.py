@@ -12,7 +12,6 @@ and TRL's own numbers (loss, grad norm, ...).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import warnings
@@ -176,8 +175,6 @@ def train(config: TrainConfig, *, console: Console | None = None,
     from harnessrl.rollout.tasks import load_tasks
 
     tasks = load_tasks(config.rollout.tasks)
-    if (cap := config.rollout.agent_timeout) is not None:
-        tasks = [dataclasses.replace(t, agent_timeout=min(t.agent_timeout, cap)) for t in tasks]
     if len(tasks) < config.grpo.tasks_per_step:
         raise ValueError(f"{len(tasks)} tasks, but tasks_per_step is "
                          f"{config.grpo.tasks_per_step}")
@@ -209,10 +206,7 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
         tasks=tasks, harnesses=harnesses, engine=engine_for(config, model_dir, url),
         run_dir=run_dir,
         pad_token_id=tokenizer.pad_token_id, sync=sync, sampling=sampling_of(config),
-        shaping=shaping_of(config.shaping), mix=config.rollout.mix,
-        concurrency=config.rollout.concurrency, retries=config.rollout.retries,
-        tools_dir=Path(config.rollout.tools_dir), network=config.rollout.network,
-        hide_host=config.rollout.hide_host,
+        shaping=shaping_of(config.shaping), mix=config.rollout.mix, settings=config.rollout,
         on_outcome=lambda _o: progress.advance(task_id))
     log = StepLog(run_dir / METRICS_FILE, rollouts, progress.console, on_step)
     with rollouts, progress:

@@ -55,7 +55,7 @@ from harnessrl.proxy.serve import running
 from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.chains import Chain, ChainStats, link, rollout_stats
 from harnessrl.rollout.rewards import Shaping
-from harnessrl.rollout.runner import Planned, RunConfig, Runner
+from harnessrl.rollout.runner import Planned, RolloutSettings, RunConfig, Runner
 from harnessrl.rollout.tasks import Task
 from harnessrl.train.samples import sample
 from harnessrl.train.weights import VLLMWeightSync, version_name
@@ -174,11 +174,7 @@ class HarnessRollouts:
     sampling: Sampling | None = None
     shaping: Shaping = field(default_factory=Shaping)
     mix: Mix = "group"
-    concurrency: int = 2
-    retries: int = 1
-    tools_dir: Path = Path("~/.cache/harnessrl/tools")
-    network: str = "host"
-    hide_host: bool = True
+    settings: RolloutSettings = field(default_factory=lambda: RolloutSettings(retries=1))
     on_outcome: Callable[[Outcome], None] = lambda _o: None
     batches: list[Batch] = field(default_factory=list)
 
@@ -205,10 +201,8 @@ class HarnessRollouts:
             key = (o.harness, o.task)
             self._samples[key] = max(self._samples.get(key, 0), o.sample + 1)
         url = served.url
-        config = RunConfig(harnesses=self.harnesses, tasks=self.tasks,
-                           concurrency=self.concurrency, retries=self.retries,
-                           tools_dir=self.tools_dir, network=self.network,  # type: ignore[arg-type]
-                           hide_host=self.hide_host, shaping=self.shaping)
+        config = RunConfig(harnesses=self.harnesses, tasks=self.tasks, settings=self.settings,
+                           shaping=self.shaping)
         self._runner = Runner(config, store, url, self.run_dir,
                               on_outcome=lambda o: self.on_outcome(o))
         return self
