@@ -22,7 +22,7 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 settings.register_profile("harnessrl", deadline=None, max_examples=300)
 settings.load_profile("harnessrl")
 
-# Only tests/test_fuzz.py still reads this (seed bodies from the recorded requests, none
+# Only tests/fuzzing.py still reads this (seed bodies from the recorded requests, none
 # when ../shared is absent); the same requests are in tests/recorded, read through
 # tests.helpers.recorded_requests().
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
