@@ -13,7 +13,7 @@ from hypothesis import settings
 # tests.helpers.
 from tests.helpers import CACHE, ServedProxy, make_proxy
 
-__all__ = ["CACHE", "SHARED", "ServedProxy", "make_proxy"]
+__all__ = ["CACHE", "ServedProxy", "make_proxy"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -21,11 +21,6 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 # No per-example deadline: CI machines are shared and slow examples are not failures.
 settings.register_profile("harnessrl", deadline=None, max_examples=300)
 settings.load_profile("harnessrl")
-
-# Only tests/fuzzing.py still reads this (seed bodies from the recorded requests, none
-# when ../shared is absent); the same requests are in tests/recorded, read through
-# tests.helpers.recorded_requests().
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
 @pytest.fixture(scope="session")

@@ -19,8 +19,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.conftest import SHARED
 from tests.fake_vllm import PROMPT_IDS
+from tests.helpers import recorded_requests
 
 
 def fuzz(max_examples: int) -> settings:
@@ -124,7 +124,7 @@ def internal_error(body: Any) -> bool:
 
 def wire_bodies(paths: tuple[str, ...]) -> list[dict[str, Any]]:
     bodies = []
-    for file in sorted((SHARED / "harnesses" / "wire").glob("*/*.json")):
+    for file in recorded_requests():
         wire = json.loads(file.read_text())
         if any(wire["path"].startswith(p) for p in paths) and isinstance(wire["body"], dict):
             bodies.append(wire["body"])
