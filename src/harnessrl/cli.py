@@ -1,4 +1,5 @@
-"""The one command line: `harnessrl serve | export | demo`.
+"""The one command line: `harnessrl serve | run | eval | train | export | report | ui |
+demo | harness list|install|doctor | conformance`.
 
 Every component's configuration is read here and passed down as plain values.
 """

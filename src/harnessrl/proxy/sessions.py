@@ -1,8 +1,9 @@
 """Rollout keys and the little state each open rollout needs in memory.
 
-A key is 128 random bits (URL-safe base64). Everything else about a rollout lives in the
-store; memory holds only the key, its policy and the next turn index, so an idle rollout
-costs a few hundred bytes.
+A key is "hrl-" and 192 random bits (URL-safe base64). Everything else about a rollout
+lives in the store; memory holds only its record (key, sampling policy, metadata), the
+next turn index and the argument text of the tool calls the proxy issued (to restore it
+when a dialect's wire loses it), so an idle rollout costs a few hundred bytes.
 """
 
 from __future__ import annotations
