@@ -83,7 +83,8 @@ class ForcedChatEngine(VLLMEngine):
         body = openai_wire.chat_body(request, stream=stream)
         return msgspec.json.encode({**body, **self.force(request)})
 
-    async def complete(self, request: ChatRequest) -> list[EngineEvent]:
+    async def complete(self, request: ChatRequest, rollout: str | None = None
+                       ) -> list[EngineEvent]:
         with self._upstream("answer"):
             async with self._http.post(f"{self.base_url}/v1/chat/completions",
                                        data=self._payload(request, stream=False)) as resp:
@@ -92,7 +93,8 @@ class ForcedChatEngine(VLLMEngine):
                     raise _engine_error(resp.status, _loose(raw), raw)
         return _events_from_completion(raw)
 
-    async def stream(self, request: ChatRequest) -> AsyncGenerator[EngineEvent, None]:
+    async def stream(self, request: ChatRequest, rollout: str | None = None
+                     ) -> AsyncGenerator[EngineEvent, None]:
         parser = _StreamParser()
         with self._upstream("send its next tokens"):
             async with self._http.post(f"{self.base_url}/v1/chat/completions",

@@ -158,10 +158,11 @@ class WideIdEngine(ScriptedEngine):
     """An engine that hands the proxy an id the store cannot pack, past any engine check:
     the store's own refusal must still leave a failed turn behind, not a lost call."""
 
-    async def complete(self, request) -> list[EngineEvent]:
+    async def complete(self, request, rollout=None) -> list[EngineEvent]:
         return [e async for e in self.stream(request)]
 
-    async def stream(self, request) -> AsyncGenerator[EngineEvent, None]:  # type: ignore
+    async def stream(self, request, rollout=None  # type: ignore[override]
+                     ) -> AsyncGenerator[EngineEvent, None]:
         yield Started(self.model, (1, 2))
         yield Chunk((), (2**40,), (-0.5,))
         yield Finished("stop", None)

@@ -158,7 +158,7 @@ def test_token_mode_leaves_a_reply_without_a_finish_reason_unfinished(tiny_model
         await engine.start()
         try:
             return await engine.complete(ChatRequest(
-                model="tiny", messages=(Message("user", (Text("hi"),)),), rollout="k"))
+                model="tiny", messages=(Message("user", (Text("hi"),)),)), "k")
         finally:
             await engine.close()
 

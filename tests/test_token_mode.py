@@ -685,15 +685,15 @@ def _events(fake, tiny_model, *, stream: bool, mode: str = "ok") -> list:
 
     fake.mode, fake.bodies[:] = mode, []
     tools = (Tool("write_file", None, TOOLS[0]["function"]["parameters"]),)
-    request = ChatRequest(model="tiny", messages=(_user("hi"),), tools=tools, rollout="k")
+    request = ChatRequest(model="tiny", messages=(_user("hi"),), tools=tools)
 
     async def run() -> list:
         engine = TokenEngine(fake.url, str(tiny_model))
         await engine.start()
         try:
             if stream:
-                return [e async for e in engine.stream(request)]
-            return await engine.complete(request)
+                return [e async for e in engine.stream(request, "k")]
+            return await engine.complete(request, "k")
         finally:
             await engine.close()
 

@@ -363,15 +363,21 @@ class TextOnly:
     async def count_tokens(self, request) -> int:
         return await self.inner.count_tokens(request)
 
-    async def complete(self, request):
+    def bind_store(self, store) -> None:
+        self.inner.bind_store(store)
+
+    def forget_rollout(self, key) -> None:
+        self.inner.forget_rollout(key)
+
+    async def complete(self, request, rollout=None):
         from harnessrl.types import Chunk, Started
 
-        events = await self.inner.complete(request)
+        events = await self.inner.complete(request, rollout)
         return [Started(e.model, None) if isinstance(e, Started)
                 else Chunk(e.deltas, None, None) if isinstance(e, Chunk) else e
                 for e in events]
 
-    def stream(self, request):
+    def stream(self, request, rollout=None):
         raise NotImplementedError  # the agent script does not stream
 
 

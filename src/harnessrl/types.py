@@ -118,9 +118,6 @@ class ChatRequest(msgspec.Struct, frozen=True):
     stream: bool = False
     reasoning_effort: str | None = None
     extra: dict[str, Any] = {}
-    # Set by the proxy on the request it hands the engine (never on the stored one), for
-    # engines that keep per-rollout state, such as token mode's reusable prompt ids.
-    rollout: str | None = None
 
 
 # ------------------------------------------------------------------ engine output

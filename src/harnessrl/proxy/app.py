@@ -121,8 +121,7 @@ class Proxy:
     # ---------------------------------------------------------------- lifecycle
     async def startup(self) -> None:
         # Engines with per-rollout state (token mode) recover it from the store.
-        if (bind := getattr(self.engine, "bind_store", None)) is not None:
-            bind(self.store)
+        self.engine.bind_store(self.store)
         await self.engine.start()
         self.served = await self.engine.models()
         if not self.served:
@@ -234,8 +233,7 @@ class Proxy:
             ctx=ReplyContext(f"{dialect.id_prefix}{uuid.uuid4().hex}", int(received),
                              parsed.model or engine_model),
             encoder=encoder or {}, media_type=media_type)
-        engine_request = msgspec.structs.replace(parsed, model=engine_model, sampling=used,
-                                                 rollout=rollout.record.key)
+        engine_request = msgspec.structs.replace(parsed, model=engine_model, sampling=used)
         if parsed.stream:
             return await self._open_stream(call, engine_request)
         return await self._complete(call, engine_request, request)
@@ -259,7 +257,8 @@ class Proxy:
                         request: Request) -> Response:
         acc = Accumulator()
         try:
-            events = await _unless_disconnected(request, self.engine.complete(engine_request))
+            events = await _unless_disconnected(request, self.engine.complete(
+                engine_request, call.rollout.record.key))
             if events is None:
                 # Nobody will read this reply (a harness killed at its deadline): the engine
                 # stops sampling it, and the turn is kept as cancelled, never as a finished
@@ -286,7 +285,7 @@ class Proxy:
     async def _open_stream(self, call: _Call, engine_request: ChatRequest) -> Response:
         """Wait for the engine to accept the call before answering 200, so an engine that
         is down or refuses the request gets a real HTTP error status, not an SSE event."""
-        events = self.engine.stream(engine_request)
+        events = self.engine.stream(engine_request, call.rollout.record.key)
         try:
             first = await anext(events)
         except Exception as exc:

@@ -101,8 +101,7 @@ class RolloutRoutes:
         except sqlite3.Error as exc:
             raise StoreFailed(f"the trace store could not record the rollout as closed "
                               f"({exc}); it stays open") from exc
-        if (forget := getattr(self.engine, "forget_rollout", None)) is not None:
-            forget(key)  # per-rollout engine state (token mode) is no longer needed
+        self.engine.forget_rollout(key)  # per-rollout state (token mode) is no longer needed
         return Response(_encode(record), media_type=_JSON)
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harnessrl.proxy.engines import openai_wire
+from harnessrl.proxy.engines.base import Stateless
 from harnessrl.proxy.engines.parsers import HermesParser
 from harnessrl.types import (
     ChatRequest,
@@ -48,7 +49,7 @@ def replay(replies: Sequence[Reply | str]) -> Policy:
     return lambda _request: next(cycle)
 
 
-class ScriptedEngine:
+class ScriptedEngine(Stateless):
     name = "scripted"
     weight_version: str | None = "scripted"
 
@@ -96,10 +97,12 @@ class ScriptedEngine:
             raise ValueError(f"the script states {len(logprobs)} logprobs for {len(ids)} tokens")
         return prompt, ids, logprobs, reply
 
-    async def complete(self, request: ChatRequest) -> list[EngineEvent]:
+    async def complete(self, request: ChatRequest, rollout: str | None = None
+                       ) -> list[EngineEvent]:
         return [event async for event in self._events(request, one_chunk=True)]
 
-    def stream(self, request: ChatRequest) -> AsyncGenerator[EngineEvent, None]:
+    def stream(self, request: ChatRequest, rollout: str | None = None
+               ) -> AsyncGenerator[EngineEvent, None]:
         return self._events(request, one_chunk=False)
 
     async def _events(self, request: ChatRequest, *, one_chunk: bool

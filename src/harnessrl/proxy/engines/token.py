@@ -18,12 +18,13 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import AsyncGenerator, Callable
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
 from harnessrl.errors import EngineError
 from harnessrl.proxy.engines import openai_wire
+from harnessrl.proxy.engines.base import TurnSource
 from harnessrl.proxy.engines.render import Rendered, Renderer
 from harnessrl.proxy.engines.toolformats import make_parser
 from harnessrl.proxy.engines.vllm import (
@@ -43,7 +44,6 @@ from harnessrl.types import (
     FinishReason,
     Started,
     TokenId,
-    Turn,
     Usage,
 )
 
@@ -54,10 +54,6 @@ _encode = msgspec.json.encode
 # reply in the next prompt, so the sampled ids are reused there).
 _END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 ExtraBody = Callable[[ChatRequest], dict[str, Any] | None]
-
-
-class TurnSource(Protocol):
-    def turns(self, key: str, offset: int = 0, limit: int = -1) -> list[Turn]: ...
 
 
 class TokenEngine(VLLMEngine):
@@ -111,8 +107,7 @@ class TokenEngine(VLLMEngine):
         return len(rendered.ids)
 
     # ---------------------------------------------------------------- rendering
-    async def render(self, request: ChatRequest) -> Rendered:
-        key = request.rollout
+    async def render(self, request: ChatRequest, key: str | None = None) -> Rendered:
         if key and self._store is not None and not self.renderer.knows(key):
             await asyncio.to_thread(self._restore, key)
         rendered = await asyncio.to_thread(self.renderer.render, request, key)
@@ -160,8 +155,9 @@ class TokenEngine(VLLMEngine):
         return make_parser(self.tool_parser, request.tools, in_reasoning=thinking)
 
     # ---------------------------------------------------------------- calls
-    async def complete(self, request: ChatRequest) -> list[EngineEvent]:
-        rendered = await self.render(request)
+    async def complete(self, request: ChatRequest, rollout: str | None = None
+                       ) -> list[EngineEvent]:
+        rendered = await self.render(request, rollout)
         payload = self._body(request, rendered, stream=False)
         with self._upstream("answer"):
             async with self._post(f"{self.base_url}/v1/completions", payload) as resp:
@@ -175,15 +171,16 @@ class TokenEngine(VLLMEngine):
         parser = self._parser(request, rendered)
         deltas = parser.feed(choice.text) + parser.finish()
         ids, logprobs = _tokens(choice)
-        self._remember(request, rendered, ids, choice.finish_reason)
+        self._remember(rollout, rendered, ids, choice.finish_reason)
         events: list[EngineEvent] = [self._started(request, rendered, choice.prompt_token_ids),
                                      Chunk(tuple(deltas), ids, logprobs)]
         if choice.finish_reason is not None:  # without one the reply is not known to be whole
             events.append(Finished(_finish(choice.finish_reason, parser.calls), _usage(body)))
         return events
 
-    async def stream(self, request: ChatRequest) -> AsyncGenerator[EngineEvent, None]:
-        rendered = await self.render(request)
+    async def stream(self, request: ChatRequest, rollout: str | None = None
+                     ) -> AsyncGenerator[EngineEvent, None]:
+        rendered = await self.render(request, rollout)
         payload = self._body(request, rendered, stream=True)
         parser = self._parser(request, rendered)
         state = _StreamState()
@@ -204,7 +201,7 @@ class TokenEngine(VLLMEngine):
         if state.finish is None:
             raise EngineError("the engine stream ended before a finish_reason")
         yield Chunk(tuple(parser.finish()), (), ())
-        self._remember(request, rendered, tuple(state.ids), state.finish)
+        self._remember(rollout, rendered, tuple(state.ids), state.finish)
         yield Finished(_finish(state.finish, parser.calls), state.usage)
 
     def _started_first(self, request: ChatRequest, rendered: Rendered, state: _StreamState,
@@ -217,10 +214,10 @@ class TokenEngine(VLLMEngine):
             events.insert(0, self._started(request, rendered, state.prompt_ids))
         return events
 
-    def _remember(self, request: ChatRequest, rendered: Rendered,
+    def _remember(self, key: str | None, rendered: Rendered,
                   ids: tuple[int, ...] | None, finish: str | None) -> None:
         if ids is not None and finish in ("stop", "length"):
-            self.renderer.remember(request.rollout, rendered, ids)
+            self.renderer.remember(key, rendered, ids)
 
 
 # ---------------------------------------------------------------- vLLM's answer, typed

@@ -23,6 +23,7 @@ import msgspec
 
 from harnessrl.errors import EngineError, EngineTimeout, EngineUnavailable, InvalidRequest
 from harnessrl.proxy.engines import openai_wire
+from harnessrl.proxy.engines.base import Stateless
 from harnessrl.proxy.sse import SSEDecoder
 from harnessrl.types import (
     ChatRequest,
@@ -49,7 +50,7 @@ _decode = msgspec.json.decode
 _encode = msgspec.json.encode
 
 
-class VLLMEngine:
+class VLLMEngine(Stateless):
     name = "vllm"
 
     def __init__(self, base_url: str, *, read_timeout: float = 600.0,
@@ -157,7 +158,8 @@ class VLLMEngine:
         return (f"{self.base_url}/v1/chat/completions",
                 _encode(openai_wire.chat_body(request, stream=stream)))
 
-    async def complete(self, request: ChatRequest) -> list[EngineEvent]:
+    async def complete(self, request: ChatRequest, rollout: str | None = None
+                       ) -> list[EngineEvent]:
         url, payload = self._chat_call(request, stream=False)
         with self._upstream("answer"):
             async with self._post(url, payload) as resp:
@@ -166,7 +168,8 @@ class VLLMEngine:
                     raise _engine_error(resp.status, _loose(raw), raw)
         return _events_from_completion(raw)
 
-    async def stream(self, request: ChatRequest) -> AsyncGenerator[EngineEvent, None]:
+    async def stream(self, request: ChatRequest, rollout: str | None = None
+                     ) -> AsyncGenerator[EngineEvent, None]:
         url, payload = self._chat_call(request, stream=True)
         parser = _StreamParser()
         with self._upstream("send its next tokens"):
