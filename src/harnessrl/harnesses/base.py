@@ -66,6 +66,9 @@ class Harness:
         lambda ctx, code, out: ExitState(code == 0, f"exit code {code}"))
     extra_packages: tuple[str, ...] = ()
     finish: Finish = "answer"  # how the conformance policy ends a run (see policy.py)
+    # The instruction goes to the harness's stdin (not in `argv`), for a harness that shows
+    # the model an argument only after rewriting it.
+    prompt_on_stdin: bool = False
     min_turns: int = 2  # a harness acting through tools makes at least a call and a reply
 
     # ---------------------------------------------------------------- install
@@ -120,7 +123,12 @@ class Harness:
         return {**base, **self.env(ctx)}
 
     def command(self, ctx: RunContext, instruction: str) -> list[str]:
-        return [str(self.executable(ctx.tools_dir)), *self.argv(ctx, instruction)]
+        argv = [str(self.executable(ctx.tools_dir)), *self.argv(ctx, instruction)]
+        if not self.prompt_on_stdin:
+            return argv
+        # Every sandbox gives a harness /dev/null as stdin: a shell pipes the text in.
+        return ["/bin/sh", "-c", 'prompt=$1; shift; printf "%s" "$prompt" | exec "$@"', "sh",
+                instruction, *argv]
 
 
 def json_lines(output: bytes | str) -> list[dict[str, Any]]:

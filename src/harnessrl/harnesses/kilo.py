@@ -14,8 +14,10 @@ Traps:
 - When the endpoint cannot be reached at all (connection refused) it does not fail: it
   marks the session "offline" and retries every 5 s until killed, so such a run ends by
   the sandbox timeout. (5xx answers do end it: 5 tries, then exit 1.)
-- One task call, 21 tools; the prompt arrives JSON-quoted plus an
-  `<environment_details>` block.
+- One task call, 21 tools; the prompt arrives as written plus an `<environment_details>`
+  block. Like OpenCode's `run`, it quotes a message argument that holds a space (escaping
+  its quotes), but not the arguments after `--`, which it joins as they are: the
+  instruction goes there, whole.
 - Like OpenCode, `--auto` approves everything, and the outcome is read from the
   `--format json` event stream (see `opencode.run_outcome`), not only the exit code.
 """
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harnessrl.harnesses.base import Harness, RunContext
-from harnessrl.harnesses.opencode import PROVIDER, provider_config, run_argv, run_outcome
+from harnessrl.harnesses.opencode import PROVIDER, provider_config, run_flags, run_outcome
 
 PLATFORM_PACKAGE = "@kilocode/cli-linux-x64"
 
@@ -62,8 +64,12 @@ def _env(ctx: RunContext) -> dict[str, str]:
             "KILO_DISABLE_DEFAULT_PLUGINS": "1"}
 
 
+def _argv(ctx: RunContext, instruction: str) -> list[str]:
+    return [*run_flags(ctx), "--", instruction]
+
+
 HARNESS = _PlatformBinaryHarness(
     name="kilo", version="7.7.9", dialect="openai_chat", registry="npm",
-    package=PLATFORM_PACKAGE, binary="kilo", setup=_setup, argv=run_argv, env=_env,
+    package=PLATFORM_PACKAGE, binary="kilo", setup=_setup, argv=_argv, env=_env,
     outcome=run_outcome,
 )

@@ -3,7 +3,12 @@
 
 Traps:
 - Two calls per prompt: a session title (no tools), then the task (10 tools).
-- The prompt arrives JSON-quoted in the user message (`"\\"Create a file...\\""`).
+- `run` quotes every message argument that holds a space, escaping its inner quotes
+  (`"Create a file..."`, `set \\"debug\\"`), and the model would see that; split into
+  words, the numbers among them become JSON numbers and `run` crashes on them. What it
+  reads on stdin it appends to the message as is, so the instruction goes there
+  (`prompt_on_stdin`) and the model gets the text as written. (`--file` attaches a
+  file, not the prompt.)
 - At startup it fetches a model catalogue and tries to install provider packages from the
   package registry; here that fails without blocking it, and `OPENCODE_DISABLE_*` turns
   most of it off.
@@ -48,10 +53,14 @@ def _setup(ctx: RunContext) -> None:
     path.write_text(json.dumps(provider_config(ctx), indent=2))
 
 
-def run_argv(ctx: RunContext, instruction: str) -> list[str]:
+def run_flags(ctx: RunContext) -> list[str]:
     """`run` headless, approving everything, printing JSON events (OpenCode and Kilo)."""
     return ["run", "--model", f"{PROVIDER}/{ctx.model}", "--auto", "--format", "json",
-            "--dir", str(ctx.workdir), instruction]
+            "--dir", str(ctx.workdir)]
+
+
+def _argv(ctx: RunContext, _instruction: str) -> list[str]:
+    return run_flags(ctx)  # the instruction comes on stdin
 
 
 def _env(ctx: RunContext) -> dict[str, str]:
@@ -80,6 +89,6 @@ def run_outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> ExitState:
 
 HARNESS = Harness(
     name="opencode", version="1.18.33", dialect="openai_chat", registry="npm",
-    package="opencode-ai", binary="opencode", setup=_setup, argv=run_argv, env=_env,
-    outcome=run_outcome,
+    package="opencode-ai", binary="opencode", setup=_setup, argv=_argv, env=_env,
+    outcome=run_outcome, prompt_on_stdin=True,
 )

@@ -124,8 +124,7 @@ class OraclePolicy:
     solutions: dict[str, str]
 
     def __call__(self, request: ChatRequest) -> Reply:
-        script = next((s for text, s in self.solutions.items() if _mentions(request, text)),
-                      None)
+        script = self._solution(request)
         shell = _pick(request.tools, SHELL_TOOLS)
         if script is None or shell is None:
             return Reply("Working on it.")  # a side call (title, summary) or no shell
@@ -136,3 +135,17 @@ class OraclePolicy:
         if finish := _pick(request.tools, FINISH_TOOLS):
             return Reply(tool_call(finish.name, _filled(finish, {"message": "done"})))
         return Reply("Done: the task is complete.")
+
+    def _solution(self, request: ChatRequest) -> str | None:
+        """The script of the task the conversation states. Harnesses quote, escape, wrap
+        and reflow the instruction, so it is found by its letters and digits alone; the
+        longest match wins, should one task's text hold another's."""
+        said = _letters(" ".join(getattr(p, "text", "") for m in request.messages
+                                 for p in m.parts))
+        found = [(len(key), script) for text, script in self.solutions.items()
+                 if (key := _letters(text)) and key in said]
+        return max(found, key=lambda f: f[0])[1] if found else None
+
+
+def _letters(text: str) -> str:
+    return "".join(c for c in text.casefold() if c.isalnum())

@@ -1,0 +1,98 @@
+"""The oracle policy finds each task's reference solution however a harness hands the
+model the instruction, and OpenCode and Kilo hand it over as written (issue 13): both
+real CLIs pass every bundled task with the oracle."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from harnessrl.harnesses import get
+from harnessrl.harnesses.base import RunContext
+from harnessrl.harnesses.policy import OraclePolicy
+from harnessrl.proxy.engines.parsers import HermesParser
+from harnessrl.rollout.run import oracle_check, oracle_policy
+from harnessrl.rollout.runner import RolloutSettings, RunConfig
+from harnessrl.rollout.tasks import load_tasks
+from harnessrl.types import ChatRequest, Message, Text, Tool
+
+TOOLS = Path("~/.cache/harnessrl/tools").expanduser()
+SHELL = Tool("bash", None, {"type": "object", "properties": {"command": {"type": "string"}},
+                            "required": ["command"]})
+FIRST_LINE = 'Edit `config.json`: set `"debug"` to `true`, set `"version"` to `"1.2.0"`, and add'
+
+
+def _commands(policy: OraclePolicy, text: str) -> list[str]:
+    request = ChatRequest(model="m", tools=(SHELL,),
+                          messages=(Message("user", (Text(text),)),))
+    parser = HermesParser()
+    deltas = parser.feed(policy(request).text) + parser.finish()
+    return [json.loads(d.arguments)["command"] for d in deltas if hasattr(d, "index")]
+
+
+@pytest.mark.parametrize("shown", [
+    FIRST_LINE,
+    json.dumps(FIRST_LINE),  # OpenCode and Kilo before: quoted, inner quotes escaped
+    "<task>\n" + FIRST_LINE.replace(" ", "\n") + "\n</task>",  # wrapped and reflowed
+])
+def test_the_oracle_knows_the_task_however_the_instruction_is_quoted(shown) -> None:
+    policy = OraclePolicy({FIRST_LINE: "solve json", "Implement `fizzbuzz(n)`": "solve fizz"})
+    assert _commands(policy, shown) == ["solve json"]
+
+
+def test_the_longest_matching_instruction_wins_and_an_unknown_one_gets_no_call() -> None:
+    policy = OraclePolicy({"Fix the bug": "short", "Fix the bug in `a.py`": "long"})
+    assert _commands(policy, "Fix the bug in `a.py` now") == ["long"]
+    assert _commands(policy, "Write a title for this session") == []
+
+
+def test_every_bundled_task_gets_its_own_solution() -> None:
+    tasks = load_tasks("bundled")
+    policy = oracle_policy(tasks)
+    scripts = [_commands(policy, t.instruction) for t in tasks]
+    assert all(len(s) == 1 for s in scripts)
+    assert len({s[0] for s in scripts}) == len(tasks)  # no task answered with another's
+
+
+FAKE = """#!/bin/sh
+cat > "$(dirname "$0")/stdin"
+for arg in "$@"; do printf '%s\\0' "$arg"; done > "$(dirname "$0")/args"
+"""
+
+
+@pytest.mark.parametrize("name", ["opencode", "kilo"])
+def test_opencode_and_kilo_are_handed_the_instruction_as_written(name, tmp_path) -> None:
+    """OpenCode reads it on stdin (a shell pipes it in, the sandbox's stdin being
+    /dev/null); Kilo takes it whole after `--`. A stand-in binary records what it got."""
+    harness = get(name)
+    binary = harness.executable(tmp_path)
+    binary.parent.mkdir(parents=True)
+    binary.write_text(FAKE)
+    binary.chmod(0o755)
+    text = 'set `"debug"` to 1  -k --x\n-- "y" \\ z $HOME `id`'
+    ctx = RunContext(home=tmp_path, workdir=tmp_path, proxy_root="http://p/r/k", key="k",
+                     tools_dir=tmp_path)
+    subprocess.run(harness.command(ctx, text), check=True, stdin=subprocess.DEVNULL)
+    args = (binary.parent / "args").read_bytes().decode().split("\0")[:-1]
+    stdin = (binary.parent / "stdin").read_text()
+    if name == "opencode":
+        assert stdin == text and text not in args and args[0] == "run"
+    else:
+        assert stdin == "" and args[args.index("--") + 1:] == [text]
+
+
+@pytest.mark.slow
+@pytest.mark.harness
+@pytest.mark.parametrize("name", ["opencode", "kilo"])
+def test_the_oracle_passes_every_bundled_task(name, tmp_path) -> None:
+    harness = get(name)
+    harness.install(TOOLS, log=lambda _line: None)
+    config = RunConfig(harnesses=[harness], tasks=load_tasks("bundled"),
+                       settings=RolloutSettings(concurrency=2, tools_dir=str(TOOLS)))
+    quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
+    problems = oracle_check(config, tmp_path / "run", console=quiet)
+    assert problems == [], "\n".join(problems)
