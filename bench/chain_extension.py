@@ -27,12 +27,11 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 
 from harnessrl.harnesses import MODULES, get
 from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR, Harness
@@ -43,24 +42,14 @@ from harnessrl.harnesses.policy import (
     _shell_arguments,
     tool_call,
 )
-from harnessrl.proxy.engines import openai_wire
 from harnessrl.proxy.engines.managed import VLLMServer
 from harnessrl.proxy.engines.scripted import Reply
 from harnessrl.proxy.engines.token import TokenEngine
-from harnessrl.proxy.engines.vllm import (
-    VLLMEngine,
-    _engine_error,
-    _events_from_completion,
-    _json_or_error,
-    _loose,
-    _StreamParser,
-    merge_chunks,
-)
+from harnessrl.proxy.engines.vllm import VLLMEngine
 from harnessrl.proxy.serve import running
-from harnessrl.proxy.sse import SSEDecoder
 from harnessrl.rollout.chains import ChainStats, link, report
 from harnessrl.rollout.conformance import FILENAME, Result, _run, random_line
-from harnessrl.types import ChatRequest, EngineEvent, ToolResult
+from harnessrl.types import ChatRequest, ToolResult
 
 TOOLS_DIR = DEFAULT_TOOLS_DIR.expanduser()
 MODEL_CACHE = Path("~/.cache/harnessrl/models/tiny-qwen2").expanduser()
@@ -70,45 +59,6 @@ Force = Callable[[ChatRequest], dict[str, Any]]
 def forcing(policy: Callable[[ChatRequest], Any]) -> Force:
     """Structured outputs that let the model write nothing but the policy's reply."""
     return lambda request: {"structured_outputs": {"regex": re.escape(policy(request).text)}}
-
-
-class ForcedChatEngine(VLLMEngine):
-    """Chat mode with extra fields in each request (the same forcing token mode gets)."""
-
-    def __init__(self, base_url: str, force: Force) -> None:
-        super().__init__(base_url)
-        self.force = force
-
-    def _payload(self, request: ChatRequest, *, stream: bool) -> bytes:
-        body = openai_wire.chat_body(request, stream=stream)
-        return msgspec.json.encode({**body, **self.force(request)})
-
-    async def complete(self, request: ChatRequest, rollout: str | None = None
-                       ) -> list[EngineEvent]:
-        with self._upstream("answer"):
-            async with self._http.post(f"{self.base_url}/v1/chat/completions",
-                                       data=self._payload(request, stream=False)) as resp:
-                raw = await resp.read()
-                if resp.status != 200:
-                    raise _engine_error(resp.status, _loose(raw), raw)
-        return _events_from_completion(raw)
-
-    async def stream(self, request: ChatRequest, rollout: str | None = None
-                     ) -> AsyncGenerator[EngineEvent, None]:
-        parser = _StreamParser()
-        with self._upstream("send its next tokens"):
-            async with self._http.post(f"{self.base_url}/v1/chat/completions",
-                                       data=self._payload(request, stream=True)) as resp:
-                if resp.status != 200:
-                    await _json_or_error(resp)
-                decoder = SSEDecoder()
-                async for piece in resp.content.iter_any():
-                    for event in merge_chunks(
-                            [e for sse in decoder.feed(piece) for e in parser.feed(sse.data)]):
-                        yield event
-                for event in [e for sse in decoder.finish() for e in parser.feed(sse.data)]:
-                    yield event
-        yield parser.finish()
 
 
 class Steps:
@@ -148,7 +98,7 @@ def run_mode(mode: str, harnesses: list[Harness], engine_url: str, model: Path, 
     policies = Policies(extra)
     force = forcing(policies)
     engine: VLLMEngine = (TokenEngine(engine_url, str(model), extra_body=force)
-                          if mode == "token" else ForcedChatEngine(engine_url, force))
+                          if mode == "token" else VLLMEngine(engine_url, extra_body=force))
     notes: dict[str, str] = {}
     with running(engine, root / mode) as served:
         for harness in harnesses:

@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.proxy.engines.scripted import Reply, ScriptedEngine, _detokenize, default_logprob
+from harnessrl.proxy.engines.scripted import Reply, ScriptedEngine, detokenize, default_logprob
 from harnessrl.proxy.serve import build, run, serve
 from harnessrl.types import (
     ChatRequest,
@@ -143,7 +143,7 @@ def reply_pool(tokenizer: Any, size: int, lengths: tuple[int, int], seed: int
         words = " ".join(rng.choice(WORDS) for _ in range(want))
         ids = tokenizer.encode(words, add_special_tokens=False)[:want - 1]
         ids.append(tokenizer.eos_token_id)
-        pool.append({"ids": ids, "pieces": _detokenize(tokenizer, ids)})
+        pool.append({"ids": ids, "pieces": detokenize(tokenizer, ids)})
     return pool
 
 

@@ -10,20 +10,21 @@ messages` turns its solved rollouts into conversations for a student's chat temp
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from typing import Any
+
+import msgspec
 
 from harnessrl.errors import NotFound
 from harnessrl.proxy.engines import openai_wire
-from harnessrl.proxy.engines.vllm import (
-    FIRST_BYTE_TIMEOUT,
-    VLLMEngine,
-    _encode,
-    _json_or_error,
-)
-from harnessrl.types import ChatRequest
+from harnessrl.proxy.engines.base import Stateless
+from harnessrl.proxy.engines.upstream import FIRST_BYTE_TIMEOUT, Upstream
+from harnessrl.proxy.engines.vllm import chat_complete, chat_stream
+from harnessrl.types import ChatRequest, EngineEvent
 
 # vLLM extensions and token-accounting fields a standard endpoint may reject.
 _NOT_STANDARD = ("return_token_ids", "top_logprobs", "logprobs")
+_encode = msgspec.json.encode
 
 
 def teacher_body(request: ChatRequest, *, stream: bool) -> dict[str, Any]:
@@ -33,36 +34,45 @@ def teacher_body(request: ChatRequest, *, stream: bool) -> dict[str, Any]:
     return body
 
 
-class OpenAICompatEngine(VLLMEngine):
+class OpenAICompatEngine(Stateless):
     """`api_base` is the endpoint's OpenAI root (the URL the `openai` SDK takes, e.g.
     ending in /v1); `model` the name every call is sent with, whatever the harness asked
     for (None: the first model the endpoint lists)."""
 
     name = "openai"
+    weight_version: str | None = None  # a teacher's weights are not ours to name
 
     def __init__(self, api_base: str, *, model: str | None = None, api_key: str | None = None,
                  read_timeout: float = 600.0,
                  first_byte_timeout: float = FIRST_BYTE_TIMEOUT) -> None:
-        super().__init__(api_base, read_timeout=read_timeout, api_key=api_key,
-                         first_byte_timeout=first_byte_timeout)
         self.api_base = api_base.rstrip("/")
         self.model = model
+        # Its health check is at the root, as vLLM's is.
+        self.http = Upstream(self.api_base.removesuffix("/v1"), read_timeout=read_timeout,
+                             api_key=api_key, first_byte_timeout=first_byte_timeout)
 
     async def start(self) -> None:
-        await super().start()
-        self.weight_version = None  # a teacher's weights are not ours to name
+        await self.http.start()
+
+    async def close(self) -> None:
+        await self.http.close()
 
     async def models(self) -> list[str]:
         if self.model is not None:
             return [self.model]
-        with self._upstream("list its models"):
-            async with self._http.get(f"{self.api_base}/models") as resp:
-                body = await _json_or_error(resp)
+        body = await self.http.get(f"{self.api_base}/models", "list its models")
         return [m["id"] for m in body.get("data", [])]
 
     async def count_tokens(self, request: ChatRequest) -> int:
         raise NotFound("counting tokens needs the model's tokenizer, and an "
                        "OpenAI-compatible teacher engine has none here")
 
-    def _chat_call(self, request: ChatRequest, *, stream: bool) -> tuple[str, bytes]:
-        return f"{self.api_base}/chat/completions", _encode(teacher_body(request, stream=stream))
+    async def complete(self, request: ChatRequest, rollout: str | None = None
+                       ) -> list[EngineEvent]:
+        return await chat_complete(self.http, f"{self.api_base}/chat/completions",
+                                   _encode(teacher_body(request, stream=False)))
+
+    def stream(self, request: ChatRequest, rollout: str | None = None
+               ) -> AsyncGenerator[EngineEvent, None]:
+        return chat_stream(self.http, f"{self.api_base}/chat/completions",
+                           _encode(teacher_body(request, stream=True)))

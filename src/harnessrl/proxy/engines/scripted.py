@@ -110,7 +110,7 @@ class ScriptedEngine(Stateless):
         prompt, ids, logprobs, _ = self._sample(request)
         yield Started(self.model, tuple(prompt))
         parser = HermesParser()
-        pieces = _detokenize(self.tokenizer, ids)
+        pieces = detokenize(self.tokenizer, ids)
         if one_chunk:
             if self.token_delay:  # sampling takes as long when the client does not stream
                 await asyncio.sleep(self.token_delay * len(ids))
@@ -136,7 +136,7 @@ def _finish_reason(ids: list[int], request: ChatRequest, eos: int, parser: Herme
     return "length" if limit is not None and len(ids) >= limit else "stop"
 
 
-def _detokenize(tokenizer: Any, ids: list[int]) -> list[str]:
+def detokenize(tokenizer: Any, ids: list[int]) -> list[str]:
     """The text each id adds; a byte split inside a character waits for its next id."""
     pieces: list[str] = []
     done = ""

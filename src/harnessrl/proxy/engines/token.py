@@ -15,27 +15,27 @@ stay in the prompt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import msgspec
 
 from harnessrl.errors import EngineError
 from harnessrl.proxy.engines import openai_wire
+from harnessrl.proxy.engines.answers import Choice, decode, usage
 from harnessrl.proxy.engines.base import TurnSource
 from harnessrl.proxy.engines.render import Rendered, Renderer
 from harnessrl.proxy.engines.toolformats import make_parser
+from harnessrl.proxy.engines.upstream import FIRST_BYTE_TIMEOUT, Upstream
 from harnessrl.proxy.engines.vllm import (
-    FIRST_BYTE_TIMEOUT,
-    VLLMEngine,
-    _engine_error,
-    _json_or_error,
-    _loose,
+    ExtraBody,
     merge_chunks,
+    served_models,
+    weight_version,
 )
-from harnessrl.proxy.sse import SSEDecoder
 from harnessrl.types import (
     ChatRequest,
     Chunk,
@@ -43,7 +43,6 @@ from harnessrl.types import (
     Finished,
     FinishReason,
     Started,
-    TokenId,
     Usage,
 )
 
@@ -53,10 +52,9 @@ _encode = msgspec.json.encode
 # EOS; one is a stop token only if the template writes it (its text then follows the
 # reply in the next prompt, so the sampled ids are reused there).
 _END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
-ExtraBody = Callable[[ChatRequest], dict[str, Any] | None]
 
 
-class TokenEngine(VLLMEngine):
+class TokenEngine:
     """`tokenizer`: the served model's tokenizer (a local path or a loaded tokenizer);
     `tool_parser`: a `toolformats.TOOL_FORMATS` name; `extra_body`: fields merged into
     each vLLM request (tests use it to force text with structured outputs);
@@ -70,8 +68,11 @@ class TokenEngine(VLLMEngine):
                  api_key: str | None = None, memory: int = 4,
                  render_window: bool = True,
                  first_byte_timeout: float = FIRST_BYTE_TIMEOUT) -> None:
-        super().__init__(base_url, read_timeout=read_timeout, connect_timeout=connect_timeout,
-                         api_key=api_key, first_byte_timeout=first_byte_timeout)
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.weight_version: str | None = None
+        self.http = Upstream(self.base_url, read_timeout=read_timeout,
+                             connect_timeout=connect_timeout, api_key=api_key,
+                             first_byte_timeout=first_byte_timeout)
         if isinstance(tokenizer, str):
             from transformers import AutoTokenizer
 
@@ -95,12 +96,17 @@ class TokenEngine(VLLMEngine):
         self._store = store
 
     async def start(self) -> None:
-        await super().start()
-        with self._upstream("list its models"):
-            async with self._http.get(f"{self.base_url}/v1/models") as resp:
-                body = await _json_or_error(resp)
-        lengths = [m.get("max_model_len") for m in body.get("data", [])]
+        await self.http.start()
+        self.weight_version = await weight_version(self.http)
+        served = await served_models(self.http)
+        lengths = [m.get("max_model_len") for m in served]
         self.max_model_len = next((n for n in lengths if isinstance(n, int)), None)
+
+    async def close(self) -> None:
+        await self.http.close()
+
+    async def models(self) -> list[str]:
+        return [m["id"] for m in await served_models(self.http)]
 
     async def count_tokens(self, request: ChatRequest) -> int:
         rendered = await asyncio.to_thread(self.renderer.render, request)
@@ -159,12 +165,8 @@ class TokenEngine(VLLMEngine):
                        ) -> list[EngineEvent]:
         rendered = await self.render(request, rollout)
         payload = self._body(request, rendered, stream=False)
-        with self._upstream("answer"):
-            async with self._post(f"{self.base_url}/v1/completions", payload) as resp:
-                raw = await resp.read()
-                if resp.status != 200:
-                    raise _engine_error(resp.status, _loose(raw), raw)
-        body = _decode(raw, "an answer")
+        raw = await self.http.answer(f"{self.base_url}/v1/completions", payload)
+        body = decode(raw, "an answer")
         if not body.choices:
             raise EngineError("the engine answered with no choices")
         choice = body.choices[0]
@@ -175,7 +177,7 @@ class TokenEngine(VLLMEngine):
         events: list[EngineEvent] = [self._started(request, rendered, choice.prompt_token_ids),
                                      Chunk(tuple(deltas), ids, logprobs)]
         if choice.finish_reason is not None:  # without one the reply is not known to be whole
-            events.append(Finished(_finish(choice.finish_reason, parser.calls), _usage(body)))
+            events.append(Finished(_finish(choice.finish_reason, parser.calls), usage(body)))
         return events
 
     async def stream(self, request: ChatRequest, rollout: str | None = None
@@ -184,20 +186,15 @@ class TokenEngine(VLLMEngine):
         payload = self._body(request, rendered, stream=True)
         parser = self._parser(request, rendered)
         state = _StreamState()
-        with self._upstream("send its next tokens"):
-            async with self._post(f"{self.base_url}/v1/completions", payload) as resp:
-                if resp.status != 200:
-                    await _json_or_error(resp)
-                decoder = SSEDecoder()
-                async for piece in resp.content.iter_any():
-                    # Tokens that arrived in one read go on as one chunk (one write).
-                    events = [e for sse in decoder.feed(piece)
-                              for e in state.feed(sse.data, parser)]
-                    for event in self._started_first(request, rendered, state, events):
-                        yield event
-                tail = [e for sse in decoder.finish() for e in state.feed(sse.data, parser)]
-                for event in self._started_first(request, rendered, state, tail, last=True):
+        reads = self.http.events(f"{self.base_url}/v1/completions", payload)
+        async with contextlib.aclosing(reads):
+            async for read in reads:
+                # Tokens that arrived in one read go on as one chunk (one write).
+                events = [e for data in read for e in state.feed(data, parser)]
+                for event in self._started_first(request, rendered, state, events):
                     yield event
+        for event in self._started_first(request, rendered, state, [], last=True):
+            yield event
         if state.finish is None:
             raise EngineError("the engine stream ended before a finish_reason")
         yield Chunk(tuple(parser.finish()), (), ())
@@ -220,54 +217,11 @@ class TokenEngine(VLLMEngine):
             self.renderer.remember(key, rendered, ids)
 
 
-# ---------------------------------------------------------------- vLLM's answer, typed
-class _Logprobs(msgspec.Struct):
-    token_logprobs: list[float | None] = []
-
-
-class _Choice(msgspec.Struct):
-    text: str = ""
-    finish_reason: str | None = None
-    token_ids: tuple[TokenId, ...] | None = None
-    prompt_token_ids: tuple[TokenId, ...] | None = None
-    logprobs: _Logprobs | None = None
-
-
-class _Usage(msgspec.Struct):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-class _Body(msgspec.Struct):
-    choices: list[_Choice] = []
-    usage: _Usage | None = None
-    error: Any = None
-
-
-_decode_body = msgspec.json.Decoder(_Body).decode
-
-
-def _decode(raw: bytes | str, what: str) -> _Body:
-    try:
-        body = _decode_body(raw)
-    except msgspec.DecodeError as exc:
-        raise EngineError(f"the engine sent {what} that is not the expected JSON ({exc}): "
-                          f"{raw[:200]!r}") from exc
-    if body.error is not None:
-        raise _engine_error(500, {"error": body.error}, b"")
-    return body
-
-
-def _tokens(choice: _Choice) -> tuple[tuple[int, ...] | None, tuple[float, ...] | None]:
+def _tokens(choice: Choice) -> tuple[tuple[int, ...] | None, tuple[float, ...] | None]:
     values = choice.logprobs.token_logprobs if choice.logprobs is not None else None
     if values is None or any(v is None for v in values):
         return choice.token_ids, None  # a missing logprob is left missing, never invented
     return choice.token_ids, tuple(values)  # type: ignore[arg-type]
-
-
-def _usage(body: _Body) -> Usage | None:
-    usage = body.usage
-    return None if usage is None else Usage(usage.prompt_tokens, usage.completion_tokens)
 
 
 def _finish(reason: str | None, calls: int) -> FinishReason:
@@ -291,8 +245,8 @@ class _StreamState:
     def feed(self, data: str, parser: Any) -> list[EngineEvent]:
         if data == "[DONE]":
             return []
-        body = _decode(data, "a chunk")
-        self.usage = _usage(body) or self.usage
+        body = decode(data, "a chunk")
+        self.usage = usage(body) or self.usage
         events: list[EngineEvent] = []
         for choice in body.choices:
             if choice.prompt_token_ids is not None and self.prompt_ids is None:

@@ -1,0 +1,84 @@
+"""An OpenAI-compatible engine's answers, typed: chat completions (`message`/`delta`,
+logprobs per content token) and text completions (`text`, `token_logprobs`), whole or as
+stream chunks. Decoding straight into these skips every field we do not use
+(top_logprobs, bytes, ...) and gives token ids as tuples without a copy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from harnessrl.errors import EngineError
+from harnessrl.proxy.engines.upstream import engine_error
+from harnessrl.types import TokenId, Usage
+
+
+class Logprob(msgspec.Struct):
+    logprob: float
+
+
+class Logprobs(msgspec.Struct):
+    content: list[Logprob] | None = None  # chat completions
+    token_logprobs: list[float | None] = []  # text completions
+
+
+class Function(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCall(msgspec.Struct):
+    index: int | None = None
+    id: str | None = None
+    function: Function | None = None
+
+
+class Message(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] | None = None
+
+
+class Choice(msgspec.Struct):
+    text: str = ""  # text completions
+    message: Message | None = None  # chat completions
+    delta: Message | None = None  # chat completion chunks
+    finish_reason: str | None = None
+    token_ids: tuple[TokenId, ...] | None = None
+    prompt_token_ids: tuple[TokenId, ...] | None = None  # text completions
+    logprobs: Logprobs | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Body(msgspec.Struct):
+    model: str = ""
+    prompt_token_ids: tuple[TokenId, ...] | None = None  # chat completions
+    choices: list[Choice] = []
+    usage: _Usage | None = None
+    error: Any = None
+
+
+_decode_body = msgspec.json.Decoder(Body).decode
+
+
+def decode(raw: bytes | str, what: str) -> Body:
+    """An answer or a chunk (`what` names it in the error); an error body is an error."""
+    try:
+        body = _decode_body(raw)
+    except msgspec.DecodeError as exc:
+        raise EngineError(f"the engine sent {what} that is not the expected JSON ({exc}): "
+                          f"{raw[:200]!r}") from exc
+    if body.error is not None:
+        raise engine_error(500, {"error": body.error}, b"")
+    return body
+
+
+def usage(body: Body) -> Usage | None:
+    counted = body.usage
+    return None if counted is None else Usage(counted.prompt_tokens, counted.completion_tokens)
