@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.proxy.engines.scripted import Reply, ScriptedEngine, detokenize, default_logprob
+from harnessrl.proxy.engines.scripted import Reply, ScriptedEngine, default_logprob, detokenize
 from harnessrl.proxy.serve import build, run, serve
 from harnessrl.types import (
     ChatRequest,
