@@ -12,9 +12,8 @@ import contextlib
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 import anyio
@@ -34,8 +33,17 @@ from harnessrl.proxy.boundary import (
     read_body,
     request_key,
 )
-from harnessrl.proxy.dialects import anthropic, gemini, openai_chat, openai_responses
-from harnessrl.proxy.dialects.base import ReplyContext
+from harnessrl.proxy.dialects import Endpoint, endpoints
+from harnessrl.proxy.dialects.base import (
+    CountTokens,
+    Dialect,
+    Generate,
+    ListModels,
+    Operation,
+    ReplyContext,
+    StreamEncoder,
+    StreamOptions,
+)
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.history import check_arguments, check_tool_results, restore_arguments
 from harnessrl.proxy.rollout_routes import RolloutRoutes
@@ -56,34 +64,6 @@ _JSON = "application/json"
 _NO_TOKENS = Tokens(None, None, None)
 
 
-@dataclass(frozen=True)
-class Endpoint:
-    """A dialect route, served at the root and under `/r/<key>`."""
-
-    path: str
-    dialect: ModuleType
-    action: str  # call | models | count_tokens | gemini
-
-
-ENDPOINTS = [
-    Endpoint("/v1/chat/completions", openai_chat, "call"),
-    Endpoint("/chat/completions", openai_chat, "call"),
-    Endpoint("/v1/models", openai_chat, "models"),
-    Endpoint("/models", openai_chat, "models"),
-    Endpoint("/v1/responses", openai_responses, "call"),
-    Endpoint("/responses", openai_responses, "call"),
-    Endpoint("/v1/messages", anthropic, "call"),
-    Endpoint("/v1/messages/count_tokens", anthropic, "count_tokens"),
-    Endpoint("/v1beta/models", gemini, "models"),
-    # Gemini puts model and method in one segment: models/<model>:<method>
-    Endpoint("/v1beta/models/{target}", gemini, "gemini"),
-    Endpoint("/v1/models/{target}", gemini, "gemini"),  # google-genai's default version
-]
-_HTTP_METHOD = {"call": "POST", "count_tokens": "POST", "gemini": "POST", "models": "GET"}
-_MODELS_BY_HEADER = {"anthropic-version": anthropic, "x-goog-api-key": gemini}
-_GEMINI_CALLS = {"generateContent": False, "streamGenerateContent": True}
-
-
 @dataclass
 class ProxyConfig:
     max_body_bytes: int = 32 * 1024 * 1024
@@ -96,7 +76,7 @@ class _Call:
     """The state of one model call while it runs."""
 
     rollout: OpenRollout
-    dialect: ModuleType
+    dialect: Dialect
     index: int
     received: float
     raw: bytes
@@ -104,8 +84,6 @@ class _Call:
     used: Sampling
     ctx: ReplyContext
     first_token: float | None = None
-    encoder: dict[str, Any] = field(default_factory=dict)
-    media_type: str = "text/event-stream"
     sent: list[bytes] = field(default_factory=list)
     recorded: bool = False
 
@@ -139,11 +117,10 @@ class Proxy:
             Route("/r/{key}/", _probe, methods=["GET", "HEAD"]),
             *RolloutRoutes(self.sessions, self.engine, self.config).routes(),
         ]
-        for endpoint in ENDPOINTS:
+        for endpoint in endpoints():
             handler = self._handler(endpoint)
-            method = _HTTP_METHOD[endpoint.action]
-            routes.append(Route(f"/r/{{key}}{endpoint.path}", handler, methods=[method]))
-            routes.append(Route(endpoint.path, handler, methods=[method]))
+            routes.append(Route(f"/r/{{key}}{endpoint.path}", handler, methods=[endpoint.method]))
+            routes.append(Route(endpoint.path, handler, methods=[endpoint.method]))
 
         @contextlib.asynccontextmanager
         async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -155,16 +132,25 @@ class Proxy:
 
         return Starlette(routes=routes, lifespan=lifespan)
 
-    def _handler(self, endpoint: Endpoint) -> Any:
-        action = {"call": self._call, "models": self._models,
-                  "count_tokens": self._count_tokens, "gemini": self._gemini}[endpoint.action]
-
+    def _handler(self, endpoint: Endpoint) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:
+            dialect, route = endpoint.pick(request.headers)
             try:
-                return await action(request, endpoint.dialect)
+                operation = route.resolve(request.path_params, request.query_params)
+                return await self._serve(request, dialect, operation)
             except Exception as exc:  # a bug must still answer in the client's shape
-                return error_response(endpoint.dialect, as_error(exc))
+                return error_response(dialect, as_error(exc))
         return handle
+
+    async def _serve(self, request: Request, dialect: Dialect, operation: Operation
+                     ) -> Response:
+        match operation:
+            case Generate():
+                return await self._call(request, dialect, operation)
+            case CountTokens(model=model):
+                return await self._count_tokens(request, dialect, model)
+            case ListModels():
+                return await self._models(request, dialect)
 
     # ---------------------------------------------------------------- health
     async def health(self, _request: Request) -> Response:
@@ -172,14 +158,11 @@ class Proxy:
                                  "open_rollouts": len(self.sessions)}), media_type=_JSON)
 
     # ---------------------------------------------------------------- model calls
-    async def _models(self, request: Request, dialect: ModuleType) -> Response:
+    async def _models(self, request: Request, dialect: Dialect) -> Response:
         await self.sessions.resolve(request_key(request))
-        if dialect is openai_chat:  # three APIs list models at /v1/models
-            dialect = _MODELS_BY_HEADER.get(
-                next((h for h in _MODELS_BY_HEADER if h in request.headers), ""), dialect)
         return Response(dialect.render_models(self.served), media_type=_JSON)
 
-    async def _count_tokens(self, request: Request, dialect: ModuleType,
+    async def _count_tokens(self, request: Request, dialect: Dialect,
                             model: str | None = None) -> Response:
         """The prompt's real token count, from the served model's own template and
         tokenizer. Not a model call, so not a turn."""
@@ -190,18 +173,6 @@ class Proxy:
             msgspec.structs.replace(parsed, model=self._model_for(parsed.model)))
         return Response(dialect.count_tokens_body(count), media_type=_JSON)
 
-    async def _gemini(self, request: Request, dialect: ModuleType) -> Response:
-        model, _, method = request.path_params["target"].partition(":")
-        if method == "countTokens":
-            return await self._count_tokens(request, dialect, model)
-        if method not in _GEMINI_CALLS:
-            raise NotFound(f"unknown method {method!r}: use generateContent, "
-                           "streamGenerateContent or countTokens")
-        sse = request.query_params.get("alt") == "sse"
-        return await self._call(request, dialect, model=model, stream=_GEMINI_CALLS[method],
-                                encoder={"sse": sse},
-                                media_type="text/event-stream" if sse else _JSON)
-
     def _model_for(self, requested: str) -> str:
         if requested in self.served:
             return requested
@@ -210,16 +181,14 @@ class Proxy:
                            param="model")
         return self.served[0]
 
-    async def _call(self, request: Request, dialect: ModuleType, *, model: str | None = None,
-                    stream: bool | None = None, encoder: dict[str, Any] | None = None,
-                    media_type: str = "text/event-stream") -> Response:
+    async def _call(self, request: Request, dialect: Dialect, op: Generate) -> Response:
         received = time.time()
         rollout = await self.sessions.resolve(request_key(request))
         raw = b""
         try:
             raw = await read_body(request, self.config.max_body_bytes)
-            parsed = dialect.parse_request(decode_json(raw), model=model, stream=stream)
-            parsed = await self._full_history(rollout, parsed)
+            parsed = dialect.parse_request(decode_json(raw), model=op.model, stream=op.stream)
+            parsed = await self._full_history(rollout, dialect, parsed)
             engine_model = self._model_for(parsed.model)
         except Exception as exc:  # a parser bug too: answered in shape and recorded
             err = _request_error(exc)
@@ -231,24 +200,20 @@ class Proxy:
             rollout=rollout, dialect=dialect, index=rollout.take_index(), received=received,
             raw=raw, request=parsed, used=used,
             ctx=ReplyContext(f"{dialect.id_prefix}{uuid.uuid4().hex}", int(received),
-                             parsed.model or engine_model),
-            encoder=encoder or {}, media_type=media_type)
+                             parsed.model or engine_model))
         engine_request = msgspec.structs.replace(parsed, model=engine_model, sampling=used)
         if parsed.stream:
-            return await self._open_stream(call, engine_request)
+            return await self._open_stream(call, engine_request, op.options)
         return await self._complete(call, engine_request, request)
 
-    async def _full_history(self, rollout: OpenRollout, request: ChatRequest) -> ChatRequest:
-        """The conversation as the model saw it: earlier responses chained by id filled in,
+    async def _full_history(self, rollout: OpenRollout, dialect: Dialect,
+                            request: ChatRequest) -> ChatRequest:
+        """The conversation as the model saw it: earlier replies chained by id filled in,
         calls restored to their sampled text, and every tool result matched to a call."""
-        previous_id = request.extra.get("previous_response_id")
-        if isinstance(previous_id, str) and previous_id:
+        if (previous_id := dialect.previous_reply(request)) is not None:
             turn = await asyncio.to_thread(self.store.turn_by_reply, rollout.record.key,
                                            previous_id)
-            if turn is None or turn.request is None or turn.completion is None:
-                raise NotFound(f"previous_response_id {previous_id!r} is not a finished "
-                               "response of this rollout", param="previous_response_id")
-            request = openai_responses.with_previous(turn.request, turn.completion, request)
+            request = dialect.expand_history(request, turn)
         check_tool_results(request)
         check_arguments(request, rollout.issued_calls)
         return restore_arguments(request, rollout.issued_calls)
@@ -282,21 +247,24 @@ class Proxy:
             await self._record(call, acc, body, err)
         return Response(body, status_code=status, media_type=_JSON)
 
-    async def _open_stream(self, call: _Call, engine_request: ChatRequest) -> Response:
+    async def _open_stream(self, call: _Call, engine_request: ChatRequest,
+                           options: StreamOptions) -> Response:
         """Wait for the engine to accept the call before answering 200, so an engine that
         is down or refuses the request gets a real HTTP error status, not an SSE event."""
+        encoder = call.dialect.stream_encoder(call.request, call.ctx, options)
         events = self.engine.stream(engine_request, call.rollout.record.key)
         try:
             first = await anext(events)
         except Exception as exc:
             await events.aclose()
             return await self._failed(call, Accumulator(), exc)
-        return StreamingResponse(self._stream(call, events, first), media_type=call.media_type,
+        return StreamingResponse(self._stream(call, encoder, events, first),
+                                 media_type=encoder.media_type,
                                  headers={"Cache-Control": "no-cache"})
 
-    async def _stream(self, call: _Call, rest: AsyncGenerator[EngineEvent, None],
+    async def _stream(self, call: _Call, encoder: StreamEncoder,
+                      rest: AsyncGenerator[EngineEvent, None],
                       first: EngineEvent) -> AsyncIterator[bytes]:
-        encoder = call.dialect.stream_encoder(call.request, call.ctx, **call.encoder)
         acc = Accumulator()
         try:
             async with contextlib.aclosing(_prepend(first, rest)) as events:
@@ -382,7 +350,7 @@ class Proxy:
             raise StoreFailed(f"the trace store could not record this call ({exc}); it was "
                               "not counted") from exc
 
-    async def _record_rejected(self, rollout: OpenRollout, dialect: ModuleType, received: float,
+    async def _record_rejected(self, rollout: OpenRollout, dialect: Dialect, received: float,
                                raw: bytes, err: HarnessRLError) -> None:
         """A call refused before it reached the engine is still a recorded turn."""
         _, body = dialect.render_error(err)
@@ -420,7 +388,7 @@ async def _disconnect(receive: Any) -> None:
 
 
 async def _prepend(first: EngineEvent, rest: AsyncGenerator[EngineEvent, None]
-                   ) -> AsyncIterator[EngineEvent]:
+                   ) -> AsyncGenerator[EngineEvent, None]:
     async with contextlib.aclosing(rest):  # closing us closes the engine's stream
         yield first
         async for event in rest:

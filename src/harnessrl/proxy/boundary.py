@@ -6,7 +6,6 @@ becomes an answer in the caller's own shape."""
 from __future__ import annotations
 
 import logging
-from types import ModuleType
 from typing import Any
 
 import msgspec
@@ -15,6 +14,7 @@ from starlette.responses import Response
 
 from harnessrl.errors import HarnessRLError, InvalidRequest, TooLarge
 from harnessrl.proxy import nesting
+from harnessrl.proxy.dialects.base import Dialect
 
 log = logging.getLogger("harnessrl.proxy.app")
 
@@ -98,6 +98,6 @@ def as_error(exc: Exception) -> HarnessRLError:
     return HarnessRLError(f"internal proxy error ({type(exc).__name__}: {exc})")
 
 
-def error_response(dialect: ModuleType, err: HarnessRLError) -> Response:
+def error_response(dialect: Dialect, err: HarnessRLError) -> Response:
     status, body = dialect.render_error(err)
     return Response(body, status_code=status, media_type="application/json")

@@ -110,7 +110,7 @@ def _in_shape(handler: Handler) -> Handler:
         try:
             return await handler(request)
         except Exception as exc:  # a bug must still answer in shape
-            return error_response(openai_chat, as_error(exc))
+            return error_response(openai_chat.DIALECT, as_error(exc))
     return handle
 
 

@@ -30,7 +30,22 @@ import msgspec
 
 from harnessrl.errors import HarnessRLError, InvalidRequest
 from harnessrl.proxy import nesting, sse
-from harnessrl.proxy.dialects.base import ReplyContext, expect, lookup, number, optional, stop_list
+from harnessrl.proxy.dialects.base import (
+    NO_OPTIONS,
+    CountTokens,
+    Dialect,
+    Generate,
+    ListModels,
+    ReplyContext,
+    Route,
+    StreamOptions,
+    expect,
+    fixed,
+    lookup,
+    number,
+    optional,
+    stop_list,
+)
 from harnessrl.types import (
     ChatRequest,
     Chunk,
@@ -347,6 +362,8 @@ def render_completion(completion: Completion, ctx: ReplyContext) -> bytes:
 class StreamEncoder:
     """Engine events in, Messages SSE events out: one content block per run of one kind."""
 
+    media_type = "text/event-stream"
+
     def __init__(self, request: ChatRequest, ctx: ReplyContext) -> None:
         self._ctx = ctx
         self._started = False
@@ -437,7 +454,8 @@ class StreamEncoder:
         return sse.encode(_encode(_error_body(err)), "error")
 
 
-def stream_encoder(request: ChatRequest, ctx: ReplyContext) -> StreamEncoder:
+def stream_encoder(request: ChatRequest, ctx: ReplyContext,
+                   _options: StreamOptions = NO_OPTIONS) -> StreamEncoder:
     return StreamEncoder(request, ctx)
 
 
@@ -485,3 +503,15 @@ def _error_body(err: HarnessRLError) -> dict[str, Any]:
 
 def render_error(err: HarnessRLError) -> tuple[int, bytes]:
     return err.status, _encode(_error_body(err))
+
+
+# Claude Code lists models at OpenAI's path, and says which API it speaks by the header.
+DIALECT = Dialect(
+    name=name, id_prefix=id_prefix,
+    routes=(Route("POST", "/v1/messages", fixed(Generate())),
+            Route("POST", "/v1/messages/count_tokens", fixed(CountTokens())),
+            Route("GET", "/v1/models", fixed(ListModels()), header="anthropic-version"),
+            Route("GET", "/models", fixed(ListModels()), header="anthropic-version")),
+    parse_request=parse_request, render_completion=render_completion,
+    stream_encoder=stream_encoder, render_models=render_models, render_error=render_error,
+    parse_count_tokens=parse_count_tokens, count_tokens_body=count_tokens_body)

@@ -1,16 +1,21 @@
-"""What every dialect module provides, and the small helpers they share for validation.
+"""The dialect interface, and the small helpers the dialects share for validation.
 
 A dialect is pure: it turns native JSON into a `ChatRequest`, a `Completion` into native
 JSON bytes, engine events into native SSE bytes, and errors into the native error shape.
+It also names its routes and what a request to each asks for, so the app serves a dialect
+without knowing anything about it. Each dialect module exports one `DIALECT`; the registry
+in this package's `__init__` lists them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol
 
-from harnessrl.errors import HarnessRLError, InvalidRequest
-from harnessrl.types import ChatRequest, Completion, EngineEvent
+from harnessrl.errors import HarnessRLError, InvalidRequest, NotFound
+from harnessrl.types import ChatRequest, Completion, EngineEvent, Turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,30 +27,119 @@ class ReplyContext:
     model: str
 
 
+# What a route tells a dialect's stream encoder besides the request (Gemini: `sse`).
+StreamOptions = Mapping[str, Any]
+NO_OPTIONS: StreamOptions = MappingProxyType({})
+
+
 class StreamEncoder(Protocol):
+    media_type: str  # of the streamed body: SSE, or Gemini's JSON array
+
     def feed(self, event: EngineEvent) -> bytes: ...
 
     def error(self, err: HarnessRLError) -> bytes: ...
 
 
-class Dialect(Protocol):
-    """Implemented by each module in this package (the module itself is the dialect)."""
+# ------------------------------------------------------------------ routes
+@dataclass(frozen=True, slots=True)
+class Generate:
+    """Sample a reply. `model` and `stream` are set when the route says them (Gemini's
+    path does); `options` go to the dialect's stream encoder."""
+
+    model: str | None = None
+    stream: bool | None = None
+    options: StreamOptions = field(default_factory=lambda: NO_OPTIONS)
+
+
+@dataclass(frozen=True, slots=True)
+class CountTokens:
+    """Count a prompt's tokens; not a model call, so not a turn."""
+
+    model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListModels:
+    """List the served models."""
+
+
+Operation = Generate | CountTokens | ListModels
+# What a request asks for, from its path parameters and its query.
+Resolve = Callable[[Mapping[str, Any], Mapping[str, str]], Operation]
+
+
+def fixed(operation: Operation) -> Resolve:
+    """A route that always asks for the same thing."""
+    return lambda _path, _query: operation
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A path a dialect serves, at the root and under `/r/<key>`.
+
+    `header` marks a route on a path another dialect owns: it serves the requests that
+    carry that header (three APIs list models at `GET /v1/models`, each in its own shape).
+    """
+
+    method: str
+    path: str
+    resolve: Resolve
+    header: str | None = None
+
+
+# ------------------------------------------------------------------ the interface
+class ParseRequest(Protocol):
+    def __call__(self, body: Any, /, *, model: str | None = None,
+                 stream: bool | None = None) -> ChatRequest: ...
+
+
+class ParseCountTokens(Protocol):
+    def __call__(self, body: Any, /, *, model: str | None = None) -> ChatRequest: ...
+
+
+class MakeStreamEncoder(Protocol):
+    def __call__(self, request: ChatRequest, ctx: ReplyContext, options: StreamOptions,
+                 /) -> StreamEncoder: ...
+
+
+def _no_previous(_request: ChatRequest) -> str | None:
+    return None
+
+
+def _as_sent(request: ChatRequest, _previous: Turn | None) -> ChatRequest:
+    return request
+
+
+def _no_counting(_body: Any, /, *, model: str | None = None) -> ChatRequest:
+    raise NotFound("this API does not count tokens")
+
+
+def _no_count_body(_count: int) -> bytes:
+    raise NotFound("this API does not count tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class Dialect:
+    """One wire API: its names, its routes, and the pure functions that speak it."""
 
     name: str
-    id_prefix: str
-
-    def parse_request(self, body: Any, *, model: str | None = None,
-                      stream: bool | None = None) -> ChatRequest:
-        """`model` and `stream` are given when the route says them (Gemini's path does)."""
-        ...
-
-    def render_completion(self, completion: Completion, ctx: ReplyContext) -> bytes: ...
-
-    def stream_encoder(self, request: ChatRequest, ctx: ReplyContext) -> StreamEncoder: ...
-
-    def render_models(self, models: list[str]) -> bytes: ...
-
-    def render_error(self, err: HarnessRLError) -> tuple[int, bytes]: ...
+    id_prefix: str  # of the reply ids it hands out (`chatcmpl-`, `msg_`, `resp_`)
+    routes: tuple[Route, ...]
+    # `model` and `stream` are given when the route says them (Gemini's path does).
+    parse_request: ParseRequest
+    render_completion: Callable[[Completion, ReplyContext], bytes]
+    stream_encoder: MakeStreamEncoder
+    render_models: Callable[[list[str]], bytes]
+    render_error: Callable[[HarnessRLError], tuple[int, bytes]]
+    parse_count_tokens: ParseCountTokens = field(default=_no_counting)
+    count_tokens_body: Callable[[int], bytes] = field(default=_no_count_body)
+    # A dialect whose requests continue an earlier reply by its id (Responses'
+    # `previous_response_id`) names that reply, and `expand_history` gets its stored turn
+    # (None when there is none) to fill the history in. The store lookup is the app's:
+    # the dialect stays free of I/O. By default a request carries its whole history.
+    previous_reply: Callable[[ChatRequest], str | None] = field(default=_no_previous)
+    expand_history: Callable[[ChatRequest, Turn | None], ChatRequest] = field(
+        default=_as_sent)
 
 
 # ------------------------------------------------------------------ validation helpers

@@ -21,15 +21,24 @@ from __future__ import annotations
 import base64
 import json
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
-from harnessrl.errors import HarnessRLError, InvalidRequest
+from harnessrl.errors import HarnessRLError, InvalidRequest, NotFound
 from harnessrl.proxy import nesting, sse
 from harnessrl.proxy.dialects.base import (
+    CountTokens,
+    Dialect,
+    Generate,
+    ListModels,
+    Operation,
     ReplyContext,
+    Route,
+    StreamOptions,
     expect,
+    fixed,
     integer,
     lookup,
     optional,
@@ -481,6 +490,7 @@ class StreamEncoder:
     def __init__(self, request: ChatRequest, ctx: ReplyContext, *, sse: bool = True) -> None:
         self._ctx = ctx
         self._sse = sse
+        self.media_type = "text/event-stream" if sse else "application/json"
         self._first = True
         self._calls: dict[int, list[str]] = {}  # index -> [id, name, arguments]
 
@@ -532,6 +542,11 @@ def stream_encoder(request: ChatRequest, ctx: ReplyContext, *, sse: bool = True
     return StreamEncoder(request, ctx, sse=sse)
 
 
+def _stream_encoder(request: ChatRequest, ctx: ReplyContext, options: StreamOptions
+                    ) -> StreamEncoder:
+    return StreamEncoder(request, ctx, sse=options.get("sse", True))
+
+
 _METHODS = ["generateContent", "streamGenerateContent", "countTokens"]
 
 
@@ -574,3 +589,32 @@ def _error_body(err: HarnessRLError) -> dict[str, Any]:
 
 def render_error(err: HarnessRLError) -> tuple[int, bytes]:
     return err.status, _encode(_error_body(err))
+
+
+# ------------------------------------------------------------------ routes
+_CALLS = {"generateContent": False, "streamGenerateContent": True}  # method -> streamed
+
+
+def _target(path: Mapping[str, Any], query: Mapping[str, str]) -> Operation:
+    """Gemini puts model and method in one path segment: `models/<model>:<method>`."""
+    model, _, method = str(path["target"]).partition(":")
+    if method == "countTokens":
+        return CountTokens(model)
+    if method not in _CALLS:
+        raise NotFound(f"unknown method {method!r}: use generateContent, "
+                       "streamGenerateContent or countTokens")
+    return Generate(model, _CALLS[method], {"sse": query.get("alt") == "sse"})
+
+
+# `/v1` is google-genai's default version, whose models list shares OpenAI's path: a
+# request there is Gemini's when it carries Gemini's API-key header.
+DIALECT = Dialect(
+    name=name, id_prefix=id_prefix,
+    routes=(Route("GET", "/v1beta/models", fixed(ListModels())),
+            Route("POST", "/v1beta/models/{target}", _target),
+            Route("POST", "/v1/models/{target}", _target),
+            Route("GET", "/v1/models", fixed(ListModels()), header="x-goog-api-key"),
+            Route("GET", "/models", fixed(ListModels()), header="x-goog-api-key")),
+    parse_request=parse_request, render_completion=render_completion,
+    stream_encoder=_stream_encoder, render_models=render_models, render_error=render_error,
+    parse_count_tokens=parse_count_tokens, count_tokens_body=count_tokens_body)

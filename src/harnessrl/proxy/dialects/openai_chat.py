@@ -10,8 +10,15 @@ from harnessrl.errors import HarnessRLError, InvalidRequest
 from harnessrl.proxy import sse
 from harnessrl.proxy.dialects import openai_common
 from harnessrl.proxy.dialects.base import (
+    NO_OPTIONS,
+    Dialect,
+    Generate,
+    ListModels,
     ReplyContext,
+    Route,
+    StreamOptions,
     expect,
+    fixed,
     lookup,
     number,
     optional,
@@ -240,6 +247,8 @@ def render_completion(completion: Completion, ctx: ReplyContext) -> bytes:
 class StreamEncoder:
     """Engine events in, `chat.completion.chunk` SSE bytes out."""
 
+    media_type = "text/event-stream"
+
     def __init__(self, request: ChatRequest, ctx: ReplyContext) -> None:
         options = request.extra.get("stream_options")
         self._include_usage = isinstance(options, dict) and options.get("include_usage") is True
@@ -286,10 +295,21 @@ def _tool_call_delta(d: ToolCallDelta) -> dict[str, Any]:
     return out
 
 
-def stream_encoder(request: ChatRequest, ctx: ReplyContext) -> StreamEncoder:
+def stream_encoder(request: ChatRequest, ctx: ReplyContext,
+                   _options: StreamOptions = NO_OPTIONS) -> StreamEncoder:
     return StreamEncoder(request, ctx)
 
 
 # The error shape and models list are OpenAI's, shared with the other OpenAI dialect.
 render_error = openai_common.render_error
 render_models = openai_common.render_models
+
+# Served with and without the `/v1` prefix: clients differ in whether their base URL has it.
+DIALECT = Dialect(
+    name=name, id_prefix=id_prefix,
+    routes=(Route("POST", "/v1/chat/completions", fixed(Generate())),
+            Route("POST", "/chat/completions", fixed(Generate())),
+            Route("GET", "/v1/models", fixed(ListModels())),
+            Route("GET", "/models", fixed(ListModels()))),
+    parse_request=parse_request, render_completion=render_completion,
+    stream_encoder=stream_encoder, render_models=render_models, render_error=render_error)

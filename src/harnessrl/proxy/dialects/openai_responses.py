@@ -16,10 +16,22 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.errors import HarnessRLError, InvalidRequest
+from harnessrl.errors import HarnessRLError, InvalidRequest, NotFound
 from harnessrl.proxy import sse
 from harnessrl.proxy.dialects import openai_common
-from harnessrl.proxy.dialects.base import ReplyContext, expect, lookup, number, optional
+from harnessrl.proxy.dialects.base import (
+    NO_OPTIONS,
+    Dialect,
+    Generate,
+    ReplyContext,
+    Route,
+    StreamOptions,
+    expect,
+    fixed,
+    lookup,
+    number,
+    optional,
+)
 from harnessrl.types import (
     ChatRequest,
     Chunk,
@@ -40,6 +52,7 @@ from harnessrl.types import (
     ToolCallDelta,
     ToolChoice,
     ToolResult,
+    Turn,
     Usage,
 )
 
@@ -241,6 +254,20 @@ def with_previous(previous: ChatRequest, previous_completion: Completion,
     return msgspec.structs.replace(current, messages=system + history + rest)
 
 
+def previous_reply(request: ChatRequest) -> str | None:
+    """The id of the response this request continues (`previous_response_id`), if any."""
+    previous = request.extra.get("previous_response_id")
+    return previous if isinstance(previous, str) and previous else None
+
+
+def expand_history(request: ChatRequest, previous: Turn | None) -> ChatRequest:
+    """`request` continued from `previous`, the stored turn `previous_response_id` names."""
+    if previous is None or previous.request is None or previous.completion is None:
+        raise NotFound(f"previous_response_id {previous_reply(request)!r} is not a finished "
+                       "response of this rollout", param="previous_response_id")
+    return with_previous(previous.request, previous.completion, request)
+
+
 # ------------------------------------------------------------------ reasoning seal
 _SEAL = "harnessrl.v1."
 _reasoning_decoder = msgspec.json.Decoder(Reasoning)
@@ -349,6 +376,8 @@ class StreamEncoder:
     Each delta kind opens an output item (reasoning, message, or the `index`-th function
     call); a delta of another kind closes it first, so items come out in part order.
     """
+
+    media_type = "text/event-stream"
 
     def __init__(self, request: ChatRequest, ctx: ReplyContext) -> None:
         self._ctx = ctx
@@ -490,10 +519,19 @@ _ON_CLOSE: dict[type, Any] = {Text: _close_text, Reasoning: _close_reasoning,
                               ToolCall: _close_tool}
 
 
-def stream_encoder(request: ChatRequest, ctx: ReplyContext) -> StreamEncoder:
+def stream_encoder(request: ChatRequest, ctx: ReplyContext,
+                   _options: StreamOptions = NO_OPTIONS) -> StreamEncoder:
     return StreamEncoder(request, ctx)
 
 
 # The error shape and models list are OpenAI's, shared with the other OpenAI dialect.
 render_error = openai_common.render_error
 render_models = openai_common.render_models
+
+DIALECT = Dialect(
+    name=name, id_prefix=id_prefix,
+    routes=(Route("POST", "/v1/responses", fixed(Generate())),
+            Route("POST", "/responses", fixed(Generate()))),
+    parse_request=parse_request, render_completion=render_completion,
+    stream_encoder=stream_encoder, render_models=render_models, render_error=render_error,
+    previous_reply=previous_reply, expand_history=expand_history)
