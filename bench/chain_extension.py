@@ -42,10 +42,10 @@ from harnessrl.harnesses.policy import (
     _shell_arguments,
     tool_call,
 )
-from harnessrl.proxy.engines.managed import VLLMServer
 from harnessrl.proxy.engines.scripted import Reply
-from harnessrl.proxy.engines.token import TokenEngine
+from harnessrl.proxy.engines.token.engine import TokenEngine
 from harnessrl.proxy.engines.vllm import VLLMEngine
+from harnessrl.proxy.engines.vllm_server import VLLMServer
 from harnessrl.proxy.serve import running
 from harnessrl.rollout.chains import ChainStats, link, report
 from harnessrl.rollout.conformance import FILENAME, Result, _run, random_line

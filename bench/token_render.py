@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harnessrl.proxy.engines.render import Renderer
+from harnessrl.proxy.engines.token.render import Renderer
 from harnessrl.types import ChatRequest, Message, Text, Tool, ToolCall, ToolResult
 
 DEFAULT_TOKENIZER = Path("~/.cache/harnessrl/models/tiny-qwen2")

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from harnessrl.proxy.engines.token import TokenEngine
+from harnessrl.proxy.engines.token.engine import TokenEngine
 from harnessrl.proxy.engines.vllm import VLLMEngine
 from harnessrl.proxy.serve import in_thread
 from harnessrl.types import ChatRequest, Finished, Message, Text

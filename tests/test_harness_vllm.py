@@ -12,8 +12,8 @@ import pytest
 
 from harnessrl.harnesses import MODULES, get
 from harnessrl.harnesses.base import RunContext
-from harnessrl.proxy.engines.managed import VLLMServer
 from harnessrl.proxy.engines.vllm import VLLMEngine
+from harnessrl.proxy.engines.vllm_server import VLLMServer
 from harnessrl.rollout.conformance import instruction_for, random_line
 from harnessrl.rollout.sandbox import LocalSandbox
 from harnessrl.types import Sampling

@@ -3,7 +3,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harnessrl.proxy.engines.parsers import HermesParser
+from harnessrl.proxy.engines.token.parsers import HermesParser
 from harnessrl.types import ReasoningDelta, TextDelta, ToolCallDelta
 
 TEXT = (

@@ -18,7 +18,7 @@ import openai
 import pyarrow.parquet as pq
 import pytest
 
-from harnessrl.proxy.engines.managed import free_port
+from harnessrl.proxy.engines.vllm_server import free_port
 from harnessrl.proxy.store import TraceStore, pack, unpack
 from harnessrl.train.export import export
 from harnessrl.types import Rollout

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harnessrl.proxy.engines.managed import VLLMServer, tool_call_parser_for
-from harnessrl.proxy.engines.render import Rendered, Renderer
-from harnessrl.proxy.engines.token import TokenEngine
-from harnessrl.proxy.engines.toolformats import Qwen3CoderParser, make_parser, typed
+from harnessrl.proxy.engines.token.engine import TokenEngine
+from harnessrl.proxy.engines.token.render import Rendered, Renderer
+from harnessrl.proxy.engines.token.toolformats import Qwen3CoderParser, make_parser, typed
+from harnessrl.proxy.engines.vllm_server import VLLMServer, tool_call_parser_for
 from harnessrl.rollout.chains import rollout_stats
 from harnessrl.types import (
     ChatRequest,

@@ -248,7 +248,7 @@ def _trainer_logprobs(model, prompt: list[int], completion: list[int]) -> list[f
 
 @pytest.fixture(scope="module")
 def vllm_tiny(tiny_model: Path):
-    from harnessrl.proxy.engines.managed import VLLMServer
+    from harnessrl.proxy.engines.vllm_server import VLLMServer
     from tests.helpers import CACHE
 
     server = VLLMServer(model=str(tiny_model), served_name="tiny", dtype="float32",

@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from harnessrl.proxy.engines.managed import VLLMServer
 from harnessrl.proxy.engines.vllm import VLLMEngine
+from harnessrl.proxy.engines.vllm_server import VLLMServer
 from tests.helpers import CACHE, ServedProxy, make_proxy
 
 pytestmark = pytest.mark.vllm
@@ -177,7 +177,7 @@ def test_serve_starts_vllm_and_stops_it_on_exit(tiny_model: Path, tmp_path: Path
     import sys
     import time
 
-    from harnessrl.proxy.engines.managed import free_port
+    from harnessrl.proxy.engines.vllm_server import free_port
 
     port = free_port()
     proxy = subprocess.Popen(

@@ -175,7 +175,7 @@ def _execute_run(args: argparse.Namespace) -> list[Any]:
         engine = OpenAICompatEngine(args.teacher, model=args.teacher_model, api_key=key)
     else:
         if args.model:
-            from harnessrl.proxy.engines.managed import VLLMServer
+            from harnessrl.proxy.engines.vllm_server import VLLMServer
 
             server = VLLMServer(model=args.model, log_path=args.run_dir / "vllm.log")
             args.engine_url = server.start()
@@ -291,7 +291,7 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     server = None
     if args.model:
-        from harnessrl.proxy.engines.managed import VLLMServer
+        from harnessrl.proxy.engines.vllm_server import VLLMServer
 
         server = VLLMServer(model=args.model, served_name=args.served_model_name,
                             tool_call_parser=args.tool_call_parser,
@@ -344,8 +344,8 @@ def _engine(args: argparse.Namespace) -> Any:
 
 
 def _token_engine(args: argparse.Namespace) -> Any:
-    from harnessrl.proxy.engines.managed import tool_call_parser_for
-    from harnessrl.proxy.engines.token import TokenEngine
+    from harnessrl.proxy.engines.token.engine import TokenEngine
+    from harnessrl.proxy.engines.vllm_server import tool_call_parser_for
 
     tokenizer = args.tokenizer or args.model
     if not tokenizer:

@@ -17,7 +17,7 @@ import uvloop
 
 from harnessrl.proxy.app import Proxy, ProxyConfig
 from harnessrl.proxy.engines.base import Engine
-from harnessrl.proxy.engines.managed import free_port
+from harnessrl.proxy.engines.vllm_server import free_port
 from harnessrl.proxy.sessions import Sessions
 from harnessrl.proxy.store import TraceStore
 from harnessrl.types import Sampling

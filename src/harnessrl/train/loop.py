@@ -147,7 +147,7 @@ def _vllm(config: TrainConfig, model: Path, run_dir: Path, console: Console) -> 
     if config.engine.url:
         yield config.engine.url.rstrip("/").removesuffix("/v1")
         return
-    from harnessrl.proxy.engines.managed import VLLMServer
+    from harnessrl.proxy.engines.vllm_server import VLLMServer
 
     server = VLLMServer(model=str(model), served_name="policy", dtype=config.engine.dtype,
                         max_model_len=config.engine.max_model_len,
@@ -227,8 +227,8 @@ def engine_for(config: TrainConfig, model_dir: Path, url: str) -> Any:
 
     if config.engine.mode == "chat":
         return VLLMEngine(url)
-    from harnessrl.proxy.engines.managed import tool_call_parser_for
-    from harnessrl.proxy.engines.token import TokenEngine
+    from harnessrl.proxy.engines.token.engine import TokenEngine
+    from harnessrl.proxy.engines.vllm_server import tool_call_parser_for
 
     parser = tool_call_parser_for(str(model_dir)) or "hermes"
     return TokenEngine(url, str(model_dir), tool_parser=parser)

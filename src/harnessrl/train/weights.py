@@ -6,7 +6,7 @@ On a CPU (and anywhere TRL's NCCL transfer is not available) the sync goes throu
 {"weights_path": dir}}`, then `POST /reset_prefix_cache` (cached prefixes were computed
 with the old weights), then `POST /update_weight_version` so vLLM itself reports the new
 name at `/weight_info`. All four need vLLM started with `VLLM_SERVER_DEV_MODE=1`, which
-`managed.VLLMServer` sets.
+`vllm_server.VLLMServer` sets.
 
 On GPUs, TRL's own server-mode sync (`use_vllm=True, vllm_mode="server"`, NCCL through
 `/init_weight_transfer_engine` and `/update_weights`) moves the weights before it calls the

@@ -17,7 +17,7 @@ from typing import Any
 
 from harnessrl.proxy.engines import openai_wire
 from harnessrl.proxy.engines.base import Stateless
-from harnessrl.proxy.engines.parsers import HermesParser
+from harnessrl.proxy.engines.token.parsers import HermesParser
 from harnessrl.types import (
     ChatRequest,
     Chunk,

@@ -27,7 +27,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from harnessrl.proxy.engines.parsers import HermesParser
+from harnessrl.proxy.engines.token.parsers import HermesParser
 from harnessrl.types import Tool
 
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>\s*)?\Z", re.DOTALL)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from harnessrl.proxy.engines import openai_wire
-from harnessrl.proxy.engines.window import is_local, windowed
+from harnessrl.proxy.engines.token.window import is_local, windowed
 from harnessrl.types import ChatRequest, Message
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,8 @@ from harnessrl.errors import EngineError
 from harnessrl.proxy.engines import openai_wire
 from harnessrl.proxy.engines.answers import Choice, decode, usage
 from harnessrl.proxy.engines.base import TurnSource
-from harnessrl.proxy.engines.render import Rendered, Renderer
-from harnessrl.proxy.engines.toolformats import make_parser
+from harnessrl.proxy.engines.token.render import Rendered, Renderer
+from harnessrl.proxy.engines.token.toolformats import make_parser
 from harnessrl.proxy.engines.upstream import FIRST_BYTE_TIMEOUT, Upstream
 from harnessrl.proxy.engines.vllm import (
     ExtraBody,
