@@ -14,7 +14,7 @@ from rich.console import Console
 from harnessrl.harnesses import get
 from harnessrl.harnesses.base import RunContext
 from harnessrl.harnesses.policy import OraclePolicy
-from harnessrl.proxy.engines.parsers import HermesParser
+from harnessrl.proxy.engines.token.parsers import HermesParser
 from harnessrl.rollout.run import oracle_check, oracle_policy
 from harnessrl.rollout.runner import RolloutSettings, RunConfig
 from harnessrl.rollout.tasks import load_tasks
