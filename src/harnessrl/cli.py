@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import ipaddress
 import json
 import signal
@@ -163,32 +164,28 @@ def _execute_run(args: argparse.Namespace) -> list[Any]:
                                hide_host=not args.no_hide, agent_timeout=args.agent_timeout)
     config = RunConfig(harnesses=_harnesses(args.harness.split(",")), tasks=tasks,
                        samples=args.samples, settings=settings, shaping=shaping)
-    server = None
-    if args.oracle:
-        engine = oracle_engine(tasks)
-    elif args.teacher:
-        import os
-
-        from harnessrl.proxy.engines.openai_compat import OpenAICompatEngine
-
-        key = os.environ.get(args.teacher_key_env) if args.teacher_key_env else None
-        engine = OpenAICompatEngine(args.teacher, model=args.teacher_model, api_key=key)
-    else:
-        if args.model:
-            from harnessrl.proxy.engines.vllm_server import VLLMServer
-
-            server = VLLMServer(model=args.model, log_path=args.run_dir / "vllm.log")
-            args.engine_url = server.start()
-        from harnessrl.proxy.engines.vllm import VLLMEngine
-
-        engine = VLLMEngine(args.engine_url)
     sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens)
     sampling = None if sampling == Sampling() else sampling
-    try:
-        return execute(config, engine, args.run_dir, sampling=sampling)
-    finally:
-        if server is not None:
-            server.stop()
+    if args.oracle:
+        return execute(config, oracle_engine(tasks), args.run_dir, sampling=sampling)
+    from harnessrl.proxy.engines.build import built
+
+    with built(_run_engine_spec(args)) as engine:
+        return execute(config, engine.engine, args.run_dir, sampling=sampling)
+
+
+def _run_engine_spec(args: argparse.Namespace) -> Any:
+    """`run`/`eval`: a teacher, a running vLLM, or one started for --model."""
+    import os
+
+    from harnessrl.proxy.engines.build import EngineSpec
+
+    if args.teacher:
+        key = os.environ.get(args.teacher_key_env) if args.teacher_key_env else None
+        return EngineSpec(kind="teacher", url=args.teacher, teacher_model=args.teacher_model,
+                          api_key=key)
+    return EngineSpec(url=args.engine_url, model=args.model,
+                      vllm_log=args.run_dir / "vllm.log")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -287,30 +284,22 @@ def _serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     # uvicorn re-raises SIGTERM after its shutdown; as SystemExit it unwinds through the
-    # `finally` below, so a managed vLLM is stopped instead of orphaned.
+    # `with` below, so a managed vLLM is stopped instead of orphaned.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    server = None
-    if args.model:
-        from harnessrl.proxy.engines.vllm_server import VLLMServer
+    from harnessrl.proxy.engines.build import built
+    from harnessrl.proxy.serve import run
 
-        server = VLLMServer(model=args.model, served_name=args.served_model_name,
-                            tool_call_parser=args.tool_call_parser,
-                            max_model_len=args.max_model_len, dtype=args.dtype,
-                            extra_args=args.vllm_arg, log_path=args.vllm_log,
-                            engine_mode=args.engine_mode)
-        print(f"starting vLLM for {args.model} ...", file=sys.stderr)
-        args.engine_url = server.start()
-    try:
-        from harnessrl.proxy.serve import run
-
-        run(_run_proxy(args))
-    finally:
-        if server is not None:
-            server.stop()
+    with built(engine_spec(args), status=_announce) as engine:
+        run(_run_proxy(args, engine.engine))
     return 0
 
 
-def build_proxy(args: argparse.Namespace) -> Any:
+def _announce(message: str) -> contextlib.AbstractContextManager[None]:
+    print(f"{message} ...", file=sys.stderr)
+    return contextlib.nullcontext()
+
+
+def build_proxy(args: argparse.Namespace, engine: Any) -> Any:
     from harnessrl.proxy.app import ProxyConfig
     from harnessrl.proxy.serve import build
     from harnessrl.types import Sampling
@@ -319,48 +308,36 @@ def build_proxy(args: argparse.Namespace) -> Any:
                         max_tokens=args.max_tokens)
     config = ProxyConfig(max_body_bytes=int(args.max_body_mb * 1024 * 1024),
                          strict_model=args.strict_model, admin_token=args.admin_token)
-    return build(_engine(args), args.run_dir, sampling=sampling if sampling != Sampling()
+    return build(engine, args.run_dir, sampling=sampling if sampling != Sampling()
                  else None, unset_sampling=frozenset(args.unset_sampling), config=config)
 
 
-def _engine(args: argparse.Namespace) -> Any:
+def engine_spec(args: argparse.Namespace) -> Any:
+    """`serve`: the engine its flags describe."""
+    from harnessrl.proxy.engines.build import EngineSpec
+
+    timeouts = {"read_timeout": args.engine_timeout,
+                "first_byte_timeout": args.engine_first_byte_timeout}
     if args.scripted:
-        from transformers import AutoTokenizer
-
-        from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
-
         if args.script is None:
             raise SystemExit("--scripted needs --script FILE (a JSON list of replies)")
-        replies = json.loads(args.script.read_text())
-        return ScriptedEngine(AutoTokenizer.from_pretrained(args.scripted), replay(replies),
-                              model=args.served_model_name or "scripted",
-                              token_delay=args.token_delay)
-    if args.engine_mode == "token":
-        return _token_engine(args)
-    from harnessrl.proxy.engines.vllm import VLLMEngine
-
-    return VLLMEngine(args.engine_url, read_timeout=args.engine_timeout,
-                      first_byte_timeout=args.engine_first_byte_timeout)
-
-
-def _token_engine(args: argparse.Namespace) -> Any:
-    from harnessrl.proxy.engines.token.engine import TokenEngine
-    from harnessrl.proxy.engines.vllm_server import tool_call_parser_for
-
-    tokenizer = args.tokenizer or args.model
-    if not tokenizer:
+        return EngineSpec(kind="scripted", tokenizer=args.scripted,
+                          script=json.loads(args.script.read_text()),
+                          served_name=args.served_model_name, token_delay=args.token_delay)
+    if args.engine_mode == "token" and not (args.tokenizer or args.model):
         raise SystemExit("--engine-mode token needs --tokenizer DIR (or --model)")
-    parser = args.tool_call_parser or tool_call_parser_for(tokenizer) or "hermes"
-    template = args.chat_template.read_text() if args.chat_template else None
-    return TokenEngine(args.engine_url, tokenizer, tool_parser=parser, chat_template=template,
-                       read_timeout=args.engine_timeout,
-                       first_byte_timeout=args.engine_first_byte_timeout)
+    return EngineSpec(
+        kind=args.engine_mode, url=args.engine_url, model=args.model, tokenizer=args.tokenizer,
+        tool_call_parser=args.tool_call_parser,
+        chat_template=args.chat_template.read_text() if args.chat_template else None,
+        served_name=args.served_model_name, max_model_len=args.max_model_len,
+        dtype=args.dtype, vllm_args=tuple(args.vllm_arg), vllm_log=args.vllm_log, **timeouts)
 
 
-async def _run_proxy(args: argparse.Namespace) -> None:
+async def _run_proxy(args: argparse.Namespace, engine: Any) -> None:
     from harnessrl.proxy.serve import serve
 
-    proxy = build_proxy(args)
+    proxy = build_proxy(args, engine)
     print(f"harnessrl proxy on http://{args.host}:{args.port} (store: "
           f"{proxy.store.path})", file=sys.stderr, flush=True)
     await serve(proxy, args.host, args.port)
@@ -471,18 +448,15 @@ def _conformance(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from harnessrl.proxy.store import TraceStore
+    from harnessrl.proxy.store import TraceReader
     from harnessrl.reports import render_report
     from harnessrl.rollout.chains import report
 
     if not (args.run_dir / "trace.db").is_file():
         print(f"harnessrl: no trace store in {args.run_dir}", file=sys.stderr)
         return 2
-    store = TraceStore(args.run_dir)
-    try:
+    with TraceReader(args.run_dir) as store:
         Console().print(render_report(report(store)))
-    finally:
-        store.close()
     return 0
 
 

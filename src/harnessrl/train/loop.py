@@ -11,11 +11,10 @@ and TRL's own numbers (loss, grad norm, ...).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -24,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from harnessrl.proxy.engines.build import Built, EngineSpec, built
 from harnessrl.rollout.chains import ChainStats
 from harnessrl.train.config import TrainConfig, shaping_of
 from harnessrl.train.trl import Batch, RolloutRecord
@@ -142,23 +142,13 @@ def resolve_model(spec: str, console: Console) -> Path:
     return path
 
 
-@contextlib.contextmanager
-def _vllm(config: TrainConfig, model: Path, run_dir: Path, console: Console) -> Iterator[str]:
-    if config.engine.url:
-        yield config.engine.url.rstrip("/").removesuffix("/v1")
-        return
-    from harnessrl.proxy.engines.vllm_server import VLLMServer
-
-    server = VLLMServer(model=str(model), served_name="policy", dtype=config.engine.dtype,
-                        max_model_len=config.engine.max_model_len,
-                        extra_args=vllm_args(config),
-                        log_path=run_dir / "vllm.log")
-    with console.status("starting vLLM (20-40 s on a CPU)"):
-        server.start()
-    try:
-        yield server.url
-    finally:
-        server.stop()
+def engine_spec(config: TrainConfig, model_dir: Path, run_dir: Path) -> EngineSpec:
+    """The policy's engine: vLLM at the config's URL, or started here for the model."""
+    e = config.engine
+    return EngineSpec(kind=e.mode, url=e.url.rstrip("/").removesuffix("/v1") if e.url else None,
+                      model=str(model_dir), tokenizer=str(model_dir), served_name="policy",
+                      dtype=e.dtype, max_model_len=e.max_model_len,
+                      vllm_args=tuple(vllm_args(config)), vllm_log=run_dir / "vllm.log")
 
 
 def train(config: TrainConfig, *, console: Console | None = None,
@@ -180,12 +170,15 @@ def train(config: TrainConfig, *, console: Console | None = None,
                          f"{config.grpo.tasks_per_step}")
     harnesses = [get(name) for name in config.rollout.harnesses]
     model_dir = resolve_model(config.model.path, console)
-    with _vllm(config, model_dir, run_dir, console) as url:
-        return _train(config, tasks, harnesses, model_dir, url, run_dir, console, on_step)
+    spec = engine_spec(config, model_dir, run_dir)
+    with built(spec, status=lambda _m: console.status("starting vLLM (20-40 s on a CPU)")
+               ) as engine:
+        assert engine.url is not None  # chat or token mode: always a vLLM
+        return _train(config, tasks, harnesses, model_dir, engine, run_dir, console, on_step)
 
 
 def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_dir: Path,
-           url: str, run_dir: Path, console: Console,
+           engine: Built, run_dir: Path, console: Console,
            on_step: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
     import torch
     from datasets import Dataset
@@ -199,11 +192,12 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
     hf_logging.disable_progress_bar()  # loading and saving bars would tear the live view
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    sync = VLLMWeightSync(url, run_dir / "weights", allow_tied=config.model.allow_tied)
+    assert engine.url is not None
+    sync = VLLMWeightSync(engine.url, run_dir / "weights", allow_tied=config.model.allow_tied)
     progress = _progress()
     task_id = progress.add_task("rollouts", total=None, step=0)
     rollouts = HarnessRollouts(
-        tasks=tasks, harnesses=harnesses, engine=engine_for(config, model_dir, url),
+        tasks=tasks, harnesses=harnesses, engine=engine.engine,
         run_dir=run_dir,
         pad_token_id=tokenizer.pad_token_id, sync=sync, sampling=sampling_of(config),
         shaping=shaping_of(config.shaping), mix=config.rollout.mix, settings=config.rollout,
@@ -220,18 +214,6 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
     console.print(summary_table(log.steps))
     console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'}")
     return log.steps
-
-
-def engine_for(config: TrainConfig, model_dir: Path, url: str) -> Any:
-    from harnessrl.proxy.engines.vllm import VLLMEngine
-
-    if config.engine.mode == "chat":
-        return VLLMEngine(url)
-    from harnessrl.proxy.engines.token.engine import TokenEngine
-    from harnessrl.proxy.engines.vllm_server import tool_call_parser_for
-
-    parser = tool_call_parser_for(str(model_dir)) or "hermes"
-    return TokenEngine(url, str(model_dir), tool_parser=parser)
 
 
 def sampling_of(config: TrainConfig) -> Any:

@@ -1,0 +1,134 @@
+"""One engine from one description: chat or token mode against vLLM (a running one at a
+URL, or one started here for a model), the scripted test engine, or an OpenAI-compatible
+teacher. `harnessrl serve`, `run`/`eval` and `train` all build theirs here."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from harnessrl.proxy.engines.base import Engine
+from harnessrl.proxy.engines.upstream import FIRST_BYTE_TIMEOUT
+from harnessrl.proxy.engines.vllm_server import VLLMServer, tool_call_parser_for
+
+EngineKind = Literal["chat", "token", "scripted", "teacher"]
+Status = Callable[[str], contextlib.AbstractContextManager[Any]]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What to sample with.
+
+    chat/token: vLLM at `url`, or started for `model` (a local path or hub id) when there
+    is no URL; token mode renders with `tokenizer` (default: `model`) and, if given, the
+    `chat_template` text. scripted: `tokenizer` and the reply texts in `script`. teacher:
+    the OpenAI root at `url`, every call sent as `teacher_model` with `api_key`.
+    """
+
+    kind: EngineKind = "chat"
+    url: str | None = None
+    model: str | None = None
+    tokenizer: str | None = None
+    tool_call_parser: str | None = None
+    chat_template: str | None = None
+    read_timeout: float = 600.0
+    first_byte_timeout: float = FIRST_BYTE_TIMEOUT
+    # a vLLM started here
+    served_name: str | None = None
+    max_model_len: int | None = None
+    dtype: str | None = None
+    vllm_args: Sequence[str] = ()
+    vllm_log: Path | None = None
+    # scripted
+    script: Sequence[str] = ()
+    token_delay: float = 0.0
+    # teacher
+    teacher_model: str | None = None
+    api_key: str | None = None
+
+    @property
+    def managed(self) -> bool:
+        """Whether vLLM is started here."""
+        return self.kind in ("chat", "token") and self.url is None
+
+
+@dataclass(frozen=True)
+class Built:
+    """An engine (not started: the proxy starts it) and the vLLM URL it calls, if any."""
+
+    engine: Engine
+    url: str | None
+
+
+def server_for(spec: EngineSpec) -> VLLMServer:
+    if spec.model is None:
+        raise ValueError("starting vLLM needs a model")
+    return VLLMServer(model=spec.model, served_name=spec.served_name,
+                      tool_call_parser=spec.tool_call_parser,
+                      max_model_len=spec.max_model_len, dtype=spec.dtype,
+                      extra_args=list(spec.vllm_args), log_path=spec.vllm_log,
+                      engine_mode=spec.kind)
+
+
+@contextlib.contextmanager
+def built(spec: EngineSpec, *, status: Status | None = None) -> Iterator[Built]:
+    """The engine `spec` describes, for the block; a vLLM it needs is started first
+    (`status` shows the wait) and stopped after the block."""
+    if not spec.managed:
+        yield Built(make(spec), spec.url)
+        return
+    server = server_for(spec)
+    try:
+        with status(f"starting vLLM for {spec.model}") if status else contextlib.nullcontext():
+            url = server.start()
+        yield Built(make(spec, url), url)
+    finally:
+        server.stop()
+
+
+def make(spec: EngineSpec, url: str | None = None) -> Engine:
+    """The engine for `spec`, calling `url` (default: `spec.url`)."""
+    url = url or spec.url
+    if spec.kind == "scripted":
+        return _scripted(spec)
+    if url is None:
+        raise ValueError(f"a {spec.kind} engine needs a URL (or a model to start vLLM for)")
+    if spec.kind == "teacher":
+        from harnessrl.proxy.engines.openai_compat import OpenAICompatEngine
+
+        return OpenAICompatEngine(url, model=spec.teacher_model, api_key=spec.api_key,
+                                  read_timeout=spec.read_timeout,
+                                  first_byte_timeout=spec.first_byte_timeout)
+    if spec.kind == "token":
+        return _token(spec, url)
+    from harnessrl.proxy.engines.vllm import VLLMEngine
+
+    return VLLMEngine(url, read_timeout=spec.read_timeout,
+                      first_byte_timeout=spec.first_byte_timeout)
+
+
+def _token(spec: EngineSpec, url: str) -> Engine:
+    from harnessrl.proxy.engines.token.engine import TokenEngine
+
+    tokenizer = spec.tokenizer or spec.model
+    if not tokenizer:
+        raise ValueError("token mode needs the model's tokenizer (a local directory)")
+    parser = spec.tool_call_parser or tool_call_parser_for(tokenizer) or "hermes"
+    return TokenEngine(url, tokenizer, tool_parser=parser, chat_template=spec.chat_template,
+                       read_timeout=spec.read_timeout,
+                       first_byte_timeout=spec.first_byte_timeout)
+
+
+def _scripted(spec: EngineSpec) -> Engine:
+    from transformers import AutoTokenizer
+
+    from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
+
+    if spec.tokenizer is None:
+        raise ValueError("the scripted engine needs a tokenizer")
+    return ScriptedEngine(AutoTokenizer.from_pretrained(spec.tokenizer),
+                          replay(list(spec.script)), model=spec.served_name or "scripted",
+                          token_delay=spec.token_delay)
