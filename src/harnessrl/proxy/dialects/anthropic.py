@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -39,6 +40,7 @@ from harnessrl.proxy.dialects.base import (
     ReplyContext,
     Route,
     StreamOptions,
+    ToolMode,
     expect,
     fixed,
     lookup,
@@ -57,6 +59,7 @@ from harnessrl.types import (
     Part,
     Reasoning,
     ReasoningDelta,
+    Role,
     Sampling,
     Started,
     Text,
@@ -80,7 +83,7 @@ _MAPPED = frozenset({
     "model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k",
     "stop_sequences", "stream", "tools", "tool_choice",
 })
-_ROLES = {"user": "user", "assistant": "assistant", "system": "system"}
+_ROLES: dict[str, Role] = {"user": "user", "assistant": "assistant", "system": "system"}
 _EFFORTS = frozenset({"low", "medium", "high"})  # what OpenAI-style engines accept
 _RAW_ARGUMENTS = "_raw_arguments"
 _SIGNATURE_PREFIX = "hrl1."
@@ -231,7 +234,7 @@ def _redacted(raw: dict[str, Any], where: str) -> Reasoning:
     return Reasoning("", encrypted=expect(raw.get("data"), str, f"{where}.data"), redacted=True)
 
 
-_BLOCKS = {
+_BLOCKS: dict[str, Callable[[dict[str, Any], str], Part]] = {
     "text": _text_block,
     "image": _image,
     "tool_use": _tool_use,
@@ -257,7 +260,8 @@ def _parse_tools(raw: list[Any]) -> tuple[tuple[Tool, ...], list[Any]]:
     return tuple(tools), unmapped
 
 
-_TOOL_CHOICE_MODES = {"auto": "auto", "any": "required", "none": "none", "tool": "required"}
+_TOOL_CHOICE_MODES: dict[str, ToolMode] = {
+    "auto": "auto", "any": "required", "none": "none", "tool": "required"}
 
 
 def _parse_tool_choice(raw: Any) -> tuple[ToolChoice | None, bool | None]:
@@ -270,7 +274,7 @@ def _parse_tool_choice(raw: Any) -> tuple[ToolChoice | None, bool | None]:
                              f"got {raw.get('type')!r}", param="tool_choice.type")
     forced = expect(raw.get("name"), str, "tool_choice.name") if raw["type"] == "tool" else None
     disable = optional(raw, "disable_parallel_tool_use", bool, "tool_choice.")
-    return ToolChoice(mode, forced), None if disable is None else not disable  # type: ignore[arg-type]
+    return ToolChoice(mode, forced), None if disable is None else not disable
 
 
 # ------------------------------------------------------------------ signatures

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from harnessrl.errors import HarnessRLError, InvalidRequest, NotFound
 from harnessrl.types import ChatRequest, Completion, EngineEvent, Turn
@@ -143,6 +143,9 @@ class Dialect:
 
 
 # ------------------------------------------------------------------ validation helpers
+ToolMode = Literal["auto", "none", "required"]  # `ToolChoice.mode`, for the dialects' tables
+
+
 def expect(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
     """`value` if it has the wanted JSON type, else a 400 naming the field and the type.
     An integer field takes 64-bit integers: JSON allows any size, the engine does not."""
@@ -185,10 +188,11 @@ def number(body: dict[str, Any], key: str) -> float | None:
     return None if value is None else to_float(value, key)
 
 
-def lookup(value: Any) -> str | None:
-    """A value as a lookup key for a table of names: a list or object sent where a name
-    belongs (a wrong type) becomes a key that matches nothing, not an unhashable crash."""
-    return value if isinstance(value, str) else None if value is None else "\0"
+def lookup(value: Any) -> str:
+    """A value as a lookup key for a table of names: null, or a list or object sent where
+    a name belongs (a wrong type), becomes a key that matches nothing, not an unhashable
+    crash."""
+    return value if isinstance(value, str) else "\0"
 
 
 def stop_list(value: Any, where: str) -> tuple[str, ...] | None:

@@ -37,6 +37,7 @@ from harnessrl.proxy.dialects.base import (
     ReplyContext,
     Route,
     StreamOptions,
+    ToolMode,
     expect,
     fixed,
     integer,
@@ -56,6 +57,7 @@ from harnessrl.types import (
     Part,
     Reasoning,
     ReasoningDelta,
+    Role,
     Sampling,
     Text,
     TextDelta,
@@ -76,12 +78,12 @@ OWN_SIGNATURE = base64.b64encode(b"harnessrl/reasoning/1").decode()
 
 _MAPPED = frozenset({"contents", "systemInstruction", "tools", "toolConfig",
                      "generationConfig"})
-_ROLES = {"user": "user", "model": "assistant", None: "user"}
+_ROLES: dict[str, Role] = {"user": "user", "model": "assistant"}
 # Part keys that only annotate a part; they are accepted and not mapped.
 _PART_META = frozenset({"thought", "thoughtSignature", "videoMetadata", "partMetadata",
                         "mediaResolution"})
-_MODES = {"AUTO": "auto", "ANY": "required", "NONE": "none", "VALIDATED": "auto",
-          "MODE_UNSPECIFIED": "auto"}
+_MODES: dict[str, ToolMode] = {"AUTO": "auto", "ANY": "required", "NONE": "none",
+                                "VALIDATED": "auto", "MODE_UNSPECIFIED": "auto"}
 
 
 # ------------------------------------------------------------------ request
@@ -134,10 +136,11 @@ class _Conversation:
 
     def _content(self, raw: Any, where: str) -> list[Message]:
         raw = expect(raw, dict, where)
-        role = _ROLES.get(lookup(raw.get("role")))
+        sent = raw.get("role")
+        role = _ROLES.get("user" if sent is None else lookup(sent))  # no role is the user's
         if role is None:
-            raise InvalidRequest(f"`{where}.role` must be 'user' or 'model', got "
-                                 f"{raw.get('role')!r}", param=f"{where}.role")
+            raise InvalidRequest(f"`{where}.role` must be 'user' or 'model', got {sent!r}",
+                                 param=f"{where}.role")
         parts = expect(raw.get("parts"), list, f"{where}.parts")
         if not parts:
             raise InvalidRequest(f"`{where}.parts` must hold at least one part",
@@ -344,7 +347,7 @@ def _parse_tool_config(raw: dict[str, Any] | None, extra: dict[str, Any]) -> Too
         return ToolChoice("required", names[0])
     if names:  # a set of names cannot be expressed canonically; recorded
         extra["allowed_function_names"] = names
-    return ToolChoice(mode)  # type: ignore[arg-type]
+    return ToolChoice(mode)
 
 
 # ------------------------------------------------------------------ generationConfig

@@ -34,6 +34,7 @@ from harnessrl.types import (
     Part,
     Reasoning,
     ReasoningDelta,
+    Role,
     Sampling,
     Started,
     Text,
@@ -57,8 +58,8 @@ _MAPPED = frozenset({
     "seed", "presence_penalty", "frequency_penalty", "repetition_penalty", "reasoning_effort",
     "n",
 })
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
-          "tool": "tool"}
+_ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user",
+                           "assistant": "assistant", "tool": "tool"}
 _TOOL_CHOICE_MODES = frozenset({"auto", "none", "required"})
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -43,6 +44,7 @@ from harnessrl.types import (
     Part,
     Reasoning,
     ReasoningDelta,
+    Role,
     Sampling,
     Started,
     Text,
@@ -67,7 +69,8 @@ _MAPPED = frozenset({
     "model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "stream",
     "temperature", "top_p", "max_output_tokens", "reasoning",
 })
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user",
+                           "assistant": "assistant"}
 _TOOL_CHOICE_MODES = frozenset({"auto", "none", "required"})
 
 
@@ -198,7 +201,7 @@ def _texts(raw: Any, kind: str, where: str) -> list[str]:
     return out
 
 
-_ITEMS = {
+_ITEMS: dict[str, Callable[[dict[str, Any], str], Message]] = {
     "message": _message_item,
     "function_call": _function_call_item,
     "function_call_output": _function_output_item,
