@@ -132,13 +132,17 @@ def merge_chunks(events: list[EngineEvent]) -> list[EngineEvent]:
         if (isinstance(event, Chunk) and isinstance(last, Chunk)
                 and (last.token_ids is None) == (event.token_ids is None)
                 and (last.logprobs is None) == (event.logprobs is None)):
-            merged[-1] = Chunk(
-                last.deltas + event.deltas,
-                None if last.token_ids is None else last.token_ids + event.token_ids,
-                None if last.logprobs is None else last.logprobs + event.logprobs)
+            merged[-1] = Chunk(last.deltas + event.deltas,
+                               _joined(last.token_ids, event.token_ids),
+                               _joined(last.logprobs, event.logprobs))
         else:
             merged.append(event)
     return merged
+
+
+def _joined(first: tuple[Any, ...] | None, then: tuple[Any, ...] | None
+            ) -> tuple[Any, ...] | None:
+    return None if first is None or then is None else first + then
 
 
 def _tokens(choice: Choice) -> tuple[tuple[int, ...] | None, tuple[float, ...] | None]:
