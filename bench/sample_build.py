@@ -100,14 +100,13 @@ def timed(work: Callable[[], int], repeat: int) -> tuple[float, int]:
 def measure(turns: int, per: int, repeat: int, seed: int = 0) -> list[Row]:
     root = Path(tempfile.mkdtemp(prefix="harnessrl-samples-"))
     try:
-        store = TraceStore(root / "run")
-        started = time.perf_counter()
-        made = asyncio.run(fill(store, turns, per, seed))
-        fill_s = time.perf_counter() - started
-        read_s, read_n = timed(lambda: sum(1 for _ in store.iter_turns()), repeat)
-        build_s, samples = timed(lambda: sum(1 for _ in iter_samples(store)), repeat)
-        size = (root / "run" / "trace.db").stat().st_size
-        store.close()
+        with TraceStore(root / "run") as store:
+            started = time.perf_counter()
+            made = asyncio.run(fill(store, turns, per, seed))
+            fill_s = time.perf_counter() - started
+            read_s, read_n = timed(lambda: sum(1 for _ in store.iter_turns()), repeat)
+            build_s, samples = timed(lambda: sum(1 for _ in iter_samples(store)), repeat)
+            size = (root / "run" / "trace.db").stat().st_size
     finally:
         shutil.rmtree(root, ignore_errors=True)
     assert read_n == made

@@ -44,7 +44,8 @@ def recorded_requests(*harnesses: str) -> list[Path]:
 
 # ------------------------------------------------------------------ a proxy in a thread
 class ServedProxy:
-    """A proxy served in a thread, for sync SDK clients."""
+    """A proxy served in a thread, for sync SDK clients; its store is closed (the writer
+    stopped, reads still work) when `running` ends."""
 
     def __init__(self, proxy) -> None:
         self.proxy = proxy
@@ -53,7 +54,7 @@ class ServedProxy:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[ServedProxy]:
-        with in_thread(self.proxy.app()) as (url, _server):
+        with self.store, in_thread(self.proxy.app()) as (url, _server):
             self.url = url
             yield self
 

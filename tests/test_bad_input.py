@@ -81,7 +81,8 @@ def test_bad_body_gets_400_and_is_recorded(served, body, words, param) -> None:
         assert error["param"] == param
     [turn] = served.store.turns(served.key)
     assert turn.status == "failed" and turn.raw_request == body
-    assert turn.error.startswith("invalid_request") and turn.completion is None
+    assert turn.error.startswith("invalid_request: ") and turn.completion is None
+    assert turn.error_kind == "invalid_request"
     still_serves(served)
 
 

@@ -14,15 +14,13 @@ from tests.helpers import make_turn
 
 def test_export_and_report_commands(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")  # rich would shorten names on a narrow terminal
-    store = TraceStore(tmp_path)
-
-    async def write() -> None:
+    async def write(store: TraceStore) -> None:
         await store.put_rollout(Rollout("k", 0.0, metadata={"harness": "opencode"}))
         for i in range(2):
             await store.add_turn(make_turn("k", i))
 
-    asyncio.run(write())
-    store.close()
+    with TraceStore(tmp_path) as store:
+        asyncio.run(write(store))
     assert main(["export", str(tmp_path), "-o", str(tmp_path / "t.jsonl")]) == 0
     assert len((tmp_path / "t.jsonl").read_text().splitlines()) == 2
     assert main(["report", str(tmp_path)]) == 0

@@ -12,7 +12,7 @@ from rich.console import Console
 from harnessrl.errors import EngineUnavailable
 from harnessrl.harnesses import get
 from harnessrl.proxy.engines.scripted import ScriptedEngine
-from harnessrl.proxy.store import TraceStore
+from harnessrl.proxy.store import TraceReader
 from harnessrl.rollout.conformance import policy_tokenizer
 from harnessrl.rollout.rewards import Shaping, TraceStats
 from harnessrl.rollout.run import execute, oracle_policy
@@ -55,15 +55,13 @@ def test_oracle_run_scores_every_rollout_and_resumes_without_duplicates(mini, tm
     assert len(outcomes) == 6 and all(o.status == "done" for o in outcomes)
     assert all(o.verifier_reward == 1.0 and o.reward == pytest.approx(1.09) for o in outcomes)
     assert all(o.shaping == {"fewer_tool_calls": pytest.approx(0.09)} for o in outcomes)
-    store = TraceStore(tmp_path)
-    turns_before = store.count_turns()
-    assert turns_before == 12 and all(store.turns(o.rollout) for o in outcomes)
-    store.close()
+    with TraceReader(tmp_path) as store:
+        turns_before = store.count_turns()
+        assert turns_before == 12 and all(store.turns(o.rollout) for o in outcomes)
 
     again = execute(config, engine, tmp_path, console=quiet)  # resume: nothing left to do
-    store = TraceStore(tmp_path)
-    assert store.count_turns() == turns_before and len(again) == 6
-    store.close()
+    with TraceReader(tmp_path) as store:
+        assert store.count_turns() == turns_before and len(again) == 6
 
 
 @pytest.mark.slow
@@ -113,10 +111,10 @@ def test_agent_cannot_see_tests_solution_or_other_rollouts(mini, tmp_path):
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
     outcomes = execute(config, ScriptedEngine(policy_tokenizer(), policy), tmp_path,
                        console=quiet)
-    store = TraceStore(tmp_path)
-    seen = [part for o in outcomes for turn in store.turns(o.rollout) if turn.request
-            for m in turn.request.messages for part in m.parts if isinstance(part, ToolResult)]
-    store.close()
+    with TraceReader(tmp_path) as store:
+        seen = [part for o in outcomes for turn in store.turns(o.rollout) if turn.request
+                for m in turn.request.messages for part in m.parts
+                if isinstance(part, ToolResult)]
     text = " ".join(p.content[0].text for p in seen)
     assert text.count("SNOOPED") == 2  # the command ran in both rollouts
     # The task's directory is empty for the agent: no test file listed, no solution read.

@@ -10,6 +10,7 @@ import sqlite3
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from harnessrl.proxy.engines.vllm_server import free_port
-from harnessrl.proxy.store import TraceStore, pack, unpack
+from harnessrl.proxy.store import TraceReader, TraceStore, pack, unpack
 from harnessrl.train.export import export
 from harnessrl.types import Rollout
 from tests.helpers import make_turn
@@ -125,15 +126,13 @@ def test_a_row_that_cannot_be_packed_fails_alone_and_the_writer_goes_on(tmp_path
 
 
 def test_export_jsonl_and_parquet(tmp_path: Path) -> None:
-    store = TraceStore(tmp_path)
-
-    async def write() -> None:
+    async def write(store: TraceStore) -> None:
         await store.put_rollout(Rollout("k", 0.0))
         for i in range(3):
             await store.add_turn(make_turn("k", i))
 
-    asyncio.run(write())
-    store.close()
+    with TraceStore(tmp_path) as store:
+        asyncio.run(write(store))
     assert export(tmp_path, tmp_path / "t.jsonl") == 3
     rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert rows[1]["prompt_ids"] == list(range(101))
@@ -180,12 +179,11 @@ def test_sigkill_loses_no_finished_turn_and_resume_continues(tmp_path: Path, tin
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
 
-    store = TraceStore(tmp_path / "run")
-    assert store.integrity_check() == "ok"
-    turns = store.turns(key)
+    with TraceReader(tmp_path / "run") as store:
+        assert store.integrity_check() == "ok"
+        turns = store.turns(key)
     assert [t.index for t in turns] == list(range(n))
     assert all(t.status == "ok" and t.completion.tokens.completion_ids for t in turns)
-    store.close()
 
     process = start_proxy(tmp_path / "run", tiny_model, script, port)
     try:
@@ -195,3 +193,150 @@ def test_sigkill_loses_no_finished_turn_and_resume_continues(tmp_path: Path, tin
     finally:
         process.terminate()
         process.wait(10)
+
+
+# ------------------------------------------------------------------ reader, schema, errors
+def test_the_reader_starts_no_thread(tmp_path: Path) -> None:
+    with TraceStore(tmp_path) as store:
+        asyncio.run(store.put_rollout(Rollout("k", 0.0)))
+        asyncio.run(store.add_turn(make_turn("k", 0)))
+    before = set(threading.enumerate())
+    with TraceReader(tmp_path) as reader:  # an up-to-date file: opened, never written
+        assert [t.index for t in reader.turns("k")] == [0]
+        assert reader.rollout("k") == Rollout("k", 0.0) and reader.count_turns() == 1
+        assert list(export_rows(reader)) and set(threading.enumerate()) == before
+    fresh = TraceReader(_mkdir(tmp_path / "new"))  # creates and migrates, still no thread
+    assert fresh.outcomes() == [] and set(threading.enumerate()) == before
+    fresh.close()
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def export_rows(reader: TraceReader):
+    from harnessrl.train.export import turn_row
+
+    return (turn_row(t) for t in reader.iter_turns())
+
+
+# The tables as SCHEMA_VERSION 2 made them (before outcomes had columns of their own and
+# before turns carried their error kind).
+_VERSION_2 = """
+CREATE TABLE rollouts (key TEXT PRIMARY KEY, created REAL NOT NULL, closed REAL,
+    sampling BLOB, unset_sampling TEXT NOT NULL DEFAULT '[]',
+    metadata BLOB NOT NULL DEFAULT '{}');
+CREATE TABLE turns (id INTEGER PRIMARY KEY, rollout TEXT NOT NULL REFERENCES rollouts(key),
+    idx INTEGER NOT NULL, dialect TEXT NOT NULL, status TEXT NOT NULL, received REAL NOT NULL,
+    first_token REAL, done REAL, engine TEXT, model TEXT, weight_version TEXT, error TEXT,
+    flags TEXT NOT NULL DEFAULT '[]', requested_sampling BLOB, used_sampling BLOB,
+    request BLOB, completion BLOB, prompt_ids BLOB, completion_ids BLOB, logprobs BLOB,
+    raw_request BLOB NOT NULL, raw_response BLOB NOT NULL, reply_id TEXT,
+    UNIQUE (rollout, idx));
+CREATE INDEX turns_by_reply ON turns (rollout, reply_id);
+CREATE TABLE outcomes (harness TEXT NOT NULL, task TEXT NOT NULL, sample INTEGER NOT NULL,
+    rollout TEXT NOT NULL, status TEXT NOT NULL, reward REAL, outcome BLOB NOT NULL,
+    PRIMARY KEY (harness, task, sample));
+CREATE INDEX turns_by_model ON turns (model);
+CREATE INDEX outcomes_by_rollout ON outcomes (rollout);
+CREATE INDEX rollouts_by_created ON rollouts (created);
+PRAGMA user_version = 2;
+"""
+
+
+def _version_2_store(run_dir: Path) -> None:
+    import msgspec
+
+    from harnessrl.types import Outcome
+
+    solved = Outcome(harness="h", harness_version="7", task="t", sample=0, rollout="k0",
+                     status="done", reward=1.0, verifier_reward=1.0, tool_calls=3,
+                     completion_tokens=40)
+    failed = Outcome(harness="h", harness_version="7", task="t", sample=1, rollout="k1",
+                     status="done", reward=0.0, verifier_reward=0.0)  # 0 tool calls: omitted
+    db = sqlite3.connect(run_dir / "trace.db", isolation_level=None)
+    db.executescript(_VERSION_2)
+    for key, created in (("k0", 1.0), ("k1", 2.0), ("k2", 3.0)):
+        db.execute("INSERT INTO rollouts (key, created, metadata) VALUES (?, ?, ?)",
+                   (key, created, b'{"harness": "h", "task": "t", "sample": 9}'))
+    turns = [("k1", 0, "ok", None), ("k1", 1, "failed", "timeout: no reply in 30 s"),
+             ("k2", 0, "failed", "engine_unavailable: connection refused: port 1"),
+             ("k2", 1, "failed", "no colon here")]
+    for key, idx, status, error in turns:
+        db.execute("INSERT INTO turns (rollout, idx, dialect, status, received, error,"
+                   " raw_request, raw_response) VALUES (?, ?, 'openai_chat', ?, 1.0, ?, x'',"
+                   " x'')", (key, idx, status, error))
+    for o in (solved, failed):
+        db.execute("INSERT INTO outcomes VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   (o.harness, o.task, o.sample, o.rollout, o.status, o.reward,
+                    msgspec.json.encode(o)))
+    db.close()
+
+
+def test_a_version_2_store_gets_the_new_columns_filled(tmp_path: Path) -> None:
+    from harnessrl.proxy.store import SCHEMA_VERSION
+    from harnessrl.ui.queries import Filters, RunReader
+
+    _version_2_store(tmp_path)
+    with TraceReader(tmp_path) as reader:
+        kinds = {(t.rollout, t.index): t.error_kind for key in ("k1", "k2")
+                 for t in reader.turns(key)}
+        columns = reader.db.execute(
+            "SELECT rollout, harness_version, verifier_reward, tool_calls, completion_tokens"
+            " FROM outcomes ORDER BY rollout").fetchall()
+        meta = reader.db.execute("SELECT key, harness, task FROM rollouts ORDER BY key")
+        assert meta.fetchall() == [("k0", "h", "t"), ("k1", "h", "t"), ("k2", "h", "t")]
+        assert reader.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert kinds == {("k1", 0): None, ("k1", 1): "timeout", ("k2", 0): "engine_unavailable",
+                     ("k2", 1): "no colon here"}
+    assert columns == [("k0", "7", 1.0, 3, 40), ("k1", "7", 0.0, 0, 0)]
+    viewer = RunReader(tmp_path)  # and the viewer filters on them
+    assert [r["key"] for r in viewer.rollouts(Filters(state="passed"))["rows"]] == ["k0"]
+    assert [r["key"] for r in viewer.rollouts(Filters(harness="h", task="t"))["rows"]] == [
+        "k2", "k1", "k0"]
+    [stats] = viewer.harness_stats()
+    assert (stats["version"], stats["passed"], stats["tool_calls_per_solved"]) == ("7", 1, 3)
+    viewer.close()
+
+
+def test_error_kind_round_trips_and_new_rows_fill_the_columns(tmp_path: Path) -> None:
+    import msgspec
+
+    from harnessrl.types import Outcome
+
+    failed = msgspec.structs.replace(make_turn("k", 1), status="failed",
+                                     error="engine_error: boom: 500", error_kind="engine_error")
+    with TraceStore(tmp_path) as store:
+        async def write() -> None:
+            await store.put_rollout(Rollout("k", 0.0, metadata={"harness": "h", "task": 5}))
+            await store.add_turn(make_turn("k", 0))
+            await store.add_turn(failed)
+            await store.put_outcome(Outcome(harness="h", harness_version="2", task="5",
+                                            sample=0, rollout="k", status="done",
+                                            verifier_reward=0.5, tool_calls=2))
+
+        asyncio.run(write())
+        assert store.turns("k") == [make_turn("k", 0), failed]
+        assert store.turns("k")[1].error_kind == "engine_error"
+    with TraceReader(tmp_path) as reader:
+        assert reader.turn_by_reply("k", "none") is None
+        assert [t.error_kind for t in reader.iter_turns()] == [None, "engine_error"]
+        assert reader.db.execute("SELECT harness, task FROM rollouts").fetchall() == [("h", 5)]
+        assert reader.db.execute("SELECT harness_version, verifier_reward, tool_calls,"
+                                 " completion_tokens FROM outcomes").fetchall() == [
+            ("2", 0.5, 2, 0)]
+    assert export(tmp_path, tmp_path / "t.jsonl") == 2
+    rows = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert [r["error_kind"] for r in rows] == [None, "engine_error"]
+
+
+def test_a_closed_store_refuses_writes_and_still_reads(tmp_path: Path) -> None:
+    store = TraceStore(tmp_path)
+    asyncio.run(store.put_rollout(Rollout("k", 0.0)))
+    store.close()
+    store.close()  # a second close does nothing
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        asyncio.run(store.add_turn(make_turn("k", 0)))
+    assert store.rollout("k") == Rollout("k", 0.0)
+    store.close()

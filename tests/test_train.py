@@ -400,7 +400,7 @@ def test_sft_token_export_is_exact_and_sfttrainer_takes_it(setting, tmp_path, to
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from harnessrl.proxy.store import TraceStore
+    from harnessrl.proxy.store import TraceReader
     from harnessrl.train.sft import export_sft
 
     run = _collect(setting, tmp_path)
@@ -409,9 +409,8 @@ def test_sft_token_export_is_exact_and_sfttrainer_takes_it(setting, tmp_path, to
     data = Dataset.from_parquet(str(result.path))
     [row] = list(data)
     assert row["harness"] == "agent-solve" and row["retokenized"] is False
-    store = TraceStore(run)
-    turns = store.turns(row["rollout"])
-    store.close()
+    with TraceReader(run) as store:
+        turns = store.turns(row["rollout"])
     last = turns[-1].completion.tokens
     assert row["input_ids"] == [*last.prompt_ids, *last.completion_ids]
     sampled = [t for turn in turns for t in turn.completion.tokens.completion_ids]
@@ -498,12 +497,11 @@ grpo: {{steps: 2, num_generations: 2, tasks_per_step: 1, learning_rate: 1.0e-3}}
         assert line["harnesses"]["mini-swe-agent"]["pass_rate"] == 0.0
         assert line["trained_tokens"] > 0 and "loss" in line["trl"]
         assert line["chain_extension_rate"] is None or 0 <= line["chain_extension_rate"] <= 1
-    from harnessrl.proxy.store import TraceStore
+    from harnessrl.proxy.store import TraceReader
 
-    store = TraceStore(tmp_path / "run")
-    used = {t.used_sampling for t in store.iter_turns()}
-    engines = {t.engine for t in store.iter_turns()}
-    store.close()
+    with TraceReader(tmp_path / "run") as store:
+        used = {t.used_sampling for t in store.iter_turns()}
+        engines = {t.engine for t in store.iter_turns()}
     assert engines == {"vllm" if mode == "chat" else "vllm-token"}
     # on-policy: every call at the trainer's temperature, no truncation of the distribution
     assert {(u.temperature, u.top_p, u.top_k, u.max_tokens) for u in used} == {(1.0, 1.0, 0, 32)}

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 from starlette.testclient import TestClient
 
-from harnessrl.proxy.store import TraceStore
+from harnessrl.proxy.store import TraceReader, TraceStore
 from harnessrl.types import (
     ChatRequest,
     Completion,
@@ -270,11 +270,11 @@ def test_browse_runs_rollout_and_tokens_and_they_match_the_store(batch: Path):
     from harnessrl.proxy.serve import in_thread
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    store = TraceStore(batch / "batch")
-    outcomes = {o.rollout: o for o in store.outcomes()}
-    mini = next(o for o in outcomes.values()
-                if o.harness == "mini-swe-agent" and o.task == "fizzbuzz")
-    turns = store.turns(mini.rollout)
+    with TraceReader(batch / "batch") as store:
+        outcomes = {o.rollout: o for o in store.outcomes()}
+        mini = next(o for o in outcomes.values()
+                    if o.harness == "mini-swe-agent" and o.task == "fizzbuzz")
+        turns = store.turns(mini.rollout)
     tokenizer_dir = _tokenizer_dir()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     live = TraceStore(batch / "live")  # a second run, written while the page is open
@@ -361,7 +361,6 @@ def test_browse_runs_rollout_and_tokens_and_they_match_the_store(batch: Path):
         browser.close()
         assert errors == []
     live.close()
-    store.close()
 
 
 def _in_thread(coroutine: Any) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from harnessrl.proxy.store import TraceStore
+from harnessrl.proxy.store import TraceReader
 from harnessrl.rollout.rewards import TraceStats
 from harnessrl.rollout.tasks import Verdict
 from harnessrl.train.config import (
@@ -78,11 +78,8 @@ def run_demo(run_dir: Path, model: str | None = None) -> int:
         console.print("stopping: the rewards of this setup would not mean anything")
         return 1
     steps = train(config, console=console)
-    store = TraceStore(run_dir)
-    try:
+    with TraceReader(run_dir) as store:
         _show(console, store, resolve_model(config.model.path, console), steps)
-    finally:
-        store.close()
     console.print(f"\nstore: [bold]{store.path}[/] · look at it with [bold]harnessrl ui "
                   f"{run_dir}[/] · samples report: [bold]harnessrl report {run_dir}[/]")
     return 0
@@ -103,7 +100,7 @@ def oracle_first(config: TrainConfig, console: Console) -> list[str]:
     return oracle_check(run, Path(config.run_dir) / "oracle", console=console)
 
 
-def _show(console: Console, store: TraceStore, model: Path,
+def _show(console: Console, store: TraceReader, model: Path,
           steps: list[dict[str, Any]]) -> None:
     from transformers import AutoTokenizer
 

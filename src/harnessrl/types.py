@@ -216,7 +216,9 @@ class Turn(msgspec.Struct, frozen=True, omit_defaults=True):
     bytes streamed. `request` is the canonical request as sent to the engine (with any
     history the dialect chains by id, such as `previous_response_id`, filled in).
     `flags` names anything suspicious about the capture (for example
-    `logprob_count_mismatch`) so training can leave the turn out.
+    `logprob_count_mismatch`) so training can leave the turn out. A failed turn's
+    `error_kind` is the error's kind (`engine_unavailable`, `timeout`, ...) and `error`
+    reads "kind: message".
     """
 
     rollout: str
@@ -236,6 +238,7 @@ class Turn(msgspec.Struct, frozen=True, omit_defaults=True):
     error: str | None = None
     flags: tuple[str, ...] = ()
     reply_id: str | None = None  # the id the client saw (chatcmpl-…, msg_…, resp_…)
+    error_kind: str | None = None
 
 
 class Rollout(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -314,7 +314,8 @@ class Proxy:
             completion=completion, requested_sampling=call.request.sampling,
             used_sampling=call.used, engine=self.engine.name,
             model=acc.model, weight_version=self.engine.weight_version,
-            error=None if error is None else f"{error.kind}: {error.message}", flags=flags,
+            error=None if error is None else f"{error.kind}: {error.message}",
+            error_kind=None if error is None else error.kind, flags=flags,
             reply_id=call.ctx.id)
         try:
             kept_failed = await self._add_or_keep_failed(turn)
@@ -340,7 +341,7 @@ class Proxy:
             await self._add(msgspec.structs.replace(
                 turn, status="failed", completion=completion,
                 flags=(*turn.flags, "tokens_not_stored"),
-                error=f"{err.kind}: {err.message}"))
+                error=f"{err.kind}: {err.message}", error_kind=err.kind))
             return err
 
     async def _add(self, turn: Turn) -> None:
@@ -357,7 +358,8 @@ class Proxy:
         await self._add(Turn(
             rollout=rollout.record.key, index=rollout.take_index(), dialect=dialect.name,
             status="failed", timings=Timings(received, None, time.time()), raw_request=raw,
-            raw_response=body, engine=self.engine.name, error=f"{err.kind}: {err.message}"))
+            raw_response=body, engine=self.engine.name, error=f"{err.kind}: {err.message}",
+            error_kind=err.kind))
 
 
 # -------------------------------------------------------------------- helpers

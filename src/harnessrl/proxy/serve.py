@@ -27,7 +27,8 @@ def build(engine: Engine, run_dir: Path, *, sampling: Sampling | None = None,
           unset_sampling: frozenset[str] = frozenset(),
           config: ProxyConfig | None = None) -> Proxy:
     """The proxy in front of `engine`, recording into RUN_DIR/trace.db with the server-wide
-    sampling policy. The caller closes `proxy.store` (`running` and `serve` do)."""
+    sampling policy. The caller closes `proxy.store`, a context manager (`running` and
+    `serve` do)."""
     sessions = Sessions(TraceStore(run_dir), sampling=sampling, unset_sampling=unset_sampling)
     return Proxy(engine, sessions, config)
 
@@ -51,11 +52,8 @@ def running(engine: Engine, run_dir: Path, *, host: str = "127.0.0.1", port: int
     """`build` served in a thread for the block; the store is closed after it. `options`
     are `build`'s."""
     proxy = build(engine, run_dir, **options)
-    try:
-        with in_thread(proxy.app(), host, port) as (url, server):
-            yield Running(proxy, url, server)
-    finally:
-        proxy.store.close()
+    with proxy.store, in_thread(proxy.app(), host, port) as (url, server):
+        yield Running(proxy, url, server)
 
 
 async def serve(proxy: Proxy, host: str, port: int, *,
@@ -66,10 +64,8 @@ async def serve(proxy: Proxy, host: str, port: int, *,
     it from a signal handler)."""
     server = uvicorn.Server(config(wrap(proxy.app()), host, port))
     on_server(server)
-    try:
+    with proxy.store:
         await server.serve()
-    finally:
-        proxy.store.close()
 
 
 def config(app: Any, host: str, port: int) -> uvicorn.Config:

@@ -1,9 +1,11 @@
 """The durable trace store: one SQLite file (WAL) per run directory.
 
-Writes go through one writer thread that commits whatever is queued as one transaction
-(group commit), so many concurrent turns cost one fsync between them, and `add_turn`
-returns only once its turn is committed. Token ids and logprobs are stored as packed
-little-endian arrays (int32, float64), not JSON.
+`TraceReader` reads a run and starts no thread: the viewer, exports, reports and the
+runner's reads use it. `TraceStore` is the writer (a reader too: the proxy reads what it
+wrote), a context manager: writes go through one writer thread that commits whatever is
+queued as one transaction (group commit), so many concurrent turns cost one fsync between
+them, and `add_turn` returns only once its turn is committed. Token ids and logprobs are
+stored as packed little-endian arrays (int32, float64), not JSON.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import msgspec
 
@@ -34,17 +36,19 @@ from harnessrl.types import (
 )
 
 DB_NAME = "trace.db"
-SCHEMA_VERSION = 2
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS rollouts (
+SCHEMA_VERSION = 3
+_TABLES = (
+    """CREATE TABLE IF NOT EXISTS rollouts (
     key TEXT PRIMARY KEY,
     created REAL NOT NULL,
     closed REAL,
     sampling BLOB,
     unset_sampling TEXT NOT NULL DEFAULT '[]',
-    metadata BLOB NOT NULL DEFAULT '{}'
-);
-CREATE TABLE IF NOT EXISTS turns (
+    metadata BLOB NOT NULL DEFAULT '{}',
+    harness,
+    task
+)""",
+    """CREATE TABLE IF NOT EXISTS turns (
     id INTEGER PRIMARY KEY,
     rollout TEXT NOT NULL REFERENCES rollouts(key),
     idx INTEGER NOT NULL,
@@ -68,10 +72,10 @@ CREATE TABLE IF NOT EXISTS turns (
     raw_request BLOB NOT NULL,
     raw_response BLOB NOT NULL,
     reply_id TEXT,
+    error_kind TEXT,
     UNIQUE (rollout, idx)
-);
-CREATE INDEX IF NOT EXISTS turns_by_reply ON turns (rollout, reply_id);
-CREATE TABLE IF NOT EXISTS outcomes (
+)""",
+    """CREATE TABLE IF NOT EXISTS outcomes (
     harness TEXT NOT NULL,
     task TEXT NOT NULL,
     sample INTEGER NOT NULL,
@@ -79,26 +83,74 @@ CREATE TABLE IF NOT EXISTS outcomes (
     status TEXT NOT NULL,
     reward REAL,
     outcome BLOB NOT NULL,
+    harness_version TEXT,
+    verifier_reward REAL,
+    tool_calls INTEGER,
+    completion_tokens INTEGER,
     PRIMARY KEY (harness, task, sample)
-);
-"""
-# What the trace viewer's pages look up (harnessrl.ui.queries): models of a run without a
-# scan of the turns, outcomes by rollout, rollouts by age. Small, cheap to keep on insert.
-VIEW_INDEXES = """
-CREATE INDEX IF NOT EXISTS turns_by_model ON turns (model);
-CREATE INDEX IF NOT EXISTS outcomes_by_rollout ON outcomes (rollout);
-CREATE INDEX IF NOT EXISTS rollouts_by_created ON rollouts (created);
-"""
-_SCHEMA += VIEW_INDEXES
+)""",
+)
+# The rollouts' `harness` and `task` are copied from their metadata (what the runner puts
+# there), declared without a type so that they hold the value as given, as json_extract
+# would return it; the outcomes' columns are the fields of the outcome the viewer filters,
+# sorts and averages on. Both are written with the row, so no page parses JSON to filter.
+_INDEXES = {
+    "turns_by_reply": "CREATE INDEX IF NOT EXISTS turns_by_reply ON turns (rollout, reply_id)",
+    # What the trace viewer's pages look up (harnessrl.ui.queries): models of a run without
+    # a scan of the turns, outcomes by rollout, rollouts by age. Small, cheap on insert.
+    "turns_by_model": "CREATE INDEX IF NOT EXISTS turns_by_model ON turns (model)",
+    "outcomes_by_rollout": "CREATE INDEX IF NOT EXISTS outcomes_by_rollout ON outcomes (rollout)",
+    "rollouts_by_created": "CREATE INDEX IF NOT EXISTS rollouts_by_created ON rollouts (created)",
+}
+_OUTCOME_JSON = "CAST(outcome AS TEXT)"
+_METADATA_JSON = "CAST(metadata AS TEXT)"
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """Brings a file from one schema version to the next: columns to add (when missing: a
+    table created by this version's `_TABLES` has them already), then statements that fill
+    them for the rows already there."""
+
+    columns: tuple[tuple[str, str, str], ...]  # (table, column, declaration)
+    fill: tuple[str, ...] = ()
+
+
 # Steps that bring an older file up to SCHEMA_VERSION, by the version they start from.
-_MIGRATIONS = {1: "ALTER TABLE turns ADD COLUMN reply_id TEXT"}
+_MIGRATIONS = {
+    1: _Step((("turns", "reply_id", "TEXT"),)),
+    2: _Step(
+        (("turns", "error_kind", "TEXT"), ("rollouts", "harness", ""), ("rollouts", "task", ""),
+         ("outcomes", "harness_version", "TEXT"), ("outcomes", "verifier_reward", "REAL"),
+         ("outcomes", "tool_calls", "INTEGER"), ("outcomes", "completion_tokens", "INTEGER")),
+        (  # errors were recorded as "kind: message"
+            "UPDATE turns SET error_kind = CASE WHEN instr(error, ':') > 0"
+            " THEN substr(error, 1, instr(error, ':') - 1) ELSE error END"
+            " WHERE error IS NOT NULL AND error_kind IS NULL",
+            f"UPDATE rollouts SET harness = json_extract({_METADATA_JSON}, '$.harness'),"
+            f" task = json_extract({_METADATA_JSON}, '$.task')",
+            # An outcome's JSON omits its defaults: no tool calls or tokens is 0.
+            f"UPDATE outcomes SET harness_version = json_extract({_OUTCOME_JSON},"
+            f" '$.harness_version'), verifier_reward = json_extract({_OUTCOME_JSON},"
+            f" '$.verifier_reward'), tool_calls = COALESCE(json_extract({_OUTCOME_JSON},"
+            f" '$.tool_calls'), 0), completion_tokens = COALESCE(json_extract({_OUTCOME_JSON},"
+            " '$.completion_tokens'), 0)",
+        )),
+}
 _TURN_COLUMNS = (
     "rollout, idx, dialect, status, received, first_token, done, engine, model, weight_version,"
     " error, flags, requested_sampling, used_sampling, request, completion, prompt_ids,"
-    " completion_ids, logprobs, raw_request, raw_response, reply_id"
+    " completion_ids, logprobs, raw_request, raw_response, reply_id, error_kind"
 )
 TURN_COLUMNS = _TURN_COLUMNS  # for readers outside this module (the viewer)
-_INSERT_TURN = f"INSERT INTO turns ({_TURN_COLUMNS}) VALUES ({', '.join('?' * 22)})"
+_INSERT_TURN = f"INSERT INTO turns ({_TURN_COLUMNS}) VALUES ({', '.join('?' * 23)})"
+_ROLLOUT_COLUMNS = "key, created, closed, sampling, unset_sampling, metadata"
+_INSERT_ROLLOUT = (f"INSERT OR REPLACE INTO rollouts ({_ROLLOUT_COLUMNS}, harness, task)"
+                   f" VALUES ({', '.join('?' * 8)})")
+_INSERT_OUTCOME = (
+    "INSERT OR REPLACE INTO outcomes (harness, task, sample, rollout, status, reward, outcome,"
+    f" harness_version, verifier_reward, tool_calls, completion_tokens)"
+    f" VALUES ({', '.join('?' * 11)})")
 # Fold the WAL back into the database after about this much has been written to it.
 CHECKPOINT_BYTES = 8 * 1024 * 1024
 _NO_TOKENS = Tokens(None, None, None)
@@ -145,6 +197,7 @@ def _turn_row(turn: Turn) -> tuple[Any, ...]:
         _json(turn.requested_sampling), _json(turn.used_sampling), _json(turn.request),
         _json(completion), pack(tokens.prompt_ids, "i"), pack(tokens.completion_ids, "i"),
         pack(tokens.logprobs, "d"), turn.raw_request, turn.raw_response, turn.reply_id,
+        turn.error_kind,
     )
 
 
@@ -155,7 +208,7 @@ def _load(blob: bytes | None, kind: type) -> Any:
 def _row_turn(row: tuple[Any, ...]) -> Turn:
     (rollout, idx, dialect, status, received, first_token, done, engine, model, weight_version,
      error, flags, requested, used, request, completion, prompt_ids, completion_ids, logprobs,
-     raw_request, raw_response, reply_id) = row
+     raw_request, raw_response, reply_id, error_kind) = row
     loaded = _load(completion, Completion)
     if loaded is not None:
         loaded = msgspec.structs.replace(loaded, tokens=Tokens(
@@ -166,7 +219,7 @@ def _row_turn(row: tuple[Any, ...]) -> Turn:
         raw_response=raw_response, request=_load(request, ChatRequest), completion=loaded,
         requested_sampling=_load(requested, Sampling), used_sampling=_load(used, Sampling),
         engine=engine, model=model, weight_version=weight_version, error=error,
-        flags=tuple(msgspec.json.decode(flags)), reply_id=reply_id,
+        error_kind=error_kind, flags=tuple(msgspec.json.decode(flags)), reply_id=reply_id,
     )
 
 
@@ -182,6 +235,27 @@ def _row_rollout(row: tuple[Any, ...]) -> Rollout:
                    metadata=msgspec.json.decode(metadata))
 
 
+def _rollout_params(rollout: Rollout) -> tuple[Any, ...]:
+    meta = rollout.metadata
+    return (rollout.key, rollout.created, rollout.closed, _json(rollout.sampling),
+            _text(list(rollout.unset_sampling)), _encode(meta),
+            _sql_value(meta.get("harness")), _sql_value(meta.get("task")))
+
+
+def _sql_value(value: Any) -> Any:
+    """A metadata value as SQLite's json_extract gives it: scalars as they are (booleans
+    as 0 or 1), arrays and objects as JSON text."""
+    if value is None or isinstance(value, str | int | float):
+        return value
+    return _text(value)
+
+
+def _outcome_params(outcome: Outcome) -> tuple[Any, ...]:
+    return (outcome.harness, outcome.task, outcome.sample, outcome.rollout, outcome.status,
+            outcome.reward, _encode(outcome), outcome.harness_version,
+            outcome.verifier_reward, outcome.tool_calls, outcome.completion_tokens)
+
+
 def connect(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     db.execute("PRAGMA journal_mode=WAL")
@@ -192,21 +266,137 @@ def connect(path: Path) -> sqlite3.Connection:
     return db
 
 
-class TraceStore:
-    """Turns and rollouts of one run. Reads are synchronous (call them from a thread in
-    async code); writes go through `add_turn` / `put_rollout`, awaited until committed."""
+def migrate(path: Path) -> None:
+    """Bring the store at `path` up to SCHEMA_VERSION (creating it if missing), in one
+    transaction; a file that is up to date and has every index is only read."""
+    db = connect(path)
+    try:
+        if not _outdated(db):
+            return
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]  # another may have won
+            for table in _TABLES:
+                db.execute(table)
+            # A file from before versioning (0) gets every step: each adds only what lacks.
+            for step in range(max(version, 1), SCHEMA_VERSION):
+                _apply(db, _MIGRATIONS[step])
+            for index in _INDEXES.values():
+                db.execute(index)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+    finally:
+        db.close()
+
+
+def _outdated(db: sqlite3.Connection) -> bool:
+    if db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
+        return True
+    indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    return not indexes.issuperset(_INDEXES)
+
+
+def _apply(db: sqlite3.Connection, step: _Step) -> None:
+    for table, column, declaration in step.columns:
+        if column not in {r[1] for r in db.execute(f"PRAGMA table_info({table})")}:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}".rstrip())
+    for statement in step.fill:
+        db.execute(statement)
+
+
+class TraceReader:
+    """Reads of one run's store; starts no thread. Call them from a thread in async code:
+    each thread that reads gets its own connection, closed by `close` (or the `with`)."""
+
+    def __init__(self, run_dir: Path, *, up_to_date: bool = False) -> None:
+        """Opening brings the store up to date (`migrate`) unless the caller already has
+        (`up_to_date`)."""
+        self.path = run_dir / DB_NAME
+        if not up_to_date:
+            migrate(self.path)
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: list[sqlite3.Connection] = []
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes every thread's connection; a read after this opens a new one."""
+        with self._lock:
+            connections, self._connections = self._connections, []
+            self._local = threading.local()
+        for db in connections:
+            db.close()
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        """This thread's connection."""
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = self._local.db = connect(self.path)
+            with self._lock:
+                self._connections.append(db)
+        return db
+
+    def rollout(self, key: str) -> Rollout | None:
+        row = self.db.execute(f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE key = ?",
+                              (key,)).fetchone()
+        return None if row is None else _row_rollout(row)
+
+    def next_index(self, key: str) -> int:
+        row = self.db.execute("SELECT MAX(idx) FROM turns WHERE rollout = ?", (key,)).fetchone()
+        return 0 if row[0] is None else row[0] + 1
+
+    def turns(self, key: str, offset: int = 0, limit: int = -1) -> list[Turn]:
+        rows = self.db.execute(
+            f"SELECT {_TURN_COLUMNS} FROM turns WHERE rollout = ? ORDER BY idx LIMIT ? OFFSET ?",
+            (key, limit, offset)).fetchall()
+        return [_row_turn(r) for r in rows]
+
+    def turn_by_reply(self, key: str, reply_id: str) -> Turn | None:
+        row = self.db.execute(
+            f"SELECT {_TURN_COLUMNS} FROM turns WHERE rollout = ? AND reply_id = ?",
+            (key, reply_id)).fetchone()
+        return None if row is None else _row_turn(row)
+
+    def iter_turns(self, batch: int = 256) -> Iterator[Turn]:
+        cursor = self.db.execute(f"SELECT {_TURN_COLUMNS} FROM turns ORDER BY rollout, idx")
+        while rows := cursor.fetchmany(batch):
+            yield from (_row_turn(r) for r in rows)
+
+    def iter_rollouts(self) -> Iterator[Rollout]:
+        for row in self.db.execute(f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts ORDER BY created"):
+            yield _row_rollout(row)
+
+    def outcomes(self) -> list[Outcome]:
+        rows = self.db.execute("SELECT outcome FROM outcomes ORDER BY harness, task, sample")
+        return [msgspec.json.decode(row[0], type=Outcome) for row in rows]
+
+    def turn_counts(self) -> dict[str, int]:
+        return dict(self.db.execute("SELECT rollout, COUNT(*) FROM turns GROUP BY rollout"))
+
+    def count_turns(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM turns").fetchone()[0]
+
+    def integrity_check(self) -> str:
+        return self.db.execute("PRAGMA integrity_check").fetchone()[0]
+
+
+class TraceStore(TraceReader):
+    """The writer of one run's store, and a reader of it: `with TraceStore(run_dir) as
+    store:`. Writes go through `add_turn` / `put_rollout` / `put_outcome`, awaited until
+    committed; leaving the block (or `close`) drains the queue and stops the threads."""
 
     def __init__(self, run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = run_dir / DB_NAME
-        db = connect(self.path)
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        for step in range(version or SCHEMA_VERSION, SCHEMA_VERSION):
-            db.execute(_MIGRATIONS[step])
-        db.executescript(_SCHEMA)
-        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        db.close()
-        self._local = threading.local()
+        super().__init__(run_dir)
         self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
         self._wal_bytes = 0
         self._checkpoint_due = threading.Event()
@@ -224,19 +414,15 @@ class TraceStore:
         await self._submit(_INSERT_TURN, lambda: _turn_row(turn))
 
     async def put_rollout(self, rollout: Rollout) -> None:
-        await self._submit(
-            "INSERT OR REPLACE INTO rollouts VALUES (?, ?, ?, ?, ?, ?)",
-            lambda: (rollout.key, rollout.created, rollout.closed, _json(rollout.sampling),
-                     _text(list(rollout.unset_sampling)), _encode(rollout.metadata)))
+        await self._submit(_INSERT_ROLLOUT, lambda: _rollout_params(rollout))
 
     async def put_outcome(self, outcome: Outcome) -> None:
         """The rollout's final result; a retried rollout replaces its earlier attempt."""
-        await self._submit(
-            "INSERT OR REPLACE INTO outcomes VALUES (?, ?, ?, ?, ?, ?, ?)",
-            lambda: (outcome.harness, outcome.task, outcome.sample, outcome.rollout,
-                     outcome.status, outcome.reward, _encode(outcome)))
+        await self._submit(_INSERT_OUTCOME, lambda: _outcome_params(outcome))
 
     async def _submit(self, sql: str, params: Callable[[], tuple[Any, ...]]) -> None:
+        if self._stop.is_set():  # no writer is left to commit it: fail, never wait
+            raise sqlite3.ProgrammingError("the trace store is closed")
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._queue.put(_Write(sql, params, loop, future))
@@ -309,61 +495,15 @@ class TraceStore:
         db.close()
 
     def close(self) -> None:
-        self._queue.put(None)
-        self._writer.join(timeout=30)
-        self._stop.set()
-        self._checkpoint_due.set()
-        self._checkpointer.join(timeout=30)
-
-    # ---------------------------------------------------------------- reads
-    @property
-    def _db(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = self._local.db = connect(self.path)
-        return db
-
-    def rollout(self, key: str) -> Rollout | None:
-        row = self._db.execute("SELECT * FROM rollouts WHERE key = ?", (key,)).fetchone()
-        return None if row is None else _row_rollout(row)
-
-    def next_index(self, key: str) -> int:
-        row = self._db.execute("SELECT MAX(idx) FROM turns WHERE rollout = ?", (key,)).fetchone()
-        return 0 if row[0] is None else row[0] + 1
-
-    def turns(self, key: str, offset: int = 0, limit: int = -1) -> list[Turn]:
-        rows = self._db.execute(
-            f"SELECT {_TURN_COLUMNS} FROM turns WHERE rollout = ? ORDER BY idx LIMIT ? OFFSET ?",
-            (key, limit, offset)).fetchall()
-        return [_row_turn(r) for r in rows]
-
-    def turn_by_reply(self, key: str, reply_id: str) -> Turn | None:
-        row = self._db.execute(
-            f"SELECT {_TURN_COLUMNS} FROM turns WHERE rollout = ? AND reply_id = ?",
-            (key, reply_id)).fetchone()
-        return None if row is None else _row_turn(row)
-
-    def iter_turns(self, batch: int = 256) -> Iterator[Turn]:
-        cursor = self._db.execute(f"SELECT {_TURN_COLUMNS} FROM turns ORDER BY rollout, idx")
-        while rows := cursor.fetchmany(batch):
-            yield from (_row_turn(r) for r in rows)
-
-    def iter_rollouts(self) -> Iterator[Rollout]:
-        for row in self._db.execute("SELECT * FROM rollouts ORDER BY created"):
-            yield _row_rollout(row)
-
-    def outcomes(self) -> list[Outcome]:
-        rows = self._db.execute("SELECT outcome FROM outcomes ORDER BY harness, task, sample")
-        return [msgspec.json.decode(row[0], type=Outcome) for row in rows]
-
-    def turn_counts(self) -> dict[str, int]:
-        return dict(self._db.execute("SELECT rollout, COUNT(*) FROM turns GROUP BY rollout"))
-
-    def count_turns(self) -> int:
-        return self._db.execute("SELECT COUNT(*) FROM turns").fetchone()[0]
-
-    def integrity_check(self) -> str:
-        return self._db.execute("PRAGMA integrity_check").fetchone()[0]
+        """Commits what is queued, stops the writer threads and closes the connections;
+        a second call does nothing more."""
+        if not self._stop.is_set():
+            self._queue.put(None)
+            self._writer.join(timeout=30)
+            self._stop.set()
+            self._checkpoint_due.set()
+            self._checkpointer.join(timeout=30)
+        super().close()
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ from harnessrl.types import (
 )
 
 if TYPE_CHECKING:
-    from harnessrl.proxy.store import TraceStore
+    from harnessrl.proxy.store import TraceReader
 
 # A prompt sharing less than this fraction of a chain's first prompt is a different
 # conversation (a side call has its own system prompt or task), not an edited history.
@@ -278,7 +278,7 @@ def build_report(traces: Iterable[tuple[Rollout | None, Sequence[Turn]]]) -> Rep
     return report
 
 
-def report(store: TraceStore) -> Report:
+def report(store: TraceReader) -> Report:
     """Chain statistics of every rollout in the store, turns streamed one rollout at a time."""
     meta = {r.key: r for r in store.iter_rollouts()}
     grouped = ((key, list(turns)) for key, turns in

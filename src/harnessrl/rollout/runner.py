@@ -178,7 +178,7 @@ class Runner:
         if verdict.status in ("no_reward", "bad_reward", "not_run"):
             raise InfraError(f"the verifier gave no score ({verdict.status}: {verdict.reason})")
         engine_failures = [t.error for t in self.store.turns(key)
-                           if t.error and t.error.split(":")[0] in _ENGINE_FAILURES]
+                           if t.error_kind in _ENGINE_FAILURES]
         if engine_failures:
             raise InfraError(f"the engine failed during the run: {engine_failures[0]}")
         return self._scored(planned, key, attempt, verdict, exit_state.finished and

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from harnessrl.proxy.store import TraceStore
+from harnessrl.proxy.store import TraceReader
 from harnessrl.types import Rollout, Turn
 
 _encode = msgspec.json.Encoder().encode
@@ -23,7 +23,7 @@ def turn_row(turn: Turn) -> dict[str, Any]:
         "status": turn.status, "engine": turn.engine, "model": turn.model,
         "weight_version": turn.weight_version, "received": turn.timings.received,
         "first_token": turn.timings.first_token, "done": turn.timings.done,
-        "error": turn.error, "flags": list(turn.flags),
+        "error": turn.error, "error_kind": turn.error_kind, "flags": list(turn.flags),
         "prompt_ids": None if tokens is None or tokens.prompt_ids is None
         else list(tokens.prompt_ids),
         "completion_ids": None if tokens is None or tokens.completion_ids is None
@@ -50,7 +50,7 @@ def _json_text(value: Any) -> str | None:
     return None if value is None else _encode(value).decode()
 
 
-def _rows(store: TraceStore, what: str) -> Iterator[dict[str, Any]]:
+def _rows(store: TraceReader, what: str) -> Iterator[dict[str, Any]]:
     if what == "turns":
         yield from (turn_row(t) for t in store.iter_turns())
     else:
@@ -62,14 +62,11 @@ def export(run_dir: Path, out: Path, *, what: Literal["turns", "rollouts"] = "tu
            fmt: Literal["jsonl", "parquet"] = "jsonl", batch: int = 1024) -> int:
     if not (run_dir / "trace.db").is_file():
         raise FileNotFoundError(f"no trace store in {run_dir}")
-    store = TraceStore(run_dir)
-    try:
+    with TraceReader(run_dir) as store:
         rows = _rows(store, what)
         if fmt == "jsonl":
             return _write_jsonl(rows, out)
         return _write_parquet(rows, out, _schema(what), batch)
-    finally:
-        store.close()
 
 
 def _write_jsonl(rows: Iterator[dict[str, Any]], out: Path) -> int:
@@ -92,7 +89,8 @@ def _schema(what: str) -> Any:
     return pa.schema([
         ("rollout", text), ("index", pa.int32()), ("dialect", text), ("status", text),
         ("engine", text), ("model", text), ("weight_version", text), ("received", real),
-        ("first_token", real), ("done", real), ("error", text), ("flags", pa.list_(text)),
+        ("first_token", real), ("done", real), ("error", text), ("error_kind", text),
+        ("flags", pa.list_(text)),
         ("prompt_ids", ids), ("completion_ids", ids), ("logprobs", pa.list_(real)),
         ("request", text), ("completion", text), ("requested_sampling", text),
         ("used_sampling", text), ("raw_request", text), ("raw_response", text),

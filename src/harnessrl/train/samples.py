@@ -16,7 +16,7 @@ from harnessrl.rollout.chains import Chain, chains, extends, length, tokens
 from harnessrl.types import Sample, Turn
 
 if TYPE_CHECKING:
-    from harnessrl.proxy.store import TraceStore
+    from harnessrl.proxy.store import TraceReader
 
 
 def sample(chain: Chain) -> Sample:
@@ -52,7 +52,7 @@ def samples_for_rollout(turns: Sequence[Turn]) -> list[Sample]:
     return [sample(c) for c in chains(turns)]
 
 
-def iter_samples(store: TraceStore) -> Iterator[Sample]:
+def iter_samples(store: TraceReader) -> Iterator[Sample]:
     """Every sample of a run, one rollout at a time (the store yields turns by rollout)."""
     for _key, turns in groupby(store.iter_turns(), key=attrgetter("rollout")):
         yield from samples_for_rollout(list(turns))

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harnessrl.proxy.engines import openai_wire
-from harnessrl.proxy.store import TraceStore
+from harnessrl.proxy.store import TraceReader
 from harnessrl.rollout.chains import link
 from harnessrl.train.samples import sample
 from harnessrl.train.trl import main_chain
@@ -53,7 +53,7 @@ class SFTExport:
         return self.kind == "messages"
 
 
-def solved(store: TraceStore, min_reward: float = 1.0) -> Iterator[Outcome]:
+def solved(store: TraceReader, min_reward: float = 1.0) -> Iterator[Outcome]:
     for outcome in store.outcomes():
         if outcome.status == "done" and (outcome.verifier_reward or 0) >= min_reward:
             yield outcome
@@ -126,11 +126,10 @@ def export_sft(run_dir: Path, out: Path, *, kind: Kind = "tokens", min_reward: f
 
     if not (run_dir / "trace.db").is_file():
         raise FileNotFoundError(f"no trace store in {run_dir}")
-    store = TraceStore(run_dir)
     rows: list[dict[str, Any]] = []
     skipped: dict[str, int] = {}
     used = 0
-    try:
+    with TraceReader(run_dir) as store:
         for outcome in solved(store, min_reward):
             turns = store.turns(outcome.rollout)
             found = (token_rows(outcome, turns, chains) if kind == "tokens"
@@ -140,8 +139,6 @@ def export_sft(run_dir: Path, out: Path, *, kind: Kind = "tokens", min_reward: f
                 skipped[why] = skipped.get(why, 0) + 1
             used += bool(found)
             rows.extend(found)
-    finally:
-        store.close()
     out.parent.mkdir(parents=True, exist_ok=True)
     if rows:
         Dataset.from_list(rows).to_parquet(str(out))

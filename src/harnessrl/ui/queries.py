@@ -1,8 +1,9 @@
 """Reads behind the trace viewer: every page is one bounded SQL query or a few.
 
 Nothing here loads a run whole. Lists are paginated with LIMIT/OFFSET; per-run summaries
-aggregate the `outcomes` table (one row per rollout, never per turn) and read the turns
-table only through indexes (`VIEW_INDEXES` in the store); a rollout's turns are read a
+aggregate the `outcomes` table (one row per rollout, never per turn, filtered on its
+columns: no JSON is parsed to filter or sort) and read the turns
+table only through indexes (`_INDEXES` in the store); a rollout's turns are read a
 page at a time, and the chain view reads only the token columns of one rollout.
 """
 
@@ -17,8 +18,8 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.proxy.store import DB_NAME, TURN_COLUMNS, TraceStore, connect, row_turn, unpack
-from harnessrl.types import Completion, Outcome, Timings, Tokens, Turn
+from harnessrl.proxy.store import DB_NAME, TURN_COLUMNS, TraceReader, migrate, row_turn, unpack
+from harnessrl.types import Completion, Outcome, Timings, Tokens, Turn, TurnStatus
 
 MAX_PAGE = 200
 HISTOGRAM_BINS = 10
@@ -26,9 +27,9 @@ TOKEN_CACHE = 4  # rollouts whose ids are kept in memory for the tokens page
 # SQL expressions over `rollouts r LEFT JOIN outcomes o`: what a rollout row is known by
 # before its outcome exists (a running rollout, or an attempt a retry replaced).
 _META = "CAST(r.metadata AS TEXT)"
-_HARNESS = f"COALESCE(o.harness, json_extract({_META}, '$.harness'))"
-_TASK = f"COALESCE(o.task, json_extract({_META}, '$.task'))"
-_PASSED = "(json_extract(CAST(o.outcome AS TEXT), '$.verifier_reward') >= 1)"
+_HARNESS = "COALESCE(o.harness, r.harness)"
+_TASK = "COALESCE(o.task, r.task)"
+_PASSED = "(o.verifier_reward >= 1)"
 _STATE = (f"CASE WHEN o.status = 'done' AND {_PASSED} THEN 'passed' "
           "WHEN o.status = 'done' THEN 'failed' WHEN o.status IS NOT NULL THEN o.status "
           "WHEN r.closed IS NULL THEN 'running' ELSE 'no_outcome' END")
@@ -61,29 +62,27 @@ class Filters:
 
 
 class RunReader:
-    """One run directory's store, read through one connection per thread."""
+    """One run directory's store, read through one connection per thread (a
+    `TraceReader`: no thread of its own)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.path = run_dir / DB_NAME
-        self._local = threading.local()
+        # A store written by an older harnessrl lacks the viewer's indexes or columns:
+        # opening it brings it up to date, once. A read-only store of this version still
+        # works (only slower if it lacks an index).
+        with contextlib.suppress(sqlite3.Error, OSError):
+            migrate(self.path)
+        self._store = TraceReader(run_dir, up_to_date=True)
         self._lock = threading.Lock()
         self._token_cache: dict[tuple[str, int], list[Turn]] = {}
-        self._ensure_indexes()
-
-    def _ensure_indexes(self) -> None:
-        # A store written by an older harnessrl lacks the viewer's indexes (and maybe newer
-        # tables or columns): opening it as a TraceStore brings it up to date, once. If the
-        # store is read-only, the pages still work, only slower.
-        with contextlib.suppress(sqlite3.Error, OSError):
-            TraceStore(self.run_dir).close()
 
     @property
     def db(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = self._local.db = connect(self.path)
-        return db
+        return self._store.db
+
+    def close(self) -> None:
+        self._store.close()
 
     # ------------------------------------------------------------ the run
     def summary(self) -> dict[str, Any]:
@@ -109,11 +108,9 @@ class RunReader:
         """Per harness, from the outcomes: pass rate among scored rollouts (infrastructure
         errors left out, as in the eval report), tool calls and tokens per solved task."""
         rows = self.db.execute(
-            "SELECT harness, MAX(json_extract(CAST(outcome AS TEXT), '$.harness_version')),"
-            " COUNT(*), SUM(status = 'done'), SUM(status = 'done' AND "
-            " json_extract(CAST(outcome AS TEXT), '$.verifier_reward') >= 1), AVG(reward),"
-            " MIN(reward), MAX(reward) FROM outcomes GROUP BY harness ORDER BY harness"
-        ).fetchall()
+            "SELECT harness, MAX(harness_version), COUNT(*), SUM(status = 'done'),"
+            " SUM(status = 'done' AND verifier_reward >= 1), AVG(reward), MIN(reward),"
+            " MAX(reward) FROM outcomes GROUP BY harness ORDER BY harness").fetchall()
         # One reward axis for every harness of the run, 0 and 1 included, so that the
         # small plots compare at a glance.
         low = min([0.0, *(r[6] for r in rows if r[6] is not None)])
@@ -121,10 +118,8 @@ class RunReader:
         stats = []
         for harness, version, count, done, passed, mean, _low, _high in rows:
             solved = self.db.execute(
-                "SELECT AVG(json_extract(CAST(outcome AS TEXT), '$.tool_calls')),"
-                " AVG(json_extract(CAST(outcome AS TEXT), '$.completion_tokens'))"
-                " FROM outcomes WHERE harness = ? AND status = 'done' AND"
-                " json_extract(CAST(outcome AS TEXT), '$.verifier_reward') >= 1",
+                "SELECT AVG(tool_calls), AVG(completion_tokens) FROM outcomes"
+                " WHERE harness = ? AND status = 'done' AND verifier_reward >= 1",
                 (harness,)).fetchone()
             stats.append({
                 "harness": harness, "version": version, "outcomes": count, "scored": done,
@@ -220,7 +215,8 @@ class RunReader:
         if cached is not None:
             return cached
         rows = self.db.execute(
-            "SELECT idx, status, error, flags, weight_version, completion IS NOT NULL,"
+            "SELECT idx, status, error, error_kind, flags, weight_version,"
+            " completion IS NOT NULL,"
             " prompt_ids, completion_ids, logprobs, received FROM turns WHERE rollout = ?"
             " ORDER BY idx", (key,)).fetchall()
         turns = [_token_turn(key, *row) for row in rows]
@@ -231,15 +227,16 @@ class RunReader:
         return turns
 
 
-def _token_turn(key: str, idx: int, status: str, error: str | None, flags: str,
-                weight_version: str | None, has_completion: int, prompt: bytes | None,
-                completion: bytes | None, logprobs: bytes | None, received: float) -> Turn:
+def _token_turn(key: str, idx: int, status: TurnStatus, error: str | None,
+                error_kind: str | None, flags: str, weight_version: str | None,
+                has_completion: int, prompt: bytes | None, completion: bytes | None,
+                logprobs: bytes | None, received: float) -> Turn:
     tokens = Tokens(unpack(prompt, "i"), unpack(completion, "i"), unpack(logprobs, "d"))
     # Only the tokens are read; the rest of the completion is never shown from this Turn.
     reply = Completion("", (), "stop", None, tokens) if has_completion else None
-    return Turn(rollout=key, index=idx, dialect="", status=status,  # type: ignore[arg-type]
+    return Turn(rollout=key, index=idx, dialect="", status=status,
                 timings=Timings(received), raw_request=b"", completion=reply,
-                weight_version=weight_version, error=error,
+                weight_version=weight_version, error=error, error_kind=error_kind,
                 flags=tuple(msgspec.json.decode(flags)))
 
 
