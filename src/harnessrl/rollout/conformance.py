@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from harnessrl.harnesses.base import Harness, RunContext
 from harnessrl.harnesses.policy import WriteFilePolicy
 from harnessrl.proxy.engines.scripted import ScriptedEngine
 from harnessrl.proxy.serve import running
+from harnessrl.rollout.runner import open_rollout
 from harnessrl.rollout.sandbox import LocalSandbox
 from harnessrl.types import ToolResult, Turn
 
@@ -59,8 +58,7 @@ async def check(harness: Harness, *, tokenizer: Any, tools_dir: Path, root: Path
     engine = ScriptedEngine(tokenizer, policy, model="harnessrl-policy")
     started = time.monotonic()
     with running(engine, root / "run") as served:
-        rollout = httpx.post(f"{served.url}/rollouts",
-                             json={"metadata": {"harness": harness.name}}).json()
+        rollout = await open_rollout(served.url, {"harness": harness.name})
         output = await _run(harness, rollout, tools_dir, root, line, timeout, result)
         result.output = output[-4000:]
         result.seconds = time.monotonic() - started

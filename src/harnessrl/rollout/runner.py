@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-import httpx
+import aiohttp
 import msgspec
 
 from harnessrl.errors import HarnessRLError
@@ -84,6 +84,14 @@ class Planned:
         return f"{self.harness.name}.{self.task.id}.{self.sample}"
 
 
+async def open_rollout(proxy_url: str, metadata: dict[str, Any]) -> dict[str, Any]:
+    """POST /rollouts: the new rollout's key and base URLs (aiohttp.ClientError if not)."""
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{proxy_url}/rollouts", json={"metadata": metadata}) as resp:
+        resp.raise_for_status()
+        return await resp.json()
+
+
 def plan(config: RunConfig, done: set[tuple[str, str, int]]) -> list[Planned]:
     """Every (harness, task, sample) without an outcome yet, harnesses interleaved."""
     return [Planned(h, t, i) for t, i, h in
@@ -127,7 +135,7 @@ class Runner:
                 key = await self._open_rollout(planned, attempt)
                 return await self._attempt(planned, key, attempt)
             except (InfraError, SandboxError, TaskError, HarnessRLError, OSError,
-                    httpx.HTTPError) as exc:
+                    aiohttp.ClientError) as exc:
                 error = f"{type(exc).__name__}: {exc}"
             finally:
                 if key:
@@ -139,15 +147,12 @@ class Runner:
     async def _open_rollout(self, planned: Planned, attempt: int) -> str:
         metadata = {"harness": planned.harness.name, "harness_version": planned.harness.version,
                     "task": planned.task.id, "sample": planned.sample, "attempt": attempt}
-        async with httpx.AsyncClient() as client:
-            resp = await client.post(f"{self.proxy_url}/rollouts", json={"metadata": metadata})
-            resp.raise_for_status()
-            return resp.json()["key"]
+        return (await open_rollout(self.proxy_url, metadata))["key"]
 
     async def _close_rollout(self, key: str) -> None:
-        async with httpx.AsyncClient() as client:
-            await client.delete(f"{self.proxy_url}/rollouts/{key}",
-                                headers={"Authorization": f"Bearer {key}"})
+        async with aiohttp.ClientSession() as http, http.delete(
+                f"{self.proxy_url}/rollouts/{key}", headers={"Authorization": f"Bearer {key}"}):
+            pass
 
     async def _attempt(self, planned: Planned, key: str, attempt: int) -> Outcome:
         task, harness = planned.task, planned.harness

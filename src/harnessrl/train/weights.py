@@ -19,12 +19,13 @@ A reload must be exact to train on-policy: vLLM's reload leaves a *tied* LM head
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-
-import httpx
 
 
 class Versioned(Protocol):
@@ -80,18 +81,32 @@ class VLLMWeightSync:
             engine.weight_version = version
 
     def served_version(self) -> str | None:
-        resp = httpx.get(f"{self.base_url}/weight_info", timeout=self.timeout)
-        resp.raise_for_status()
-        value = resp.json().get("weight_version")
+        status, text = self._call("GET", "/weight_info", None)
+        if status != 200:
+            raise WeightSyncError(f"GET /weight_info failed with HTTP {status}: {text[:300]}")
+        value = json.loads(text).get("weight_version")
         return None if value is None else str(value)
 
     def _post(self, path: str, body: dict[str, Any] | None) -> None:
-        resp = httpx.post(f"{self.base_url}{path}", json=body, timeout=self.timeout)
-        if resp.status_code != 200:
+        status, text = self._call("POST", path, body)
+        if status != 200:
             hint = (" (is vLLM running with VLLM_SERVER_DEV_MODE=1?)"
-                    if resp.status_code in (403, 404) else "")
-            raise WeightSyncError(f"POST {path} failed with HTTP {resp.status_code}{hint}: "
-                                  f"{resp.text[:300]}")
+                    if status in (403, 404) else "")
+            raise WeightSyncError(f"POST {path} failed with HTTP {status}{hint}: {text[:300]}")
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, str]:
+        """(status, body text). A few blocking calls between optimizer steps: the standard
+        library's client, so src/ needs one HTTP library (aiohttp, on the hot path)."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(f"{self.base_url}{path}", data=data, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as resp:
+                return resp.status, resp.read().decode(errors="replace")
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode(errors="replace")
+        except OSError as error:
+            raise WeightSyncError(f"{method} {path}: vLLM is unreachable: {error}") from error
 
     def _check_untied(self, model: Any) -> None:
         config = getattr(model, "config", None)
