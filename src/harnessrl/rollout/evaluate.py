@@ -120,11 +120,14 @@ def plot(rows: Sequence[HarnessEval], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    scored = [r for r in rows if r.pass_rate is not None]
+    # (harness, rate, interval): a harness with a scored rollout has all three
+    scored = [(r.harness, r.pass_rate, r.ci_low, r.ci_high) for r in rows
+              if r.pass_rate is not None and r.ci_low is not None and r.ci_high is not None]
     fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(scored) + 2), 3.5))
-    rates = [r.pass_rate for r in scored]
-    errors = [[r.pass_rate - r.ci_low for r in scored], [r.ci_high - r.pass_rate for r in scored]]
-    ax.bar([r.harness for r in scored], rates, yerr=errors, capsize=4, color="#4c78a8")
+    errors = [[rate - low for _, rate, low, _ in scored],
+              [high - rate for _, rate, _, high in scored]]
+    ax.bar([name for name, *_ in scored], [rate for _, rate, *_ in scored], yerr=errors,
+           capsize=4, color="#4c78a8")
     ax.set_ylim(0, 1)
     ax.set_ylabel("pass rate (95% CI)")
     ax.set_title("same model, different harnesses")
