@@ -167,7 +167,8 @@ def _execute_run(args: argparse.Namespace) -> list[Any]:
     sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens)
     sampling = None if sampling == Sampling() else sampling
     if args.oracle:
-        return execute(config, oracle_engine(tasks), args.run_dir, sampling=sampling)
+        return execute(config, oracle_engine(tasks, config.harnesses), args.run_dir,
+                       sampling=sampling)
     from harnessrl.proxy.engines.build import built
 
     with built(_run_engine_spec(args)) as engine:

@@ -10,8 +10,10 @@ no tools, like aider) an edit written in the harness's own text format.
 from __future__ import annotations
 
 import json
+import re
 import shlex
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from harnessrl.proxy.engines.scripted import Reply
@@ -119,32 +121,54 @@ def _filled(tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:
 class OraclePolicy:
     """Runs each task's reference solution through the harness's own shell tool, then
     finishes the way the harness asks: the runner's end-to-end test policy (every rollout
-    should score 1). `solutions` maps a task's instruction to its solution script."""
+    should score 1). `solutions` maps a task's instruction to its solution script;
+    `listings` maps it to the files the solution writes (path -> text), for a harness that
+    runs nothing and only writes the files a reply lists whole (aider): what it cannot
+    express (a file deleted or renamed) stays undone."""
 
     solutions: dict[str, str]
+    listings: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def __call__(self, request: ChatRequest) -> Reply:
-        script = self._solution(request)
+        task = self._task(request)
         shell = _pick(request.tools, SHELL_TOOLS)
-        if script is None or shell is None:
+        if task is not None and not request.tools and task in self.listings and _mentions(
+                request, WHOLE_FILE_MARKER):
+            return Reply(_whole_files(self.listings[task]))
+        if task is None or shell is None:
             return Reply("Working on it.")  # a side call (title, summary) or no shell
         if not _has_tool_result(request):
-            return Reply(tool_call(shell.name, _shell_arguments(shell, script)))
+            return Reply(tool_call(shell.name, _shell_arguments(shell, self.solutions[task])))
         if _mentions(request, "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"):  # mini-swe-agent
             return Reply(tool_call(shell.name, _shell_arguments(shell, MINI_SWE_DONE)))
         if finish := _pick(request.tools, FINISH_TOOLS):
             return Reply(tool_call(finish.name, _filled(finish, {"message": "done"})))
         return Reply("Done: the task is complete.")
 
-    def _solution(self, request: ChatRequest) -> str | None:
-        """The script of the task the conversation states. Harnesses quote, escape, wrap
-        and reflow the instruction, so it is found by its letters and digits alone; the
-        longest match wins, should one task's text hold another's."""
+    def _task(self, request: ChatRequest) -> str | None:
+        """The instruction of the task the conversation states. Harnesses quote, escape,
+        wrap and reflow the instruction, so it is found by its letters and digits alone;
+        the longest match wins, should one task's text hold another's."""
         said = _letters(" ".join(getattr(p, "text", "") for m in request.messages
                                  for p in m.parts))
-        found = [(len(key), script) for text, script in self.solutions.items()
+        found = [(len(key), text) for text in self.solutions
                  if (key := _letters(text)) and key in said]
-        return max(found, key=lambda f: f[0])[1] if found else None
+        return max(found)[1] if found else None
+
+
+# aider's system prompt for its "whole" edit format names the format so.
+WHOLE_FILE_MARKER = "*file listing*"
+
+
+def _whole_files(files: Mapping[str, str]) -> str:
+    """Each file as aider's whole format lists it: the path, then the text in a fence
+    longer than any run of backticks inside it."""
+    blocks = []
+    for path, text in sorted(files.items()):
+        fence = "`" * max(3, 1 + max((len(r) for r in re.findall("`+", text)), default=0))
+        end = "" if text.endswith("\n") or not text else "\n"  # an empty file stays empty
+        blocks.append(f"{path}\n{fence}\n{text}{end}{fence}\n")
+    return "Done.\n\n" + "\n".join(blocks)
 
 
 def _letters(text: str) -> str:

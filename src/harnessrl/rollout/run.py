@@ -5,24 +5,29 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from harnessrl.harnesses.base import Harness
 from harnessrl.harnesses.policy import OraclePolicy
 from harnessrl.proxy.serve import running
 from harnessrl.rollout.progress import RunProgress, summary
 from harnessrl.rollout.runner import RunConfig, Runner
-from harnessrl.rollout.tasks import Task
+from harnessrl.rollout.sandbox import LocalSandbox
+from harnessrl.rollout.tasks import Task, prepare, run_solution
 from harnessrl.types import Outcome, Sampling
 
 
-def oracle_policy(tasks: Sequence[Task]) -> OraclePolicy:
+def oracle_policy(tasks: Sequence[Task], *, listings: bool = False) -> OraclePolicy:
     """Each task's reference solution, keyed by its instruction's first line (harnesses may
-    quote or wrap the instruction, but keep that line)."""
+    quote or wrap the instruction, but keep that line); with `listings`, also the files
+    it writes, for harnesses that only write files (see `OraclePolicy`)."""
     solutions = {}
     for task in tasks:
         if task.solution_dir is not None:
@@ -32,17 +37,51 @@ def oracle_policy(tasks: Sequence[Task]) -> OraclePolicy:
         # base64 through bash: the harness's shell may be sh, and the script's quoting
         # must survive whatever the harness wraps around the command.
         encoded = base64.b64encode(script.encode()).decode()
-        solutions[task.instruction.strip().splitlines()[0][:100]] = (
-            f"echo {encoded} | base64 -d | bash")
-    return OraclePolicy(solutions)
+        solutions[_key(task)] = f"echo {encoded} | base64 -d | bash"
+    written = asyncio.run(_all_written(tasks)) if listings else {}
+    return OraclePolicy(solutions, written)
 
 
-def oracle_engine(tasks: Sequence[Task]) -> Any:
-    """The scripted engine that drives every harness with each task's reference solution."""
+def _key(task: Task) -> str:
+    return task.instruction.strip().splitlines()[0][:100]
+
+
+async def _all_written(tasks: Sequence[Task]) -> dict[str, dict[str, str]]:
+    with tempfile.TemporaryDirectory(prefix="hrl-oracle-") as root:
+        return {_key(t): await written_by_solution(t, Path(root), f"t{n}")
+                for n, t in enumerate(tasks)}
+
+
+async def written_by_solution(task: Task, root: Path, name: str) -> dict[str, str]:
+    """The text files the task's reference solution creates or changes in a fresh workdir
+    (path relative to it -> text), found by running it once in a sandbox of its own."""
+    async with await LocalSandbox.create(root, name) as sandbox:
+        await prepare(task, sandbox)
+        before = _files(sandbox.workdir)
+        await run_solution(task, sandbox)
+        after = _files(sandbox.workdir)
+    written = {}
+    for path, data in after.items():
+        if before.get(path) != data:
+            with contextlib.suppress(UnicodeDecodeError):  # a binary file cannot be listed
+                written[path] = data.decode("utf-8")
+    return written
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+
+
+def oracle_engine(tasks: Sequence[Task], harnesses: Sequence[Harness] = ()) -> Any:
+    """The scripted engine that drives every harness with each task's reference solution
+    (the files it writes worked out first when one of `harnesses` only writes files)."""
     from harnessrl.proxy.engines.scripted import ScriptedEngine
     from harnessrl.rollout.conformance import policy_tokenizer
 
-    return ScriptedEngine(policy_tokenizer(), oracle_policy(tasks), model="oracle")
+    listings = any(h.finish == "whole-file" for h in harnesses)
+    return ScriptedEngine(policy_tokenizer(), oracle_policy(tasks, listings=listings),
+                          model="oracle")
 
 
 def broken_pipeline(outcomes: Sequence[Outcome]) -> list[str]:
@@ -67,7 +106,7 @@ def oracle_check(config: RunConfig, run_dir: Path, *,
     """One oracle rollout per harness and task of `config`, in `run_dir`: the problems
     (empty when the whole pipeline works)."""
     once = dataclasses.replace(config, samples=1)
-    return broken_pipeline(execute(once, oracle_engine(config.tasks), run_dir,
+    return broken_pipeline(execute(once, oracle_engine(config.tasks, config.harnesses), run_dir,
                                    console=console))
 
 
