@@ -5,5 +5,5 @@ set -euo pipefail
 source "$(dirname "$0")/bootstrap.sh"
 cd "$ROOT"
 ruff check src tests bench
-pyright --pythonpath "$VENV/bin/python"
+pyright -p "$ROOT" --pythonpath "$VENV/bin/python"
 python -m pytest "$@"
