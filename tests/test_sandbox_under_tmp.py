@@ -204,3 +204,17 @@ async def test_the_bundled_verifier_reports_a_missing_runner_without_a_reward(tm
                                     "LOGS_DIR": str(box.directory / "logs")}, timeout=60)
         assert result.exit_code == 127
         assert not (box.directory / "logs" / "reward.txt").exists()
+
+
+def test_a_tmp_directory_itself_is_never_shown_back():
+    """/tmp on a PATH, however spelled, stays the sandbox's own tmp/; what lies below it
+    is shown once, outermost first."""
+    from harnessrl.rollout.confine_launcher import _covered
+
+    base = tempfile.mkdtemp(prefix="hrl-covered-", dir="/tmp")
+    try:
+        os.makedirs(f"{base}/a/b")
+        assert _covered(["/tmp/", "/tmp/.", "/tmp", f"{base}/a/b", f"{base}/a/", "/usr"]) == [
+            f"{base}/a"]
+    finally:
+        shutil.rmtree(base)

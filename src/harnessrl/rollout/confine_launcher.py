@@ -57,8 +57,10 @@ def _under(path: str, roots: list[str]) -> bool:
 def _covered(paths: list[str]) -> list[str]:
     """The directories among `paths` that the tmp mounts would cover (below, not at, a tmp
     directory), outermost first, nested ones dropped: binding a parent shows them too."""
-    below = sorted({p for p in paths if os.path.isdir(p) and _under(p, list(TMP_DIRS))
-                    and p not in TMP_DIRS})
+    # normpath: "/tmp/" or "/tmp/." on a PATH is /tmp itself, which must stay the sandbox's
+    normal = {os.path.normpath(p) for p in paths}
+    below = sorted(p for p in normal if os.path.isdir(p) and _under(p, list(TMP_DIRS))
+                   and p not in TMP_DIRS)
     return [p for i, p in enumerate(below) if not _under(p, below[:i])]
 
 
