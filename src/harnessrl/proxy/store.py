@@ -14,9 +14,7 @@ import asyncio
 import contextlib
 import queue
 import sqlite3
-import sys
 import threading
-from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,287 +22,23 @@ from typing import Any, Self
 
 import msgspec
 
-from harnessrl.types import (
-    ChatRequest,
-    Completion,
-    Outcome,
-    Rollout,
-    Sampling,
-    Timings,
-    Tokens,
-    Turn,
+from harnessrl.proxy.rows import (
+    INSERT_OUTCOME,
+    INSERT_ROLLOUT,
+    INSERT_TURN,
+    ROLLOUT_COLUMNS,
+    TURN_COLUMNS,
+    outcome_params,
+    rollout_params,
+    row_rollout,
+    row_turn,
+    turn_row,
 )
+from harnessrl.proxy.schema import DB_NAME, connect, migrate
+from harnessrl.types import Outcome, Rollout, Turn
 
-DB_NAME = "trace.db"
-SCHEMA_VERSION = 3
-_TABLES = (
-    """CREATE TABLE IF NOT EXISTS rollouts (
-    key TEXT PRIMARY KEY,
-    created REAL NOT NULL,
-    closed REAL,
-    sampling BLOB,
-    unset_sampling TEXT NOT NULL DEFAULT '[]',
-    metadata BLOB NOT NULL DEFAULT '{}',
-    harness,
-    task
-)""",
-    """CREATE TABLE IF NOT EXISTS turns (
-    id INTEGER PRIMARY KEY,
-    rollout TEXT NOT NULL REFERENCES rollouts(key),
-    idx INTEGER NOT NULL,
-    dialect TEXT NOT NULL,
-    status TEXT NOT NULL,
-    received REAL NOT NULL,
-    first_token REAL,
-    done REAL,
-    engine TEXT,
-    model TEXT,
-    weight_version TEXT,
-    error TEXT,
-    flags TEXT NOT NULL DEFAULT '[]',
-    requested_sampling BLOB,
-    used_sampling BLOB,
-    request BLOB,
-    completion BLOB,
-    prompt_ids BLOB,
-    completion_ids BLOB,
-    logprobs BLOB,
-    raw_request BLOB NOT NULL,
-    raw_response BLOB NOT NULL,
-    reply_id TEXT,
-    error_kind TEXT,
-    UNIQUE (rollout, idx)
-)""",
-    """CREATE TABLE IF NOT EXISTS outcomes (
-    harness TEXT NOT NULL,
-    task TEXT NOT NULL,
-    sample INTEGER NOT NULL,
-    rollout TEXT NOT NULL,
-    status TEXT NOT NULL,
-    reward REAL,
-    outcome BLOB NOT NULL,
-    harness_version TEXT,
-    verifier_reward REAL,
-    tool_calls INTEGER,
-    completion_tokens INTEGER,
-    PRIMARY KEY (harness, task, sample)
-)""",
-)
-# The rollouts' `harness` and `task` are copied from their metadata (what the runner puts
-# there), declared without a type so that they hold the value as given, as json_extract
-# would return it; the outcomes' columns are the fields of the outcome the viewer filters,
-# sorts and averages on. Both are written with the row, so no page parses JSON to filter.
-_INDEXES = {
-    "turns_by_reply": "CREATE INDEX IF NOT EXISTS turns_by_reply ON turns (rollout, reply_id)",
-    # What the trace viewer's pages look up (harnessrl.ui.queries): models of a run without
-    # a scan of the turns, outcomes by rollout, rollouts by age. Small, cheap on insert.
-    "turns_by_model": "CREATE INDEX IF NOT EXISTS turns_by_model ON turns (model)",
-    "outcomes_by_rollout": "CREATE INDEX IF NOT EXISTS outcomes_by_rollout ON outcomes (rollout)",
-    "rollouts_by_created": "CREATE INDEX IF NOT EXISTS rollouts_by_created ON rollouts (created)",
-}
-_OUTCOME_JSON = "CAST(outcome AS TEXT)"
-_METADATA_JSON = "CAST(metadata AS TEXT)"
-
-
-@dataclass(frozen=True, slots=True)
-class _Step:
-    """Brings a file from one schema version to the next: columns to add (when missing: a
-    table created by this version's `_TABLES` has them already), then statements that fill
-    them for the rows already there."""
-
-    columns: tuple[tuple[str, str, str], ...]  # (table, column, declaration)
-    fill: tuple[str, ...] = ()
-
-
-# Steps that bring an older file up to SCHEMA_VERSION, by the version they start from.
-_MIGRATIONS = {
-    1: _Step((("turns", "reply_id", "TEXT"),)),
-    2: _Step(
-        (("turns", "error_kind", "TEXT"), ("rollouts", "harness", ""), ("rollouts", "task", ""),
-         ("outcomes", "harness_version", "TEXT"), ("outcomes", "verifier_reward", "REAL"),
-         ("outcomes", "tool_calls", "INTEGER"), ("outcomes", "completion_tokens", "INTEGER")),
-        (  # errors were recorded as "kind: message"
-            "UPDATE turns SET error_kind = CASE WHEN instr(error, ':') > 0"
-            " THEN substr(error, 1, instr(error, ':') - 1) ELSE error END"
-            " WHERE error IS NOT NULL AND error_kind IS NULL",
-            f"UPDATE rollouts SET harness = json_extract({_METADATA_JSON}, '$.harness'),"
-            f" task = json_extract({_METADATA_JSON}, '$.task')",
-            # An outcome's JSON omits its defaults: no tool calls or tokens is 0.
-            f"UPDATE outcomes SET harness_version = json_extract({_OUTCOME_JSON},"
-            f" '$.harness_version'), verifier_reward = json_extract({_OUTCOME_JSON},"
-            f" '$.verifier_reward'), tool_calls = COALESCE(json_extract({_OUTCOME_JSON},"
-            f" '$.tool_calls'), 0), completion_tokens = COALESCE(json_extract({_OUTCOME_JSON},"
-            " '$.completion_tokens'), 0)",
-        )),
-}
-_TURN_COLUMNS = (
-    "rollout, idx, dialect, status, received, first_token, done, engine, model, weight_version,"
-    " error, flags, requested_sampling, used_sampling, request, completion, prompt_ids,"
-    " completion_ids, logprobs, raw_request, raw_response, reply_id, error_kind"
-)
-TURN_COLUMNS = _TURN_COLUMNS  # for readers outside this module (the viewer)
-_INSERT_TURN = f"INSERT INTO turns ({_TURN_COLUMNS}) VALUES ({', '.join('?' * 23)})"
-_ROLLOUT_COLUMNS = "key, created, closed, sampling, unset_sampling, metadata"
-_INSERT_ROLLOUT = (f"INSERT OR REPLACE INTO rollouts ({_ROLLOUT_COLUMNS}, harness, task)"
-                   f" VALUES ({', '.join('?' * 8)})")
-_INSERT_OUTCOME = (
-    "INSERT OR REPLACE INTO outcomes (harness, task, sample, rollout, status, reward, outcome,"
-    f" harness_version, verifier_reward, tool_calls, completion_tokens)"
-    f" VALUES ({', '.join('?' * 11)})")
 # Fold the WAL back into the database after about this much has been written to it.
 CHECKPOINT_BYTES = 8 * 1024 * 1024
-_NO_TOKENS = Tokens(None, None, None)
-_encode = msgspec.json.Encoder().encode
-_LITTLE = sys.byteorder == "little"
-
-
-def pack(values: tuple[int, ...] | tuple[float, ...] | None, code: str) -> bytes | None:
-    if values is None:
-        return None
-    packed = array(code, values)
-    if not _LITTLE:
-        packed.byteswap()
-    return packed.tobytes()
-
-
-def unpack(blob: bytes | None, code: str) -> tuple[Any, ...] | None:
-    if blob is None:
-        return None
-    values = array(code)
-    values.frombytes(blob)
-    if not _LITTLE:
-        values.byteswap()
-    return tuple(values)
-
-
-def _json(value: Any) -> bytes | None:
-    return None if value is None else _encode(value)
-
-
-def _text(value: Any) -> str:
-    return _encode(value).decode()
-
-
-def _turn_row(turn: Turn) -> tuple[Any, ...]:
-    completion = turn.completion
-    tokens = completion.tokens if completion is not None else _NO_TOKENS
-    if completion is not None:  # tokens live in their own packed columns
-        completion = msgspec.structs.replace(completion, tokens=_NO_TOKENS)
-    t = turn.timings
-    return (
-        turn.rollout, turn.index, turn.dialect, turn.status, t.received, t.first_token, t.done,
-        turn.engine, turn.model, turn.weight_version, turn.error, _text(list(turn.flags)),
-        _json(turn.requested_sampling), _json(turn.used_sampling), _json(turn.request),
-        _json(completion), pack(tokens.prompt_ids, "i"), pack(tokens.completion_ids, "i"),
-        pack(tokens.logprobs, "d"), turn.raw_request, turn.raw_response, turn.reply_id,
-        turn.error_kind,
-    )
-
-
-def _load(blob: bytes | None, kind: type) -> Any:
-    return None if blob is None else msgspec.json.decode(blob, type=kind)
-
-
-def _row_turn(row: tuple[Any, ...]) -> Turn:
-    (rollout, idx, dialect, status, received, first_token, done, engine, model, weight_version,
-     error, flags, requested, used, request, completion, prompt_ids, completion_ids, logprobs,
-     raw_request, raw_response, reply_id, error_kind) = row
-    loaded = _load(completion, Completion)
-    if loaded is not None:
-        loaded = msgspec.structs.replace(loaded, tokens=Tokens(
-            unpack(prompt_ids, "i"), unpack(completion_ids, "i"), unpack(logprobs, "d")))
-    return Turn(
-        rollout=rollout, index=idx, dialect=dialect, status=status,
-        timings=Timings(received, first_token, done), raw_request=raw_request,
-        raw_response=raw_response, request=_load(request, ChatRequest), completion=loaded,
-        requested_sampling=_load(requested, Sampling), used_sampling=_load(used, Sampling),
-        engine=engine, model=model, weight_version=weight_version, error=error,
-        error_kind=error_kind, flags=tuple(msgspec.json.decode(flags)), reply_id=reply_id,
-    )
-
-
-def row_turn(row: tuple[Any, ...]) -> Turn:
-    """A `Turn` from a row of `SELECT {TURN_COLUMNS} FROM turns`."""
-    return _row_turn(row)
-
-
-def _row_rollout(row: tuple[Any, ...]) -> Rollout:
-    key, created, closed, sampling, unset, metadata = row
-    return Rollout(key=key, created=created, closed=closed, sampling=_load(sampling, Sampling),
-                   unset_sampling=tuple(msgspec.json.decode(unset)),
-                   metadata=msgspec.json.decode(metadata))
-
-
-def _rollout_params(rollout: Rollout) -> tuple[Any, ...]:
-    meta = rollout.metadata
-    return (rollout.key, rollout.created, rollout.closed, _json(rollout.sampling),
-            _text(list(rollout.unset_sampling)), _encode(meta),
-            _sql_value(meta.get("harness")), _sql_value(meta.get("task")))
-
-
-def _sql_value(value: Any) -> Any:
-    """A metadata value as SQLite's json_extract gives it: scalars as they are (booleans
-    as 0 or 1), arrays and objects as JSON text."""
-    if value is None or isinstance(value, str | int | float):
-        return value
-    return _text(value)
-
-
-def _outcome_params(outcome: Outcome) -> tuple[Any, ...]:
-    return (outcome.harness, outcome.task, outcome.sample, outcome.rollout, outcome.status,
-            outcome.reward, _encode(outcome), outcome.harness_version,
-            outcome.verifier_reward, outcome.tool_calls, outcome.completion_tokens)
-
-
-def connect(path: Path) -> sqlite3.Connection:
-    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    db.execute("PRAGMA journal_mode=WAL")
-    # NORMAL in WAL mode: a committed transaction survives a crash of the process (the
-    # case we must cover); only a power loss can drop the last commits.
-    db.execute("PRAGMA synchronous=NORMAL")
-    db.execute("PRAGMA busy_timeout=10000")
-    return db
-
-
-def migrate(path: Path) -> None:
-    """Bring the store at `path` up to SCHEMA_VERSION (creating it if missing), in one
-    transaction; a file that is up to date and has every index is only read."""
-    db = connect(path)
-    try:
-        if not _outdated(db):
-            return
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            version = db.execute("PRAGMA user_version").fetchone()[0]  # another may have won
-            for table in _TABLES:
-                db.execute(table)
-            # A file from before versioning (0) gets every step: each adds only what lacks.
-            for step in range(max(version, 1), SCHEMA_VERSION):
-                _apply(db, _MIGRATIONS[step])
-            for index in _INDEXES.values():
-                db.execute(index)
-            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-    finally:
-        db.close()
-
-
-def _outdated(db: sqlite3.Connection) -> bool:
-    if db.execute("PRAGMA user_version").fetchone()[0] != SCHEMA_VERSION:
-        return True
-    indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-    return not indexes.issuperset(_INDEXES)
-
-
-def _apply(db: sqlite3.Connection, step: _Step) -> None:
-    for table, column, declaration in step.columns:
-        if column not in {r[1] for r in db.execute(f"PRAGMA table_info({table})")}:
-            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}".rstrip())
-    for statement in step.fill:
-        db.execute(statement)
 
 
 class TraceReader:
@@ -346,9 +80,9 @@ class TraceReader:
         return db
 
     def rollout(self, key: str) -> Rollout | None:
-        row = self.db.execute(f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE key = ?",
+        row = self.db.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE key = ?",
                               (key,)).fetchone()
-        return None if row is None else _row_rollout(row)
+        return None if row is None else row_rollout(row)
 
     def next_index(self, key: str) -> int:
         row = self.db.execute("SELECT MAX(idx) FROM turns WHERE rollout = ?", (key,)).fetchone()
@@ -356,24 +90,24 @@ class TraceReader:
 
     def turns(self, key: str, offset: int = 0, limit: int = -1) -> list[Turn]:
         rows = self.db.execute(
-            f"SELECT {_TURN_COLUMNS} FROM turns WHERE rollout = ? ORDER BY idx LIMIT ? OFFSET ?",
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE rollout = ? ORDER BY idx LIMIT ? OFFSET ?",
             (key, limit, offset)).fetchall()
-        return [_row_turn(r) for r in rows]
+        return [row_turn(r) for r in rows]
 
     def turn_by_reply(self, key: str, reply_id: str) -> Turn | None:
         row = self.db.execute(
-            f"SELECT {_TURN_COLUMNS} FROM turns WHERE rollout = ? AND reply_id = ?",
+            f"SELECT {TURN_COLUMNS} FROM turns WHERE rollout = ? AND reply_id = ?",
             (key, reply_id)).fetchone()
-        return None if row is None else _row_turn(row)
+        return None if row is None else row_turn(row)
 
     def iter_turns(self, batch: int = 256) -> Iterator[Turn]:
-        cursor = self.db.execute(f"SELECT {_TURN_COLUMNS} FROM turns ORDER BY rollout, idx")
+        cursor = self.db.execute(f"SELECT {TURN_COLUMNS} FROM turns ORDER BY rollout, idx")
         while rows := cursor.fetchmany(batch):
-            yield from (_row_turn(r) for r in rows)
+            yield from (row_turn(r) for r in rows)
 
     def iter_rollouts(self) -> Iterator[Rollout]:
-        for row in self.db.execute(f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts ORDER BY created"):
-            yield _row_rollout(row)
+        for row in self.db.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts ORDER BY created"):
+            yield row_rollout(row)
 
     def outcomes(self) -> list[Outcome]:
         rows = self.db.execute("SELECT outcome FROM outcomes ORDER BY harness, task, sample")
@@ -411,14 +145,14 @@ class TraceStore(TraceReader):
     # ---------------------------------------------------------------- writes
     async def add_turn(self, turn: Turn) -> None:
         # The row is packed on the writer thread, off the event loop.
-        await self._submit(_INSERT_TURN, lambda: _turn_row(turn))
+        await self._submit(INSERT_TURN, lambda: turn_row(turn))
 
     async def put_rollout(self, rollout: Rollout) -> None:
-        await self._submit(_INSERT_ROLLOUT, lambda: _rollout_params(rollout))
+        await self._submit(INSERT_ROLLOUT, lambda: rollout_params(rollout))
 
     async def put_outcome(self, outcome: Outcome) -> None:
         """The rollout's final result; a retried rollout replaces its earlier attempt."""
-        await self._submit(_INSERT_OUTCOME, lambda: _outcome_params(outcome))
+        await self._submit(INSERT_OUTCOME, lambda: outcome_params(outcome))
 
     async def _submit(self, sql: str, params: Callable[[], tuple[Any, ...]]) -> None:
         if self._stop.is_set():  # no writer is left to commit it: fail, never wait

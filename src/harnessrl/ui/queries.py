@@ -18,7 +18,9 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.proxy.store import DB_NAME, TURN_COLUMNS, TraceReader, migrate, row_turn, unpack
+from harnessrl.proxy.rows import TURN_COLUMNS, row_turn, unpack
+from harnessrl.proxy.schema import DB_NAME, migrate
+from harnessrl.proxy.store import TraceReader
 from harnessrl.types import Completion, Outcome, Timings, Tokens, Turn, TurnStatus
 
 MAX_PAGE = 200
