@@ -431,7 +431,7 @@ def _conformance(args: argparse.Namespace) -> int:
     for h in _harnesses(args.names):
         with console.status(f"{h.name}: installing (first time) and running headless"):
             h.install(args.tools_dir, log=lambda line: None)
-            with tempfile.TemporaryDirectory(prefix=f"hrl-{h.name}-") as root:
+            with tempfile.TemporaryDirectory(prefix=f"hrl-{h.slug}-") as root:
                 result = asyncio.run(check(h, tokenizer=tokenizer, tools_dir=args.tools_dir,
                                            root=Path(root)))
         results.append(result)

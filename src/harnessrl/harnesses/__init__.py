@@ -1,4 +1,6 @@
-"""Real harnesses, one module per harness, each defining `HARNESS`."""
+"""Real harnesses, one module per harness, each defining `HARNESS` (and, where the harness
+can speak another dialect through its own config, `VARIANTS`: dialect -> `Harness`,
+selected as `name@variant`, e.g. `pi@anthropic`)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ MODULES = {
     "aider": "aider",
     "claude": "claude",
     "codex": "codex",
+    "copilot": "copilot",
     "gemini": "gemini",
     "hermes": "hermes",
     "kilo": "kilo",
@@ -24,10 +27,31 @@ MODULES = {
 
 
 def get(name: str) -> Harness:
-    if name not in MODULES:
-        raise KeyError(f"unknown harness {name!r}; known: {', '.join(sorted(MODULES))}")
-    return importlib.import_module(f"harnessrl.harnesses.{MODULES[name]}").HARNESS
+    """A harness by name, or one of its dialect variants as `name@variant`."""
+    base, _, variant = name.partition("@")
+    if base not in MODULES:
+        raise KeyError(f"unknown harness {base!r}; known: {', '.join(sorted(MODULES))}")
+    module = importlib.import_module(f"harnessrl.harnesses.{MODULES[base]}")
+    if not variant:
+        return module.HARNESS
+    variants: dict[str, Harness] = getattr(module, "VARIANTS", {})
+    if variant not in variants:
+        raise KeyError(f"{base} has no variant {variant!r}; it has: "
+                       f"{', '.join(sorted(variants)) or 'none'}")
+    return variants[variant]
 
 
 def all_harnesses() -> list[Harness]:
     return [get(name) for name in sorted(MODULES)]
+
+
+def variants_of(name: str) -> list[Harness]:
+    """The harness and each of its dialect variants, the harness first."""
+    module = importlib.import_module(f"harnessrl.harnesses.{MODULES[name]}")
+    return [module.HARNESS, *(module.VARIANTS[v] for v in sorted(getattr(module, "VARIANTS",
+                                                                        {})))]
+
+
+def all_variants() -> list[Harness]:
+    """Every harness and dialect variant (what conformance covers)."""
+    return [h for name in sorted(MODULES) for h in variants_of(name)]

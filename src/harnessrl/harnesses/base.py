@@ -72,8 +72,18 @@ class Harness:
     min_turns: int = 2  # a harness acting through tools makes at least a call and a reply
 
     # ---------------------------------------------------------------- install
+    @property
+    def family(self) -> str:
+        """The harness a dialect variant (`pi@anthropic`) belongs to; it shares its install."""
+        return self.name.partition("@")[0]
+
+    @property
+    def slug(self) -> str:
+        """The name as it may appear in a sandbox's or a container's name."""
+        return self.name.replace("@", "_")
+
     def prefix(self, tools_dir: Path) -> Path:
-        return tools_dir.expanduser() / self.registry / f"{self.name}-{self.version}"
+        return tools_dir.expanduser() / self.registry / f"{self.family}-{self.version}"
 
     def executable(self, tools_dir: Path) -> Path:
         prefix = self.prefix(tools_dir)

@@ -69,7 +69,7 @@ async def check(harness: Harness, *, tokenizer: Any, tools_dir: Path, root: Path
 async def _run(harness: Harness, rollout: dict[str, Any], tools_dir: Path, root: Path,
                line: str, timeout: float, result: Result) -> str:
     # Confined as the runner confines it, so conformance proves the harness works there.
-    sandbox = await LocalSandbox.create(root, f"sandbox-{harness.name}",
+    sandbox = await LocalSandbox.create(root, f"sandbox-{harness.slug}",
                                         confine=LocalSandbox.confinement_available())
     try:
         ctx = RunContext(home=sandbox.home, workdir=sandbox.workdir,

@@ -81,7 +81,7 @@ class Planned:
 
     @property
     def name(self) -> str:
-        return f"{self.harness.name}.{self.task.id}.{self.sample}"
+        return f"{self.harness.slug}.{self.task.id}.{self.sample}"
 
 
 async def open_rollout(proxy_url: str, metadata: dict[str, Any]) -> dict[str, Any]:

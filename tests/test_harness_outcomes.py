@@ -1,0 +1,45 @@
+"""Each harness's outcome reader on a recorded success and a recorded failure of that
+harness (tests/recorded/harnesses/<name>/{success,failure}/: its stdout, exit code and the
+files it wrote under HOME). The successes were recorded through the proxy with the scripted
+policy; the failures against a port where nothing listens (the model unreachable), where
+several of these harnesses still exit 0."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harnessrl.harnesses import get
+from harnessrl.harnesses.base import RunContext
+
+RECORDED = Path(__file__).parent / "recorded" / "harnesses"
+CASES = sorted((d.parent.name, d.name) for d in RECORDED.glob("*/*") if d.is_dir())
+
+
+def _replay(name: str, case: str, tmp_path: Path):
+    recorded = RECORDED / name / case
+    home = tmp_path / "home"
+    if (recorded / "home").is_dir():
+        shutil.copytree(recorded / "home", home)
+    home.mkdir(exist_ok=True)
+    ctx = RunContext(home=home, workdir=tmp_path / "work", proxy_root="http://127.0.0.1:9/r/k",
+                     key="k", tools_dir=tmp_path / "tools")
+    code_text = (recorded / "exit_code").read_text().strip()
+    code = None if code_text == "None" else int(code_text)
+    return get(name).outcome(ctx, code, (recorded / "stdout").read_bytes()), code
+
+
+def test_every_new_harness_has_a_recorded_success_and_failure() -> None:
+    names = {name for name, _ in CASES}
+    assert names, "no recordings"
+    for name in names:
+        assert (RECORDED / name / "success").is_dir() and (RECORDED / name / "failure").is_dir()
+
+
+@pytest.mark.parametrize(("name", "case"), CASES)
+def test_the_outcome_reader_tells_success_from_failure(name: str, case: str, tmp_path) -> None:
+    state, _code = _replay(name, case, tmp_path)
+    assert state.finished is (case == "success"), state.detail
+    assert state.detail
