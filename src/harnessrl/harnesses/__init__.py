@@ -15,6 +15,7 @@ MODULES = {
     "codex": "codex",
     "copilot": "copilot",
     "gemini": "gemini",
+    "grok": "grok",
     "hermes": "hermes",
     "kilo": "kilo",
     "kimi": "kimi",
