@@ -23,6 +23,7 @@ from harnessrl.errors import (
     TooLarge,
 )
 from harnessrl.proxy.dialects import anthropic as dialect
+from harnessrl.proxy.dialects import anthropic_request
 from harnessrl.proxy.dialects.base import ReplyContext
 from harnessrl.proxy.sse import SSEDecoder, SSEEvent
 from harnessrl.types import (
@@ -68,7 +69,7 @@ def test_claude_code_requests_parse_and_keep_unknown_fields(path: Path) -> None:
     assert [m.role for m in request.messages[system:]] == [m["role"] for m in body["messages"]]
     assert len(request.tools) == len(body.get("tools", []))
     assert request.sampling.max_tokens == body["max_tokens"] and request.stream is True
-    for key in set(body) - dialect._MAPPED:
+    for key in set(body) - anthropic_request.MAPPED:
         assert request.extra[key] == body[key]
     assert request.reasoning_effort == "high"  # output_config.effort
 

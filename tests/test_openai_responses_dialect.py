@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from harnessrl.errors import EngineUnavailable, InvalidRequest, NotFound
 from harnessrl.proxy import sse
 from harnessrl.proxy.dialects import openai_responses as responses
+from harnessrl.proxy.dialects import openai_responses_request as responses_request
 from harnessrl.proxy.dialects.base import ReplyContext
 from harnessrl.types import (
     ChatRequest,
@@ -65,7 +66,7 @@ def test_codex_requests_parse_and_keep_unknown_fields(path: Path) -> None:
     assert [t.name for t in request.tools] == [t["name"] for t in functions]
     assert request.tools[0].parameters == functions[0]["parameters"]
     assert request.extra["unmapped_tools"] == [t for t in body["tools"] if t["type"] != "function"]
-    for key in set(body) - responses._MAPPED - {"reasoning"}:
+    for key in set(body) - responses_request.MAPPED - {"reasoning"}:
         assert request.extra[key] == body[key]
     assert request.extra["reasoning"] == {"summary": "auto"} and request.reasoning_effort is None
     assert request.stream and request.parallel_tool_calls is True
@@ -151,7 +152,7 @@ def test_with_previous_carries_history_and_replaces_instructions() -> None:
                        Usage(3, 4), NO_TOKENS)
     second = parse(instructions="new", previous_response_id="resp_1", input=[
         {"type": "function_call_output", "call_id": "c1", "output": "a.txt"}])
-    merged = responses.with_previous(first, reply, second)
+    merged = responses_request.with_previous(first, reply, second)
     assert merged.messages == (
         Message("system", (Text("new"),)),
         Message("user", (Text("list files"),)),
@@ -161,7 +162,7 @@ def test_with_previous_carries_history_and_replaces_instructions() -> None:
     assert merged.extra == second.extra
     # Without current instructions, none carry over (as the Responses API does).
     third = parse(input="next")
-    assert responses.with_previous(first, reply, third).messages[0].role == "user"
+    assert responses_request.with_previous(first, reply, third).messages[0].role == "user"
 
 
 # ------------------------------------------------------------------ replies
