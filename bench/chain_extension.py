@@ -35,7 +35,7 @@ import httpx
 
 from harnessrl.harnesses import MODULES, get
 from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR, Harness
-from harnessrl.harnesses.policy import (
+from harnessrl.proxy.engines.policy import (
     SHELL_TOOLS,
     WriteFilePolicy,
     _pick,

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from harnessrl.harnesses import get
 from harnessrl.harnesses.base import RunContext
-from harnessrl.harnesses.policy import WHOLE_FILE_MARKER, OraclePolicy
+from harnessrl.proxy.engines.policy import WHOLE_FILE_MARKER, OraclePolicy
 from harnessrl.proxy.engines.token.parsers import HermesParser
 from harnessrl.rollout.run import oracle_check, oracle_policy, written_by_solution
 from harnessrl.rollout.runner import RolloutSettings, RunConfig

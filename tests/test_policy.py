@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from harnessrl.harnesses.policy import MINI_SWE_DONE, WriteFilePolicy
+from harnessrl.proxy.engines.policy import MINI_SWE_DONE, WriteFilePolicy
 from harnessrl.proxy.engines.token.parsers import HermesParser
 from harnessrl.types import ChatRequest, Message, Text, Tool, ToolCall, ToolResult
 

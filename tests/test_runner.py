@@ -99,7 +99,7 @@ def test_plan_interleaves_harnesses_and_skips_done() -> None:
 @pytest.mark.slow
 @pytest.mark.harness
 def test_agent_cannot_see_tests_solution_or_other_rollouts(mini, tmp_path):
-    from harnessrl.harnesses.policy import OraclePolicy
+    from harnessrl.proxy.engines.policy import OraclePolicy
     from harnessrl.types import ToolResult
 
     [task] = load_tasks("bundled:fizzbuzz")

@@ -602,7 +602,7 @@ def test_real_harness_history_keeps_its_ids(vllm_url, tiny_model, tmp_path) -> N
     """mini-swe-agent, unmodified, writes the file in token mode; every turn's prompt
     starts with the turn before's prompt and completion ids."""
     from harnessrl.harnesses import get
-    from harnessrl.harnesses.policy import WriteFilePolicy
+    from harnessrl.proxy.engines.policy import WriteFilePolicy
     from harnessrl.rollout.conformance import FILENAME, Result, _run, random_line
 
     harness = get("mini-swe-agent")

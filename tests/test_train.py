@@ -18,7 +18,7 @@ from rich.console import Console
 
 from harnessrl.errors import EngineUnavailable
 from harnessrl.harnesses.base import Harness
-from harnessrl.harnesses.policy import OraclePolicy
+from harnessrl.proxy.engines.policy import OraclePolicy
 from harnessrl.proxy.engines.scripted import Reply, ScriptedEngine, default_logprob
 from harnessrl.rollout.run import oracle_policy
 from harnessrl.rollout.runner import RolloutSettings

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from harnessrl.harnesses.policy import Finish
+from harnessrl.proxy.engines.policy import Finish
 
 DialectName = Literal["openai_chat", "openai_responses", "anthropic", "gemini"]
 DEFAULT_TOOLS_DIR = Path("~/.cache/harnessrl/tools")

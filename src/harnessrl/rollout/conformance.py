@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.harnesses.base import Harness, RunContext
-from harnessrl.harnesses.policy import WriteFilePolicy
+from harnessrl.proxy.engines.policy import WriteFilePolicy
 from harnessrl.proxy.engines.scripted import ScriptedEngine
 from harnessrl.proxy.serve import running
 from harnessrl.rollout.runner import open_rollout

@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 
 from harnessrl.harnesses.base import Harness
-from harnessrl.harnesses.policy import OraclePolicy
+from harnessrl.proxy.engines.policy import OraclePolicy
 from harnessrl.proxy.serve import running
 from harnessrl.rollout.progress import RunProgress, summary
 from harnessrl.rollout.runner import RunConfig, Runner
