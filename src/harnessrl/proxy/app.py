@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import msgspec
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -45,6 +46,7 @@ from harnessrl.proxy.dialects.base import (
     StreamOptions,
 )
 from harnessrl.proxy.engines.base import Engine
+from harnessrl.proxy.gate import WeightGate
 from harnessrl.proxy.history import check_arguments, check_tool_results, restore_arguments
 from harnessrl.proxy.rollout_routes import RolloutRoutes
 from harnessrl.proxy.sessions import OpenRollout, Sessions
@@ -83,9 +85,19 @@ class _Call:
     request: ChatRequest
     used: Sampling
     ctx: ReplyContext
+    gate: WeightGate
+    # read when the gate admitted the call: no weight swap starts until it leaves
+    weight_version: str | None = None
     first_token: float | None = None
     sent: list[bytes] = field(default_factory=list)
     recorded: bool = False
+    left: bool = False
+
+    def leave(self) -> None:
+        """Out of the gate, once, whichever path ends the call."""
+        if not self.left:
+            self.left = True
+            self.gate.leave()
 
 
 class Proxy:
@@ -95,6 +107,7 @@ class Proxy:
         self.store = sessions.store
         self.config = config or ProxyConfig()
         self.served: list[str] = []
+        self.gate = WeightGate()  # held by a weight swap (train/async_grpo.py)
 
     # ---------------------------------------------------------------- lifecycle
     async def startup(self) -> None:
@@ -196,15 +209,20 @@ class Proxy:
                 await self._record_rejected(rollout, dialect, received, raw, err)
             return error_response(dialect, err)
         used = self.sessions.policy(rollout, parsed.sampling)
+        await self.gate.admit()  # waits while the weights are being swapped
         call = _Call(
             rollout=rollout, dialect=dialect, index=rollout.take_index(), received=received,
             raw=raw, request=parsed, used=used,
             ctx=ReplyContext(f"{dialect.id_prefix}{uuid.uuid4().hex}", int(received),
-                             parsed.model or engine_model))
+                             parsed.model or engine_model),
+            gate=self.gate, weight_version=self.engine.weight_version)
         engine_request = msgspec.structs.replace(parsed, model=engine_model, sampling=used)
         if parsed.stream:
             return await self._open_stream(call, engine_request, op.options)
-        return await self._complete(call, engine_request, request)
+        try:
+            return await self._complete(call, engine_request, request)
+        finally:
+            call.leave()
 
     async def _full_history(self, rollout: OpenRollout, dialect: Dialect,
                             request: ChatRequest) -> ChatRequest:
@@ -257,10 +275,17 @@ class Proxy:
             first = await anext(events)
         except Exception as exc:
             await events.aclose()
+            call.leave()
             return await self._failed(call, Accumulator(), exc)
+        except BaseException:
+            call.leave()
+            raise
+        # The stream leaves the gate when it ends; the background task covers a body
+        # that is never iterated (the client gone before the first byte).
         return StreamingResponse(self._stream(call, encoder, events, first),
                                  media_type=encoder.media_type,
-                                 headers={"Cache-Control": "no-cache"})
+                                 headers={"Cache-Control": "no-cache"},
+                                 background=BackgroundTask(call.leave))
 
     async def _stream(self, call: _Call, encoder: StreamEncoder,
                       rest: AsyncGenerator[EngineEvent, None],
@@ -293,6 +318,8 @@ class Proxy:
             with anyio.CancelScope(shield=True), contextlib.suppress(StoreFailed):
                 await self._record(call, acc, b"".join(call.sent), cancelled=True)
             raise
+        finally:
+            call.leave()
 
     # ---------------------------------------------------------------- recording
     async def _record(self, call: _Call, acc: Accumulator, response: bytes,
@@ -313,7 +340,7 @@ class Proxy:
             raw_request=call.raw, raw_response=response, request=call.request,
             completion=completion, requested_sampling=call.request.sampling,
             used_sampling=call.used, engine=self.engine.name,
-            model=acc.model, weight_version=self.engine.weight_version,
+            model=acc.model, weight_version=call.weight_version,
             error=None if error is None else f"{error.kind}: {error.message}",
             error_kind=None if error is None else error.kind, flags=flags,
             reply_id=call.ctx.id)

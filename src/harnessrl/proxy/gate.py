@@ -1,0 +1,84 @@
+"""The weight gate: while the trainer swaps the engine's weights, new model calls wait
+(they are held, not failed) and the swap waits for the calls already running to finish,
+so every reply is sampled by one set of weights: the engine's `weight_version` read when
+the call is admitted, which its turn records.
+
+The trainer holds the gate from its own thread (`hold`, `release`); model calls pass it on
+the proxy's event loop (`admit`, `leave`). The state is a few integers under a
+`threading.Lock`, so neither side needs the other's event loop. A held call polls every
+`POLL_SECONDS`: holds are rare (one per optimizer step) and short, so a poll is cheaper
+than an event loop handoff per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+
+POLL_SECONDS = 0.01
+
+
+class GateTimeout(RuntimeError):
+    """The calls in flight did not finish in time; the weights were not swapped."""
+
+
+@dataclass
+class WeightGate:
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _drained: threading.Condition = field(init=False, repr=False)
+    _held: bool = False
+    _inflight: int = 0
+    # Per call that had to wait: seconds it was held (the tests and the metrics read it).
+    waits: list[float] = field(default_factory=list)
+    holds: int = 0
+
+    def __post_init__(self) -> None:
+        self._drained = threading.Condition(self._lock)
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    # ---------------------------------------------------------------- model calls
+    async def admit(self) -> None:
+        """Wait while the gate is held; then count the call as in flight. Pair with
+        `leave`. Until then no swap can start, so the weights it sees stay put."""
+        started: float | None = None
+        while True:
+            with self._lock:
+                if not self._held:
+                    self._inflight += 1
+                    break
+            if started is None:
+                started = time.monotonic()
+            await asyncio.sleep(POLL_SECONDS)
+        if started is not None:
+            self.waits.append(time.monotonic() - started)
+
+    def leave(self) -> None:
+        with self._drained:
+            self._inflight -= 1
+            self._drained.notify_all()
+
+    # ---------------------------------------------------------------- the trainer's side
+    def hold(self, timeout: float = 600.0) -> None:
+        """Stop admitting calls and wait until none is in flight. On timeout the gate
+        opens again and `GateTimeout` says how many calls were still running."""
+        with self._drained:
+            self._held = True
+            self.holds += 1
+            if not self._drained.wait_for(lambda: self._inflight == 0, timeout):
+                self._held = False
+                raise GateTimeout(f"{self._inflight} model call(s) still running after "
+                                  f"{timeout:.0f}s; the weights were not swapped")
+
+    def release(self) -> None:
+        """Admit calls again (the held ones first, at their next poll)."""
+        with self._lock:
+            self._held = False

@@ -1,0 +1,84 @@
+"""The proxy's weight gate: during a swap new model calls wait (and then succeed), calls
+already running finish first, and each turn records the version that sampled it.
+
+The engine is the scripted one (named as such), slowed per token so a stream is still
+running when the swap starts; the clients are real HTTP clients on threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
+from harnessrl.proxy.gate import GateTimeout, WeightGate
+from tests.helpers import ServedProxy, make_proxy
+
+
+def _chat(url: str, key: str, stream: bool) -> httpx.Response:
+    body = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}],
+            "stream": stream}
+    return httpx.post(f"{url}/r/{key}/v1/chat/completions", json=body, timeout=60)
+
+
+def test_calls_wait_during_a_swap_and_running_streams_finish_on_the_old_weights(
+        tmp_path, tokenizer):
+    engine = ScriptedEngine(tokenizer, replay(["word " * 40]), token_delay=0.02)
+    engine.weight_version = "step-0"
+    served = ServedProxy(make_proxy(engine, tmp_path))
+    gate = served.proxy.gate
+    results: dict[str, httpx.Response] = {}
+    finished: dict[str, float] = {}
+
+    def call(name: str, key: str, stream: bool) -> None:
+        results[name] = _chat(served.url, key, stream)
+        finished[name] = time.monotonic()
+
+    with served.running():
+        key = served.new_rollout()["key"]
+        running = threading.Thread(target=call, args=("running", key, True))
+        running.start()
+        while gate.inflight == 0:  # the stream is in the engine (about 0.8 s of tokens)
+            time.sleep(0.005)
+        gate.hold(timeout=30)  # returns only once the running stream has finished
+        drained = time.monotonic()
+        assert gate.inflight == 0 and "running" in finished and finished["running"] <= drained
+        # The swap: the engine now serves new weights.
+        engine.weight_version = "step-1"
+        held = [threading.Thread(target=call, args=(f"held-{s}", key, s)) for s in (True, False)]
+        for t in held:
+            t.start()
+        time.sleep(0.5)
+        assert not any(name.startswith("held") for name in finished), "a call passed the gate"
+        released = time.monotonic()
+        gate.release()
+        for t in (running, *held):
+            t.join(30)
+        turns = served.store.turns(key)
+
+    assert all(r.status_code == 200 for r in results.values()), {
+        n: r.text[:200] for n, r in results.items()}
+    assert all(finished[n] >= released for n in ("held-True", "held-False"))
+    assert len(gate.waits) == 2 and min(gate.waits) > 0.1 and gate.holds == 1
+    assert [t.status for t in turns] == ["ok"] * 3
+    # the stream that ran across the start of the hold was sampled, and is recorded, as
+    # step-0; the calls that waited were sampled by step-1
+    assert [t.weight_version for t in sorted(turns, key=lambda t: t.index)] == [
+        "step-0", "step-1", "step-1"]
+
+
+def test_a_hold_that_cannot_drain_gives_up_and_opens_the_gate():
+    gate = WeightGate()
+    import asyncio
+
+    asyncio.run(gate.admit())  # a call that never leaves
+    with pytest.raises(GateTimeout, match="1 model call"):
+        gate.hold(timeout=0.05)
+    assert not gate.held
+    gate.leave()
+    gate.hold(timeout=1)
+    assert gate.held
+    gate.release()
+    assert not gate.held
