@@ -14,6 +14,7 @@ MODULES = {
     "claude": "claude",
     "codex": "codex",
     "copilot": "copilot",
+    "droid": "droid",
     "gemini": "gemini",
     "grok": "grok",
     "hermes": "hermes",

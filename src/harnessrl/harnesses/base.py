@@ -70,6 +70,9 @@ class Harness:
     # the model an argument only after rewriting it.
     prompt_on_stdin: bool = False
     min_turns: int = 2  # a harness acting through tools makes at least a call and a reply
+    # The executable's path inside the prefix when the package declares no `bin` (a
+    # platform package holding a prebuilt binary); else node_modules/.bin/<binary>.
+    entry: str = ""
 
     # ---------------------------------------------------------------- install
     @property
@@ -87,6 +90,8 @@ class Harness:
 
     def executable(self, tools_dir: Path) -> Path:
         prefix = self.prefix(tools_dir)
+        if self.entry:
+            return prefix / self.entry
         if self.registry == "npm":
             return prefix / "node_modules" / ".bin" / self.binary
         return prefix / "bin" / self.binary
