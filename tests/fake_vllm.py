@@ -20,8 +20,9 @@ TOKENS = [("Hel", 10, -0.5), ("lo", 11, -0.25), ("!", 12, -1.0), ("", 99, -0.125
 
 
 class FakeVLLM:
-    def __init__(self) -> None:
+    def __init__(self, *, slow: float = 5.0) -> None:
         self.mode = "ok"  # ok | error400 | error500 | garbage | cut | slow
+        self.slow = slow  # seconds the `slow` mode waits before it answers
         self.requests: list[dict[str, Any]] = []
 
     def app(self) -> Starlette:
@@ -44,7 +45,7 @@ class FakeVLLM:
         if self.mode == "garbage":
             return Response(b"<html>oops", media_type="text/html")
         if self.mode == "slow":
-            await asyncio.sleep(5)
+            await asyncio.sleep(self.slow)
         if body.get("stream"):
             return StreamingResponse(self._stream(), media_type="text/event-stream")
         return JSONResponse({

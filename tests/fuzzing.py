@@ -8,8 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Coroutine, Iterator
-from dataclasses import dataclass
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 import httpx
@@ -19,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tests.dialects import WIRE, WireDialect
 from tests.fake_vllm import PROMPT_IDS
 from tests.helpers import recorded_requests
 
@@ -82,35 +82,13 @@ class InProcess:
             path, content=content, params=params,
             headers={"content-type": "application/json"}))
 
-    def call(self, dialect: Dialect, content: bytes, *, stream: bool = False) -> httpx.Response:
+    def call(self, dialect: WireDialect, content: bytes, *, stream: bool = False) -> httpx.Response:
         path = dialect.stream_path if stream else dialect.path
         params = {"alt": "sse"} if stream and dialect.name == "gemini" else None
         return self.post(f"/r/{self.key}{path}", content, params)
 
 
 # ------------------------------------------------------------------ the dialects
-def openai_shape(status: int, body: Any) -> bool:
-    return (isinstance(body, dict) and set(body) == {"error"}
-            and isinstance(body["error"], dict)
-            and set(body["error"]) == {"message", "type", "param", "code"}
-            and isinstance(body["error"]["message"], str)
-            and isinstance(body["error"]["type"], str))
-
-
-def anthropic_shape(status: int, body: Any) -> bool:
-    return (isinstance(body, dict) and body.get("type") == "error"
-            and isinstance(body.get("error"), dict)
-            and set(body["error"]) == {"type", "message"}
-            and isinstance(body["error"]["message"], str))
-
-
-def gemini_shape(status: int, body: Any) -> bool:
-    return (isinstance(body, dict) and set(body) == {"error"}
-            and isinstance(body["error"], dict)
-            and set(body["error"]) == {"code", "message", "status"}
-            and body["error"]["code"] == status and isinstance(body["error"]["status"], str))
-
-
 def internal_error(body: Any) -> bool:
     """The proxy's own fault, in any of the shapes."""
     err = body.get("error") if isinstance(body, dict) else None
@@ -131,59 +109,11 @@ def wire_bodies(paths: tuple[str, ...]) -> list[dict[str, Any]]:
     return bodies
 
 
-SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}},
-          "required": ["command"]}
+# Seeds of the mutations: the dialect's good body and every recorded harness request.
+SEEDS = {d.name: [d.good, *wire_bodies(d.recorded_paths)] for d in WIRE}
 
 
-@dataclass
-class Dialect:
-    name: str
-    path: str
-    stream_path: str
-    good: dict[str, Any]
-    seeds: list[dict[str, Any]]
-    shape: Callable[[int, Any], bool]
-    stream_error: bytes  # the marker of this dialect's error event in a stream
-    last_event: bytes  # how the last event of a failed stream starts
-
-    def body(self, *, stream: bool = False) -> bytes:
-        """The good body; streamed by a flag in it, except Gemini (by its path)."""
-        good = {**self.good, "stream": True} if stream and self.name != "gemini" else self.good
-        return json.dumps(good).encode()
-
-
-CHAT_GOOD = {"model": "m", "messages": [{"role": "user", "content": "make hello.txt"}],
-             "tools": [{"type": "function", "function": {"name": "bash",
-                                                         "parameters": SCHEMA}}]}
-ANTHROPIC_GOOD = {"model": "claude", "max_tokens": 256,
-                  "messages": [{"role": "user", "content": "make hello.txt"}],
-                  "tools": [{"name": "bash", "input_schema": SCHEMA}]}
-RESPONSES_GOOD = {"model": "codex", "store": False, "include": ["reasoning.encrypted_content"],
-                  "input": [{"type": "message", "role": "user", "content": "make hello.txt"}],
-                  "tools": [{"type": "function", "name": "bash", "parameters": SCHEMA}]}
-GEMINI_GOOD = {"contents": [{"role": "user", "parts": [{"text": "make hello.txt"}]}],
-               "tools": [{"functionDeclarations": [{"name": "bash",
-                                                    "parametersJsonSchema": SCHEMA}]}]}
-
-DIALECTS = [
-    Dialect("openai_chat", "/v1/chat/completions", "/v1/chat/completions", CHAT_GOOD,
-            [CHAT_GOOD, *wire_bodies(("/v1/chat/completions", "/chat/completions"))],
-            openai_shape, b'data: {"error":', b'data: {"error":'),
-    Dialect("anthropic", "/v1/messages", "/v1/messages", ANTHROPIC_GOOD,
-            [ANTHROPIC_GOOD, *wire_bodies(("/v1/messages",))], anthropic_shape,
-            b"event: error\n", b"event: error\n"),
-    Dialect("openai_responses", "/v1/responses", "/v1/responses", RESPONSES_GOOD,
-            [RESPONSES_GOOD, *wire_bodies(("/v1/responses",))], openai_shape,
-            b"event: response.failed\n", b"event: error\n"),
-    Dialect("gemini", "/v1beta/models/gemini-x:generateContent",
-            "/v1beta/models/gemini-x:streamGenerateContent", GEMINI_GOOD,
-            [GEMINI_GOOD, *wire_bodies(("/v1beta/models",))], gemini_shape, b'data: {"error":',
-            b'data: {"error":'),
-]
-IDS = [d.name for d in DIALECTS]
-
-
-def check_answer(dialect: Dialect, resp: httpx.Response, sent: bytes) -> None:
+def check_answer(dialect: WireDialect, resp: httpx.Response, sent: bytes) -> None:
     """The properties every answer must have, whatever was sent."""
     status = resp.status_code
     assert status < 500, f"{dialect.name}: {status} {resp.text[:500]} for {sent[:300]!r}"

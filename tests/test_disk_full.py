@@ -25,8 +25,9 @@ import pytest
 from harnessrl.proxy.engines.vllm import VLLMEngine
 from harnessrl.proxy.serve import in_thread
 from harnessrl.rollout.chains import link
+from tests.dialects import IDS, WIRE, WireDialect
+from tests.fake_vllm import FakeVLLM
 from tests.helpers import ServedProxy, make_proxy
-from tests.test_faults import DIALECTS, IDS, Dialect, QuickFake
 
 DISK = "4m"  # room for the schema, a few turns and the WAL of this test
 FULL_WORDS = "could not record"
@@ -79,15 +80,15 @@ class Ballast:
 
 
 @pytest.fixture
-def fake() -> Iterator[QuickFake]:
-    fake = QuickFake()
+def fake() -> Iterator[FakeVLLM]:
+    fake = FakeVLLM()
     with in_thread(fake.app()) as (url, _server):
         fake.url = url  # type: ignore[attr-defined]
         yield fake
 
 
 @pytest.fixture
-def served(fake: QuickFake, disk: Path) -> Iterator[ServedProxy]:
+def served(fake: FakeVLLM, disk: Path) -> Iterator[ServedProxy]:
     engine = VLLMEngine(fake.url)  # type: ignore[attr-defined]
     with ServedProxy(make_proxy(engine, disk / "run")).running() as served:
         rollout = served.new_rollout()
@@ -107,8 +108,8 @@ def _integrity(path: Path) -> str:
         db.close()
 
 
-@pytest.mark.parametrize("dialect", DIALECTS, ids=IDS)
-def test_disk_full(served: ServedProxy, disk: Path, dialect: Dialect) -> None:
+@pytest.mark.parametrize("dialect", WIRE, ids=IDS)
+def test_disk_full(served: ServedProxy, disk: Path, dialect: WireDialect) -> None:
     dialect_ok = dialect.post(served)
     assert dialect_ok.status_code == 200, dialect_ok.text
     assert _stored(served) == [(0, "ok")]
@@ -118,14 +119,14 @@ def test_disk_full(served: ServedProxy, disk: Path, dialect: Dialect) -> None:
     # Not streamed: an error status in the dialect's own error shape, saying why.
     resp = dialect.post(served)
     assert resp.status_code >= 500, resp.text
-    error = dialect.error_shape(resp.json())
+    error = dialect.error(resp.status_code, resp.json())
     assert FULL_WORDS in error["message"] and "full" in error["message"], error
 
     # Streamed: the tokens, then the dialect's error event in place of the final event.
     resp = dialect.post(served, stream=True)
     content = resp.content
     last = content.rstrip().rsplit(b"\n\n", 1)[-1]
-    assert last.startswith(dialect.error_event), content
+    assert last.startswith(dialect.last_event), content
     assert FULL_WORDS.encode() in last, content
 
     # The dialect's SDK raises on both: no silent success.
@@ -150,7 +151,7 @@ def test_disk_full(served: ServedProxy, disk: Path, dialect: Dialect) -> None:
     ballast.remove()
     again = dialect.post(served, stream=True)
     assert again.status_code == 200 and not again.content.rstrip().rsplit(
-        b"\n\n", 1)[-1].startswith(dialect.error_event), again.content
+        b"\n\n", 1)[-1].startswith(dialect.last_event), again.content
     stored = _stored(served)
     assert [s for _, s in stored] == ["ok", "ok"], stored
     assert len(link(served.store.turns(served.key)).chains) >= 1  # type: ignore[attr-defined]

@@ -29,14 +29,13 @@ from harnessrl.proxy.engines.vllm import VLLMEngine
 from harnessrl.proxy.nesting import MAX_DEPTH
 from harnessrl.proxy.serve import in_thread
 from tests.conftest import make_proxy
+from tests.dialects import BY_NAME, IDS, WIRE, WireDialect
 from tests.fuzzing import (
-    DIALECTS,
     FIRST_CHUNK,
-    IDS,
     PLACE,
     PLACE_BYTES,
+    SEEDS,
     BrokenVLLM,
-    Dialect,
     InProcess,
     LoopThread,
     chat_chunk,
@@ -77,8 +76,8 @@ def report_counts(request) -> Iterator[None]:
         print(text, flush=True)
 
 
-def still_serves(served: InProcess, dialect: Dialect) -> None:
-    resp = served.call(dialect, dialect.body())
+def still_serves(served: InProcess, dialect: WireDialect) -> None:
+    resp = served.call(dialect, dialect.good_bytes())
     assert resp.status_code == 200, resp.text
 
 
@@ -197,22 +196,23 @@ def adversarial(seeds: list[dict[str, Any]]) -> st.SearchStrategy[bytes]:
 
 
 # ------------------------------------------------------------------ properties
-@pytest.mark.parametrize("dialect", DIALECTS, ids=IDS)
-def test_mutated_bodies_never_5xx_and_keep_the_error_shape(served, dialect: Dialect) -> None:
+@pytest.mark.parametrize("dialect", WIRE, ids=IDS)
+def test_mutated_bodies_never_5xx_and_keep_the_error_shape(served, dialect: WireDialect) -> None:
     @fuzz(250)
     @given(data=st.data(), stream=st.booleans())
     def run(data: st.DataObject, stream: bool) -> None:
         CASES["mutated", dialect.name] += 1
-        raw = json.dumps(data.draw(mutated(dialect.seeds, stream))).encode()
+        raw = json.dumps(data.draw(mutated(SEEDS[dialect.name], stream))).encode()
         check_answer(dialect, served.call(dialect, raw, stream=stream), raw)
 
     run()
     still_serves(served, dialect)
 
 
-@pytest.mark.parametrize("dialect", DIALECTS, ids=IDS)
-def test_adversarial_bytes_never_5xx_and_keep_the_error_shape(served, dialect: Dialect) -> None:
-    seeds = dialect.seeds + [{**b, "stream": True} for b in dialect.seeds if "contents" not in b]
+@pytest.mark.parametrize("dialect", WIRE, ids=IDS)
+def test_adversarial_bytes_never_5xx_and_keep_the_error_shape(served, dialect: WireDialect) -> None:
+    plain = SEEDS[dialect.name]
+    seeds = plain + [{**b, "stream": True} for b in plain if "contents" not in b]
 
     @fuzz(200)
     @given(raw=adversarial(seeds), stream=st.booleans())
@@ -224,10 +224,10 @@ def test_adversarial_bytes_never_5xx_and_keep_the_error_shape(served, dialect: D
     run()
 
 
-@pytest.mark.parametrize("dialect", DIALECTS, ids=IDS)
-def test_huge_strings_are_served_or_refused_cleanly(served, dialect: Dialect) -> None:
+@pytest.mark.parametrize("dialect", WIRE, ids=IDS)
+def test_huge_strings_are_served_or_refused_cleanly(served, dialect: WireDialect) -> None:
     @fuzz(3)
-    @given(raw=huge_string(dialect.seeds))
+    @given(raw=huge_string(SEEDS[dialect.name]))
     def run(raw: bytes) -> None:
         CASES["huge_string", dialect.name] += 1
         assert len(raw) >= 1 << 20
@@ -240,7 +240,7 @@ def test_huge_strings_are_served_or_refused_cleanly(served, dialect: Dialect) ->
 def test_deep_nesting_up_to_the_limit_is_served_and_past_it_refused(served) -> None:
     """Nesting up to the proxy's limit goes through every dialect; one level more is a 400
     in shape (tests/test_fuzz_limits.py fuzzes the same rule everywhere in a body)."""
-    for dialect in DIALECTS:
+    for dialect in WIRE:
         for depth in (100, 400, MAX_DEPTH - 1, MAX_DEPTH, 900):  # the body adds a level
             raw = json.dumps({**dialect.good, "x": PLACE}).encode().replace(
                 PLACE_BYTES, nested(depth, "list"))
@@ -252,8 +252,8 @@ def test_deep_nesting_up_to_the_limit_is_served_and_past_it_refused(served) -> N
 
 # ------------------------------------------------------------------ bugs this fuzzing found
 # Each answered 500 until fixed; kept as regressions.
-def _with(dialect: str, raw_value: bytes, **fields: Any) -> tuple[Dialect, bytes]:
-    d = next(x for x in DIALECTS if x.name == dialect)
+def _with(dialect: str, raw_value: bytes, **fields: Any) -> tuple[WireDialect, bytes]:
+    d = BY_NAME[dialect]
     body = {**d.good, **fields}
     return d, json.dumps(body).encode().replace(PLACE_BYTES, raw_value)
 
@@ -262,7 +262,7 @@ _USER = {"role": "user", "content": "hi"}
 BUGS = {
     # msgspec raises RecursionError (not DecodeError) past ~1000 levels, in every dialect.
     **{f"deep_nesting_{d.name}": (d.name, nested(10_000, "list"), {"x": PLACE})
-       for d in DIALECTS},
+       for d in WIRE},
     "chat_role_list": ("openai_chat", b"[]", {"messages": [{"role": PLACE, "content": "x"}]}),
     "responses_item_type_list": ("openai_responses", b"[]",
                                  {"input": [{"type": PLACE, "role": "user", "content": "x"}]}),
@@ -311,8 +311,8 @@ def broken(loop: LoopThread, tmp_path_factory) -> Iterator[tuple[BrokenVLLM, InP
             yield fake, served
 
 
-@pytest.mark.parametrize("dialect", DIALECTS, ids=IDS)
-def test_broken_engine_stream_is_a_clean_error_and_a_failed_turn(broken, dialect: Dialect
+@pytest.mark.parametrize("dialect", WIRE, ids=IDS)
+def test_broken_engine_stream_is_a_clean_error_and_a_failed_turn(broken, dialect: WireDialect
                                                                  ) -> None:
     fake, served = broken
 
@@ -323,7 +323,7 @@ def test_broken_engine_stream_is_a_clean_error_and_a_failed_turn(broken, dialect
         script = ([sse_frame(FIRST_CHUNK)] if head else []) + frames  # no finish_reason, ever
         fake.script = script
         before = len(served.store.turns(served.key))
-        resp = served.call(dialect, dialect.body(stream=True), stream=True)
+        resp = served.call(dialect, dialect.good_bytes(stream=True), stream=True)
         turns = served.store.turns(served.key)
         assert len(turns) == before + 1
         turn = turns[-1]
@@ -341,7 +341,7 @@ def test_broken_engine_stream_is_a_clean_error_and_a_failed_turn(broken, dialect
             assert dialect.shape(resp.status_code, body) and not internal_error(body), body
         fake.ok = True
         try:
-            good = served.call(dialect, dialect.body(stream=True), stream=True)
+            good = served.call(dialect, dialect.good_bytes(stream=True), stream=True)
             assert good.status_code == 200 and dialect.stream_error not in good.content
             assert served.store.turns(served.key)[-1].status == "ok"
         finally:

@@ -27,14 +27,13 @@ from harnessrl.proxy.nesting import MAX_DEPTH
 from harnessrl.proxy.serve import in_thread
 from harnessrl.types import MAX_TOKEN_ID
 from tests.conftest import make_proxy
+from tests.dialects import BY_NAME, IDS, WIRE, WireDialect, openai_shape
 from tests.fuzzing import (
-    DIALECTS,
     FIRST_CHUNK,
-    IDS,
     PLACE,
     PLACE_BYTES,
+    SEEDS,
     BrokenVLLM,
-    Dialect,
     InProcess,
     LoopThread,
     chat_chunk,
@@ -42,7 +41,6 @@ from tests.fuzzing import (
     fuzz,
     internal_error,
     nested,
-    openai_shape,
     paths,
     set_at,
     sse_frame,
@@ -83,7 +81,7 @@ def served(tokenizer, loop: LoopThread, tmp_path_factory) -> Iterator[InProcess]
         yield served
 
 
-def answer_and_record(served: InProcess, dialect: Dialect, raw: bytes, *, stream: bool = False
+def answer_and_record(served: InProcess, dialect: WireDialect, raw: bytes, *, stream: bool = False
                       ) -> httpx.Response:
     """Sends `raw`; checks the answer's properties and that it left exactly one turn."""
     before = len(served.store.turns(served.key))
@@ -103,13 +101,13 @@ def _planted(body: dict[str, Any], where: tuple[Any, ...], value: bytes) -> byte
 
 
 # ------------------------------------------------------------------ nesting in the body
-@pytest.mark.parametrize("dialect", DIALECTS, ids=IDS)
-def test_nesting_anywhere_in_a_body_follows_the_limit(served, dialect: Dialect) -> None:
+@pytest.mark.parametrize("dialect", WIRE, ids=IDS)
+def test_nesting_anywhere_in_a_body_follows_the_limit(served, dialect: WireDialect) -> None:
     @fuzz(60)
     @given(data=st.data(), depth=depths, kind=st.sampled_from(["list", "dict"]),
            stream=st.booleans())
     def run(data: st.DataObject, depth: int, kind: str, stream: bool) -> None:
-        seed = data.draw(st.sampled_from(dialect.seeds))
+        seed = data.draw(st.sampled_from(SEEDS[dialect.name]))
         where = data.draw(st.sampled_from([p for p in paths(seed) if p]))
         raw = _planted(seed, where, nested(depth, kind))
         resp = answer_and_record(served, dialect, raw, stream=stream)
@@ -122,7 +120,7 @@ def test_nesting_anywhere_in_a_body_follows_the_limit(served, dialect: Dialect) 
 
 # ------------------------------------------------------------------ nesting in argument text
 def _issued(served: InProcess) -> str:
-    chat = DIALECTS[0]
+    chat = BY_NAME["openai_chat"]
     resp = served.call(chat, json.dumps({**chat.good, "tools": chat.good["tools"]}).encode())
     assert resp.status_code == 200, resp.text
     return resp.json()["choices"][0]["message"]["tool_calls"][0]["id"]
@@ -130,13 +128,13 @@ def _issued(served: InProcess) -> str:
 
 def _history(dialect: str, call_id: str, arguments: str) -> dict[str, Any]:
     if dialect == "openai_chat":
-        return {**DIALECTS[0].good, "messages": [
+        return {**BY_NAME["openai_chat"].good, "messages": [
             {"role": "user", "content": "go"},
             {"role": "assistant", "content": None, "tool_calls": [{
                 "id": call_id, "type": "function",
                 "function": {"name": "bash", "arguments": arguments}}]},
             {"role": "tool", "tool_call_id": call_id, "content": "out"}]}
-    return {**DIALECTS[2].good, "input": [
+    return {**BY_NAME["openai_responses"].good, "input": [
         {"type": "message", "role": "user", "content": "go"},
         {"type": "function_call", "call_id": call_id, "name": "bash", "arguments": arguments},
         {"type": "function_call_output", "call_id": call_id, "output": "out"}]}
@@ -148,7 +146,7 @@ def _text(depth: int, kind: str) -> str:
 
 @pytest.mark.parametrize("dialect", ["openai_chat", "openai_responses"])
 def test_nesting_in_resent_argument_text_follows_the_limit(served, dialect: str) -> None:
-    target = next(d for d in DIALECTS if d.name == dialect)
+    target = BY_NAME[dialect]
 
     @fuzz(40)
     @given(depth=depths, kind=st.sampled_from(["list", "dict"]), issued=st.booleans(),
@@ -165,13 +163,13 @@ def test_nesting_in_resent_argument_text_follows_the_limit(served, dialect: str)
 
 
 _CALL_IN_HISTORY = {
-    "anthropic": lambda value: {**DIALECTS[1].good, "messages": [
+    "anthropic": lambda value: {**BY_NAME["anthropic"].good, "messages": [
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "bash",
                                            "input": value}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
                                       "content": "out"}]}]},
-    "gemini": lambda value: {**DIALECTS[3].good, "contents": [
+    "gemini": lambda value: {**BY_NAME["gemini"].good, "contents": [
         {"role": "user", "parts": [{"text": "go"}]},
         {"role": "model", "parts": [{"functionCall": {"name": "bash", "args": value}}]},
         {"role": "user", "parts": [{"functionResponse": {"name": "bash",
@@ -183,7 +181,7 @@ _ARGS_AT = {"anthropic": 5, "gemini": 5}
 
 @pytest.mark.parametrize("dialect", ["anthropic", "gemini"])
 def test_nesting_in_resent_argument_objects_follows_the_limit(served, dialect: str) -> None:
-    target = next(d for d in DIALECTS if d.name == dialect)
+    target = BY_NAME[dialect]
 
     @fuzz(30)
     @given(depth=depths, stream=st.booleans())
@@ -200,10 +198,10 @@ def test_nesting_in_resent_argument_objects_follows_the_limit(served, dialect: s
 
 
 # ------------------------------------------------------------------ integers out of range
-@pytest.mark.parametrize("dialect", DIALECTS, ids=IDS)
-def test_out_of_range_numbers_anywhere_are_served_or_refused_in_shape(served, dialect: Dialect
+@pytest.mark.parametrize("dialect", WIRE, ids=IDS)
+def test_out_of_range_numbers_anywhere_are_served_or_refused_in_shape(served, dialect: WireDialect
                                                                       ) -> None:
-    numeric = [(p, seed) for seed in dialect.seeds for p in paths(seed)
+    numeric = [(p, seed) for seed in SEEDS[dialect.name] for p in paths(seed)
                if p and isinstance(_value(seed, p), int | float)]
 
     @fuzz(80)
@@ -219,7 +217,7 @@ def test_out_of_range_numbers_anywhere_are_served_or_refused_in_shape(served, di
         elif choice == "leaf":
             where, seed = data.draw(st.sampled_from(numeric))
         else:
-            seed = data.draw(st.sampled_from(dialect.seeds))
+            seed = data.draw(st.sampled_from(SEEDS[dialect.name]))
             where = data.draw(st.sampled_from([p for p in paths(seed) if p]))
         answer_and_record(served, dialect, _planted(seed, where, literal), stream=stream)
 
@@ -238,18 +236,18 @@ def test_token_ids_out_of_range_from_the_engine_fail_the_call_and_are_recorded(
     with in_thread(fake.app()) as (url, _server):
         proxy = make_proxy(VLLMEngine(url, read_timeout=10), tmp_path_factory.mktemp("ids"))
         with InProcess(proxy, loop) as served:
-            dialects = st.sampled_from(DIALECTS)
+            dialects = st.sampled_from(WIRE)
             ids = st.one_of(st.integers(0, 1000), st.integers(MAX_TOKEN_ID - 2, MAX_TOKEN_ID + 2),
                             st.integers(2**31, 2**70), st.integers(-(2**40), -1))
 
             @fuzz(60)
             @given(dialect=dialects, prompt=st.lists(ids, min_size=1, max_size=3),
                    sampled=st.lists(ids, min_size=1, max_size=3), stream=st.booleans())
-            def run(dialect: Dialect, prompt: list[int], sampled: list[int], stream: bool
+            def run(dialect: WireDialect, prompt: list[int], sampled: list[int], stream: bool
                     ) -> None:
                 fake.script = _reply(prompt, sampled, stream)
                 before = len(served.store.turns(served.key))
-                resp = served.call(dialect, dialect.body(stream=stream), stream=stream)
+                resp = served.call(dialect, dialect.good_bytes(stream=stream), stream=stream)
                 turns = served.store.turns(served.key)
                 assert len(turns) == before + 1
                 fits = all(0 <= i <= MAX_TOKEN_ID for i in prompt + sampled)

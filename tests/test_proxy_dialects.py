@@ -12,13 +12,10 @@ import httpx
 import pytest
 
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
+from tests.dialects import IDS, WIRE, WireDialect
 from tests.helpers import (
     REPLIES,
     SCHEMA,
-    Anthropic,
-    Chat,
-    Gemini,
-    Responses,
     ServedProxy,
     call,
     make_proxy,
@@ -39,9 +36,6 @@ def served(engine: ScriptedEngine, tmp_path: Path):
 
 
 # ------------------------------------------------------------------ harness-like drivers
-DRIVERS = [Chat(), Anthropic(), Responses(), Gemini()]
-NAMES = {"Chat": "openai_chat", "Anthropic": "anthropic", "Responses": "openai_responses",
-         "Gemini": "gemini"}
 
 
 def post(served, path: str, body: Any, key: str | None = None, **kwargs) -> httpx.Response:
@@ -50,15 +44,16 @@ def post(served, path: str, body: Any, key: str | None = None, **kwargs) -> http
     return httpx.post(f"{served.url}{path}", json=body, headers=headers, timeout=30, **kwargs)
 
 
-@pytest.mark.parametrize("driver", DRIVERS, ids=lambda d: type(d).__name__)
-def test_three_turns_extend_token_for_token(served, driver) -> None:
+@pytest.mark.parametrize("dialect", WIRE, ids=IDS)
+def test_three_turns_extend_token_for_token(served, dialect: WireDialect) -> None:
+    driver = dialect.driver
     history = driver.start()
     for _ in REPLIES:
         resp = post(served, driver.path, driver.body(history))
         assert resp.status_code == 200, resp.text
         history = driver.extend(history, resp.json())
     turns = served.store.turns(served.key)
-    assert [t.dialect for t in turns] == [NAMES[type(driver).__name__]] * 3
+    assert [t.dialect for t in turns] == [dialect.name] * 3
     assert [t.completion.finish_reason for t in turns] == ["tool_calls", "tool_calls", "stop"]
     for before, after in itertools.pairwise(turns):
         prefix = before.completion.tokens.prompt_ids + before.completion.tokens.completion_ids
@@ -77,20 +72,22 @@ def test_unknown_key_answers_401_in_each_shape(served, path, check) -> None:
     assert resp.status_code == 401 and check(resp.json())
 
 
-@pytest.mark.parametrize("driver", DRIVERS, ids=lambda d: type(d).__name__)
-def test_tool_result_for_a_call_never_made_is_a_400(served, driver) -> None:
+@pytest.mark.parametrize("dialect", WIRE, ids=IDS)
+def test_tool_result_for_a_call_never_made_is_a_400(served, dialect: WireDialect) -> None:
+    driver = dialect.driver
     history = driver.extend(driver.start(), {
         "choices": [{"message": {"role": "assistant", "content": "x"}}],
         "content": [{"type": "text", "text": "x"}], "output": [],
         "candidates": [{"content": {"role": "model", "parts": [{"text": "x"}]}}]})
     orphan = {
-        "Chat": {"role": "tool", "tool_call_id": "call_nope", "content": "ok"},
-        "Anthropic": {"role": "user", "content": [
+        "openai_chat": {"role": "tool", "tool_call_id": "call_nope", "content": "ok"},
+        "anthropic": {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "toolu_nope", "content": "ok"}]},
-        "Responses": {"type": "function_call_output", "call_id": "call_nope", "output": "ok"},
-        "Gemini": {"role": "user", "parts": [{"functionResponse": {
+        "openai_responses": {"type": "function_call_output", "call_id": "call_nope",
+                             "output": "ok"},
+        "gemini": {"role": "user", "parts": [{"functionResponse": {
             "name": "bash", "id": "nope", "response": {}}}]},
-    }[type(driver).__name__]
+    }[dialect.name]
     resp = post(served, driver.path, driver.body([*history, orphan]))
     assert resp.status_code == 400, resp.text
     assert "nope" in resp.text

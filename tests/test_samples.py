@@ -39,7 +39,8 @@ from harnessrl.types import (
     Tokens,
     Turn,
 )
-from tests.helpers import REPLIES, Chat, ServedProxy, make_proxy
+from tests.dialects import Chat
+from tests.helpers import REPLIES, ServedProxy, make_proxy
 
 
 def make_turn(index: int, prompt, completion, logprobs=None, *, status="ok", flags=(),
