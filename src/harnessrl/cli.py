@@ -122,7 +122,8 @@ def _run_parser(p: argparse.ArgumentParser) -> None:
                    help="local sandbox: do not hide the tasks' tests and other rollouts' "
                         "files from the agent, nor keep its writes inside its sandbox "
                         "(both need root for a mount namespace)")
-    p.add_argument("--image", default="python:3.11-slim", help="docker sandbox image")
+    p.add_argument("--image", help="docker sandbox: this image for every task (default: each "
+                                   "task's own, built from its environment/Dockerfile)")
     p.add_argument("--agent-timeout", type=float, metavar="SECONDS",
                    help="cap every task's own agent deadline")
     engine = p.add_mutually_exclusive_group(required=True)

@@ -26,7 +26,7 @@ import msgspec
 from harnessrl.errors import HarnessRLError
 from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR, Harness, RunContext
 from harnessrl.proxy.store import TraceStore
-from harnessrl.rollout.docker import DockerSandbox
+from harnessrl.rollout.docker import DockerBackend
 from harnessrl.rollout.rewards import Shaping, TraceStats
 from harnessrl.rollout.sandbox import ExecResult, LocalSandbox, Network, SandboxError
 from harnessrl.rollout.tasks import BUNDLED, Task, TaskError, Verdict, prepare, verify
@@ -54,7 +54,10 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # Show the agent an empty directory where the task's source (tests, solution), the
     # bundled tasks and other rollouts' sandboxes are (local sandbox; needs root).
     hide_host: bool = True
-    image: str = "python:3.11-slim"  # docker sandbox only
+    # Docker sandbox: an image for every task instead of the one built from its
+    # environment/Dockerfile, and how many containers may be starting at once.
+    image: str | None = None
+    sandbox_starts: int = 2
     # Caps every task's own agent deadline (seconds): a small model that never finishes
     # keeps a harness busy until the deadline, and a training step waits for its slowest.
     agent_timeout: float | None = None
@@ -107,6 +110,9 @@ class Runner:
         self.store = store
         self.proxy_url = proxy_url
         self.sandboxes = run_dir / "sandboxes"
+        self.docker = DockerBackend(image=self.settings.image, tools=self.settings.tools,
+                                    starts=self.settings.sandbox_starts,
+                                    run_label=str(run_dir.resolve()))
         self.on_outcome = on_outcome
 
     def pending(self) -> list[Planned]:
@@ -191,9 +197,8 @@ class Runner:
 
     async def _sandbox(self, name: str, task: Task) -> LocalSandbox:
         if self.settings.sandbox == "docker":
-            return await DockerSandbox.start(self.sandboxes, name, image=self.settings.image,
-                                             read_only=[self.settings.tools],
-                                             network="host")
+            return await self.docker.sandbox(self.sandboxes, name, task,
+                                             [int(self.proxy_url.rsplit(":", 1)[1])])
         hide = [self.sandboxes, BUNDLED, *([task.source] if task.source else [])]
         return await LocalSandbox.create(self.sandboxes, name, network=self.settings.network,
                                          proxy_ports=[int(self.proxy_url.rsplit(":", 1)[1])],

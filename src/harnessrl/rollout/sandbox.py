@@ -401,9 +401,10 @@ def _killpg(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def kill_marked(token: str) -> int:
-    """SIGKILL every process whose environment carries this sandbox's marker (those that
-    left the process group with setsid). Returns how many were killed."""
+def kill_marked(token: str, sig: signal.Signals = signal.SIGKILL) -> int:
+    """SIGKILL (or `sig`) every process whose environment carries this sandbox's marker
+    (those that left the process group with setsid; a container's, seen from the host).
+    Returns how many were signalled."""
     needle = f"{MARKER}={token}".encode()
     killed = 0
     for entry in os.scandir("/proc"):
@@ -412,7 +413,7 @@ def kill_marked(token: str) -> int:
         try:
             with open(f"/proc/{entry.name}/environ", "rb") as handle:
                 if needle in handle.read().split(b"\0"):
-                    os.kill(int(entry.name), signal.SIGKILL)
+                    os.kill(int(entry.name), sig)
                     killed += 1
         except OSError:  # gone, or not ours to read
             continue
