@@ -7,6 +7,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${HARNESSRL_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
 
+# The docker sandbox's daemon and offline base image (scripts/docker.sh; never fails),
+# meanwhile: a first debootstrap takes a few minutes.
+bash "$ROOT/scripts/docker.sh" &
+docker_setup=$!
 if [ ! -x "$VENV/bin/python" ]; then
   echo "bootstrap: creating $VENV" >&2
   "$PY" -m venv "$VENV"
@@ -22,6 +26,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || true
   echo "$want" > "$stamp"
 fi
+wait "$docker_setup" || true  # before apt-get runs again below
 # The viewer's browser tests drive Debian's chromium (Playwright never downloads one).
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   SUDO=""

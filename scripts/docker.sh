@@ -24,7 +24,7 @@ _hrl_docker_install() {
   command -v apt-get >/dev/null 2>&1 || { _hrl_docker_say "no apt-get to install docker.io"; return 1; }
   local sudo=""
   [ "$(id -u)" -ne 0 ] && { command -v sudo >/dev/null 2>&1 && sudo="sudo -n" || return 1; }
-  local apt="$sudo env DEBIAN_FRONTEND=noninteractive apt-get -q"
+  local apt="$sudo env DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=300"
   _hrl_docker_say "installing docker.io and debootstrap"
   $apt install -y docker.io debootstrap >/dev/null 2>&1 \
     || { $apt update >/dev/null 2>&1 && $apt install -y docker.io debootstrap >/dev/null 2>&1; }

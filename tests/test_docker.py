@@ -282,3 +282,29 @@ async def test_after_sigkill_the_next_start_sweeps_the_leftovers(tmp_path: Path)
     assert len(containers(label)) == 1  # nothing ran to remove it
     removed = await sweep()
     assert containers(label) == [] and len(removed) >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.harness
+@pytest.mark.parametrize("name", ["pi", "mini-swe-agent"])  # one Node, one Python harness
+def test_real_harness_through_the_proxy_from_inside_a_container(name: str,
+                                                                tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from harnessrl.harnesses import get
+    from harnessrl.proxy.store import TraceReader
+    from harnessrl.rollout.run import execute, oracle_engine
+    from harnessrl.rollout.runner import RolloutSettings, RunConfig
+
+    harness = get(name)
+    harness.install(TOOLS, log=lambda _line: None)
+    tasks = load_tasks("bundled:count-error-lines")
+    config = RunConfig(harnesses=[harness], tasks=tasks,
+                       settings=RolloutSettings(sandbox="docker", tools_dir=str(TOOLS)))
+    quiet = Console(file=open(os.devnull, "w"))  # noqa: SIM115
+    outcomes = execute(config, oracle_engine(tasks, [harness]), tmp_path, console=quiet)
+    assert [(o.status, o.verifier_reward, o.sandbox) for o in outcomes] == [
+        ("done", 1.0, "docker")], [o.error for o in outcomes]
+    with TraceReader(tmp_path) as store:  # the agent's model calls went through the proxy
+        assert all(len(store.turns(o.rollout)) >= harness.min_turns for o in outcomes)
+    assert containers(f"{RUN_LABEL}={tmp_path.resolve()}") == []
