@@ -51,6 +51,7 @@ from typing import Any, Literal
 from transformers import TrainerCallback
 
 from harnessrl.harnesses.base import Harness
+from harnessrl.proxy.app import Proxy
 from harnessrl.proxy.serve import running
 from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.chains import Chain, ChainStats, link, rollout_stats
@@ -184,6 +185,8 @@ class HarnessRollouts:
         self._tasks = {t.id: t for t in self.tasks}
         self._stack = contextlib.ExitStack()
         self._store: TraceStore | None = None
+        self._proxy: Proxy | None = None
+        self.url = ""  # the proxy's, once served
         self._runner: Runner | None = None
         self._rotation = 0
         self._samples: dict[tuple[str, str], int] = {}
@@ -197,6 +200,8 @@ class HarnessRollouts:
         served = self._stack.enter_context(
             running(self.engine, self.run_dir, sampling=self.sampling))
         self._store = store = served.store
+        self._proxy = served.proxy
+        self.url = served.url
         for o in store.outcomes():  # resume: sample numbers stay unique per harness and task
             key = (o.harness, o.task)
             self._samples[key] = max(self._samples.get(key, 0), o.sample + 1)
@@ -215,6 +220,13 @@ class HarnessRollouts:
         if self._store is None:
             raise RuntimeError("use HarnessRollouts as a context manager (with ...:)")
         return self._store
+
+    @property
+    def proxy(self) -> Proxy:
+        """The capture proxy being served (its weight gate is held during a swap)."""
+        if self._proxy is None:
+            raise RuntimeError("use HarnessRollouts as a context manager (with ...:)")
+        return self._proxy
 
     # ---------------------------------------------------------------- TRL entry point
     def __call__(self, prompts: list[Any], trainer: Any = None) -> dict[str, list[Any]]:
@@ -249,8 +261,14 @@ class HarnessRollouts:
         """Run `planned` (in order) and read each one's sample back from the store."""
         if self._runner is None:
             raise RuntimeError("use HarnessRollouts as a context manager (with ...:)")
-        outcomes = asyncio.run(self._runner.run(planned))
+        outcomes = asyncio.run(self.run_planned(planned))
         return [record_for(o, self.seen_turns(o.rollout)) for o in outcomes]
+
+    async def run_planned(self, planned: Sequence[Planned]) -> list[Outcome]:
+        """Run `planned` on the caller's event loop; outcomes in order, each stored."""
+        if self._runner is None:
+            raise RuntimeError("use HarnessRollouts as a context manager (with ...:)")
+        return await self._runner.run(planned)
 
     def seen_turns(self, key: str) -> list[Turn]:
         """The rollout's turns whose reply was done before the rollout closed: a harness

@@ -1,0 +1,344 @@
+"""Asynchronous GRPO: a rollout worker for TRL 1.16's `AsyncGRPOTrainer`.
+
+`HarnessRolloutWorker` implements TRL's `RolloutWorkerProtocol` in this process: real
+harnesses run on tasks through the capture proxy, `max_inflight` at a time and without
+pause, while the trainer takes its steps. Rollouts are planned in GRPO groups of
+`num_generations`, one harness per group, rotating (`mix="generation"` alternates the
+harnesses within a group instead; `train.trl.HarnessRollouts` plans both). When a group's
+last rollout ends, the group is scored and pushed to TRL's rollout queue:
+
+- **Every chain of every rollout** with a sampled token becomes a row (`RolloutSample`),
+  not only the main chain: a harness that rewrites its history (compaction, dropped
+  replies) starts a new chain at each rewrite, and those tokens are trained too. A row is
+  the chain as the engine saw and produced it (`train.samples.sample`), never
+  re-tokenized: mask 1 on sampled tokens with the engine's logprobs, 0 elsewhere.
+- **The group's advantage** is TRL's, (r - mean) / (std + 1e-8) over the group's scored
+  rollouts, shared by all rows of a rollout. An infrastructure failure has no reward: it is
+  left out of the mean and the std and gives no row.
+- **Weight versions.** Each row carries the oldest version that sampled one of its turns
+  (see `async_weights`). A row already older than `max_staleness` when its group ends is
+  dropped here and counted (`harnessrl/rows_stale_dropped_total`); TRL drops the ones that
+  go stale in its queue and counts them (`sample/dropped_stale_total`). None is trained
+  silently.
+
+Per group the worker pushes metrics into TRL's metric queue, so they reach the trainer's
+own logging (`report_to`) beside TRL's: rows per rollout, sampled tokens trained / sampled
+tokens captured with all chains and with the main chain only (per harness), staleness at
+enqueue, infrastructure failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from harnessrl.rollout.chains import link
+from harnessrl.train.async_weights import FileWeightTransfer, version_number
+from harnessrl.train.samples import sample as chain_sample
+from harnessrl.train.trl import HarnessRollouts, main_chain
+from harnessrl.types import Outcome, Sample, Turn
+
+POLL_SECONDS = 0.2
+REPORTS_KEPT = 2000
+
+
+# ------------------------------------------------------------------ scoring (no I/O)
+@dataclass(frozen=True)
+class Row:
+    """One trained sequence of a rollout, and what became of it."""
+
+    rollout: str
+    turns: tuple[int, ...]
+    input_ids: tuple[int, ...]
+    trained_tokens: int
+    version: int | None  # None: a turn has no version we set; the row is not trained
+    fate: str = "queued"  # queued | stale | untagged
+
+
+@dataclass(frozen=True)
+class GroupReport:
+    group: int
+    harnesses: tuple[str, ...]
+    task: str
+    outcomes: tuple[Outcome, ...]
+    advantages: tuple[float, ...]
+    rows: tuple[Row, ...]
+    captured_tokens: dict[str, int]  # per rollout key: sampled tokens of its ok turns
+    main_chain_tokens: dict[str, int]
+
+
+def advantages(rewards: Sequence[float | None]) -> list[float]:
+    """TRL's group advantage over the scored rollouts (population std); 0 for None."""
+    scored = [r for r in rewards if r is not None]
+    if not scored:
+        return [0.0] * len(rewards)
+    mean = sum(scored) / len(scored)
+    std = (sum((r - mean) ** 2 for r in scored) / len(scored)) ** 0.5
+    return [0.0 if r is None else (r - mean) / (std + 1e-8) for r in rewards]
+
+
+def rows_of(turns: Sequence[Turn]) -> list[Sample]:
+    """Every chain of the rollout that holds a sampled token, as a sample."""
+    if not turns:
+        return []
+    return [s for s in (chain_sample(c) for c in link(turns).chains) if any(s.mask)]
+
+
+def captured_tokens(turns: Sequence[Turn]) -> int:
+    """Sampled tokens the rollout's finished calls returned (cancelled and failed calls
+    are no part of its trajectory)."""
+    return sum(len(t.completion.tokens.completion_ids or ()) for t in turns
+               if t.status == "ok" and t.completion is not None)
+
+
+def _main_chain_tokens(turns: Sequence[Turn]) -> int:
+    chain = main_chain(link(turns).chains) if turns else None
+    return 0 if chain is None else sum(chain_sample(chain).mask)
+
+
+def score_group(group: int, task: str, finished: Sequence[tuple[Outcome, list[Turn]]]
+                ) -> tuple[GroupReport, list[tuple[Sample, float, Outcome]]]:
+    """The group's rows, each with its rollout's advantage, and its report."""
+    rewards = [o.reward if o.status == "done" else None for o, _ in finished]
+    adv = advantages(rewards)
+    rows: list[tuple[Sample, float, Outcome]] = []
+    for (outcome, turns), a in zip(finished, adv, strict=True):
+        if outcome.status == "done":
+            rows.extend((s, a, outcome) for s in rows_of(turns))
+    report = GroupReport(
+        group=group, harnesses=tuple(o.harness for o, _ in finished), task=task,
+        outcomes=tuple(o for o, _ in finished), advantages=tuple(adv),
+        rows=tuple(_row(s) for s, _, _ in rows),
+        captured_tokens={o.rollout: captured_tokens(t) for o, t in finished
+                         if o.status == "done"},
+        main_chain_tokens={o.rollout: _main_chain_tokens(t) for o, t in finished
+                           if o.status == "done"})
+    return report, rows
+
+
+def _row(s: Sample) -> Row:
+    versions = [version_number(v) for v in s.weight_versions]
+    version = None if not versions or None in versions else min(
+        v for v in versions if v is not None)
+    return Row(s.rollout, s.turns, (*s.prompt_ids, *s.completion_ids), sum(s.mask), version,
+               "queued" if version is not None else "untagged")
+
+
+def rollout_sample(s: Sample, advantage: float, version: int, group: int,
+                   outcome: Outcome, instruction: str) -> Any:
+    """TRL's `RolloutSample`: the mask and logprobs aligned with `input_ids` (0 on the
+    prompt and on inserted tokens, which no loss term reads)."""
+    import numpy as np
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    prompt = len(s.prompt_ids)
+    return RolloutSample(
+        prompt=[{"role": "user", "content": instruction}], completion=[],
+        input_ids=np.asarray([*s.prompt_ids, *s.completion_ids], dtype=np.int64),
+        completion_mask=np.asarray([0] * prompt + list(s.mask), dtype=np.int64),
+        old_log_probs=np.asarray([0.0] * prompt + s.dense_logprobs(0.0), dtype=np.float32),
+        advantage=float(advantage), model_version=version, group_id=group,
+        metrics={"reward": float(outcome.reward if outcome.reward is not None else "nan"),
+                 "verifier_reward": float(outcome.verifier_reward
+                                          if outcome.verifier_reward is not None else "nan")})
+
+
+def group_metrics(report: GroupReport, current: int) -> dict[str, Any]:
+    """One group's metrics in the shape of TRL's sink: floats for counters (`total`) and
+    gauges, (numerator, denominator) for rates."""
+    out: dict[str, Any] = {"harnessrl/groups_total": 1.0,
+                           "harnessrl/infra_errors_total": float(sum(
+                               o.status != "done" for o in report.outcomes))}
+    by_harness: dict[str, list[Outcome]] = {}
+    for o in report.outcomes:
+        if o.status == "done":
+            by_harness.setdefault(o.harness, []).append(o)
+    for harness, outcomes in by_harness.items():
+        keys = {o.rollout for o in outcomes}
+        rows = [r for r in report.rows if r.rollout in keys]
+        captured = sum(report.captured_tokens[k] for k in keys)
+        for prefix in ("harnessrl", f"harnessrl/{harness}"):
+            _add(out, f"{prefix}/rows_per_rollout", (len(rows), len(outcomes)))
+            _add(out, f"{prefix}/tokens_trained_share",
+                 (sum(r.trained_tokens for r in rows), captured))
+            _add(out, f"{prefix}/tokens_main_chain_share",
+                 (sum(report.main_chain_tokens[k] for k in keys), captured))
+    for row in report.rows:
+        if row.version is not None:
+            _add(out, f"harnessrl/staleness_{current - row.version}_total", 1.0)
+        if row.fate != "queued":
+            _add(out, f"harnessrl/rows_{row.fate}_dropped_total", 1.0)
+    return out
+
+
+def _add(out: dict[str, Any], key: str, value: Any) -> None:
+    if key not in out:
+        out[key] = value
+    elif isinstance(value, tuple):
+        out[key] = (out[key][0] + value[0], out[key][1] + value[1])
+    else:
+        out[key] += value
+
+
+# ------------------------------------------------------------------ the worker
+@dataclass
+class HarnessRolloutWorker:
+    """TRL's `RolloutWorkerProtocol` over `HarnessRollouts` (the proxy, the store and the
+    runner), in this process: an event loop on a thread of its own.
+
+    `transfer`, when given, gets the proxy's gate (held during every weight swap) and the
+    engine (which it stamps with each new version)."""
+
+    rollouts: HarnessRollouts
+    num_generations: int
+    max_inflight: int
+    max_staleness: int
+    transfer: FileWeightTransfer | None = None
+    queue_maxsize: int = 0
+    rollout_buffer: queue.Queue = field(init=False)
+    metrics_queue: queue.Queue = field(init=False)
+    stats: Counter[str] = field(default_factory=Counter)
+    reports: deque[GroupReport] = field(default_factory=lambda: deque(maxlen=REPORTS_KEPT))
+
+    def __post_init__(self) -> None:
+        if self.num_generations < 1 or self.max_inflight < 1 or self.max_staleness < 0:
+            raise ValueError("num_generations and max_inflight must be >= 1, "
+                             "max_staleness >= 0")
+        self.rollout_buffer = queue.Queue(maxsize=self.queue_maxsize)
+        self.metrics_queue = queue.Queue()
+        self._version = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._heartbeat = time.time()
+        self._groups = 0
+        self._entered = False
+
+    # ---------------------------------------------------------------- protocol
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self.rollouts.__enter__()
+        self._entered = True
+        if self.transfer is not None:
+            self.transfer.gates.append(self.rollouts.proxy.gate)
+            sync = self.transfer.sync
+            if self.rollouts.engine not in sync.engines:
+                sync.engines.append(self.rollouts.engine)
+            # The cold sync ran before this engine was known: it serves what vLLM says.
+            self.rollouts.engine.weight_version = sync.served_version()
+        self._thread = threading.Thread(target=self._main, name="harnessrl-rollouts",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(120)
+            self._thread = None
+        if self._entered:
+            self._entered = False
+            self.rollouts.__exit__(None, None, None)
+
+    def update_model_version(self, model_version: int) -> None:
+        self._version = int(model_version)
+
+    def check_health(self, stale_after_s: float) -> None:
+        if self._error is not None:
+            raise RuntimeError("the harnessrl rollout worker failed") from self._error
+        if self._thread is None or not self._thread.is_alive():
+            raise RuntimeError("the harnessrl rollout worker is not running")
+        if time.time() - self._heartbeat > stale_after_s:
+            raise RuntimeError(f"no rollout group finished in {stale_after_s:.0f}s")
+
+    # ---------------------------------------------------------------- the loop
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._generate())
+        except BaseException as exc:  # surfaced to the trainer by check_health
+            self._error = exc
+
+    async def _generate(self) -> None:
+        pending: deque[tuple[int, int, Any]] = deque()  # (group, position, planned)
+        groups: dict[int, list[tuple[Outcome, list[Turn]] | None]] = {}
+        tasks: dict[asyncio.Task, tuple[int, int]] = {}
+        try:
+            while not self._stop.is_set():
+                while len(tasks) < self.max_inflight:
+                    if not pending:
+                        pending.extend(self._plan_group(groups))
+                    group, position, planned = pending.popleft()
+                    task = asyncio.ensure_future(self.rollouts.run_planned([planned]))
+                    tasks[task] = (group, position)
+                done, _ = await asyncio.wait(tasks, timeout=POLL_SECONDS,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    group, position = tasks.pop(task)
+                    [outcome] = task.result()
+                    turns = await asyncio.to_thread(self.rollouts.seen_turns, outcome.rollout)
+                    groups[group][position] = (outcome, turns)
+                    self.stats["rollouts"] += 1
+                    if all(r is not None for r in groups[group]):
+                        await asyncio.to_thread(self._finish, group, groups.pop(group))
+        finally:
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _plan_group(self, groups: dict[int, list[Any]]) -> list[tuple[int, int, Any]]:
+        """The next group: the next task for the next harness (tasks advance once every
+        harness has had one, so every pair meets)."""
+        group = self._groups
+        self._groups += 1
+        tasks = self.rollouts.tasks
+        n = len(self.rollouts.harnesses)
+        task = tasks[(group // n) % len(tasks)]
+        planned = self.rollouts.plan([task.id] * self.num_generations, self.num_generations)
+        groups[group] = [None] * len(planned)
+        return [(group, i, p) for i, p in enumerate(planned)]
+
+    def _finish(self, group: int, finished: list[Any]) -> None:
+        task = finished[0][0].task
+        report, rows = score_group(group, task, finished)
+        instruction = next((t.instruction for t in self.rollouts.tasks if t.id == task), task)
+        current = self._version
+        fates = []
+        for (s, advantage, outcome), row in zip(rows, report.rows, strict=True):
+            fate = row.fate
+            if row.version is not None and current - row.version > self.max_staleness:
+                fate = "stale"
+            if fate == "queued":
+                assert row.version is not None
+                self._put(rollout_sample(s, advantage, row.version, group, outcome,
+                                         instruction))
+            fates.append(fate)
+            self.stats[f"rows_{fate}"] += 1
+        report = _with_fates(report, fates)
+        self.reports.append(report)
+        self.stats["groups"] += 1
+        self.stats["infra_errors"] += sum(o.status != "done" for o in report.outcomes)
+        self.metrics_queue.put(group_metrics(report, current))
+        self._heartbeat = time.time()
+
+    def _put(self, item: Any) -> None:
+        while not self._stop.is_set():
+            try:
+                self.rollout_buffer.put(item, timeout=POLL_SECONDS)
+                return
+            except queue.Full:
+                continue
+
+
+def _with_fates(report: GroupReport, fates: list[str]) -> GroupReport:
+    from dataclasses import replace
+
+    rows = tuple(replace(r, fate=f) for r, f in zip(report.rows, fates, strict=True))
+    return replace(report, rows=rows)
