@@ -21,6 +21,7 @@ MODULES = {
     "kilo": "kilo",
     "kimi": "kimi",
     "mini-swe-agent": "mini_swe_agent",
+    "mistral-vibe": "mistral_vibe",
     "opencode": "opencode",
     "openhands": "openhands",
     "pi": "pi",
