@@ -22,6 +22,7 @@ MODULES = {
     "kimi": "kimi",
     "mini-swe-agent": "mini_swe_agent",
     "mistral-vibe": "mistral_vibe",
+    "nanocoder": "nanocoder",
     "opencode": "opencode",
     "openhands": "openhands",
     "pi": "pi",
