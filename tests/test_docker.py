@@ -217,11 +217,13 @@ async def test_bad_dockerfile_and_missing_image_are_infrastructure_errors(tmp_pa
         f"FROM {BASE_IMAGE}\nRUN echo the-build-step-ran && exit 7\n")
     task = load_harbor_task(task_dir)
     images = Images()
+    before = set(containers("name="))
     for _ in range(2):  # the second time from the remembered failure
         with pytest.raises(SandboxError) as failed:
             await images.for_task(task)
         assert "did not build" in str(failed.value) and "the-build-step-ran" in str(failed.value)
         assert "returned a non-zero code: 7" in str(failed.value)
+    assert set(containers("name=")) == before  # the failed step's container is gone too
     with pytest.raises(SandboxError, match="'no-such/image:1' does not exist"):
         await Images("no-such/image:1").for_task(task)
 

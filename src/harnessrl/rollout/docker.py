@@ -191,8 +191,8 @@ class Images:
                 raise SandboxError(self._failed[tag])
             if (await docker("image", "inspect", tag)).returncode == 0:
                 return tag
-            built = await docker("build", "--network", "none", "-q", "-t", tag, "-f",
-                                 str(task.dockerfile), str(context), timeout=1800)
+            built = await docker("build", "--network", "none", "--force-rm", "-q", "-t", tag,
+                                 "-f", str(task.dockerfile), str(context), timeout=1800)
             if built.returncode != 0:
                 tail = "\n".join(built.stdout.strip().splitlines()[-15:])
                 self._failed[tag] = (f"task {task.id!r}: the image did not build from "
