@@ -124,7 +124,9 @@ def test_agent_cannot_see_tests_solution_or_other_rollouts(mini, tmp_path):
         assert part.content[0].text.count("mini-swe-agent.fizzbuzz.") <= 1
 
 
-def test_a_hanging_harness_is_killed_and_recorded_as_timed_out(tmp_path):
+def test_a_harness_that_never_calls_the_model_is_an_infra_error(tmp_path):
+    """Hanging or exiting before the first model call is the harness's failure, not the
+    policy's: no reward, the reason (with its stderr) kept, the whole process tree killed."""
     import json
     import subprocess
 
@@ -135,18 +137,24 @@ def test_a_hanging_harness_is_killed_and_recorded_as_timed_out(tmp_path):
         def executable(self, tools_dir: Path) -> Path:
             return Path("/bin/sh")
 
-    hangs = Hangs(name="hangs", version="0", dialect="openai_chat", registry="npm",
-                  package="-", binary="sh",
-                  argv=lambda ctx, instruction: ["-c", "sleep 983.5 & sleep 983.6"])
+    def shell(name: str, script: str) -> Harness:
+        return Hangs(name=name, version="0", dialect="openai_chat", registry="npm",
+                     package="-", binary="sh", argv=lambda ctx, instruction: ["-c", script])
+
     (tmp_path / "tasks.jsonl").write_text(json.dumps(
         {"id": "hang", "instruction": "wait", "verify": ["test -f done.txt"], "timeout": 2}))
-    config = RunConfig(harnesses=[hangs], tasks=load_tasks(tmp_path / "tasks.jsonl"))
+    config = RunConfig(harnesses=[shell("hangs", "sleep 983.5 & sleep 983.6"),
+                                  shell("crashes", "echo 'no config found' >&2; exit 3")],
+                       tasks=load_tasks(tmp_path / "tasks.jsonl"),
+                       settings=RolloutSettings(retries=0))
     engine = ScriptedEngine(policy_tokenizer(), replay(["unused"]))
-    [outcome] = execute(config, engine, tmp_path / "run",
-                        console=Console(file=open("/dev/null", "w")))  # noqa: SIM115
-    assert outcome.status == "done" and outcome.agent_timed_out
-    assert outcome.agent_finished is False and outcome.reward == 0.0
-    assert 2 <= outcome.timings["agent"] < 15
+    outcomes = execute(config, engine, tmp_path / "run",
+                       console=Console(file=open("/dev/null", "w")))  # noqa: SIM115
+    by_name = {o.harness: o for o in outcomes}
+    assert all(o.status == "infra_error" and o.reward is None for o in outcomes)
+    assert "hangs timed out before its first model call" in str(by_name["hangs"].error)
+    assert "crashes exited 3 before its first model call: no config found" in str(
+        by_name["crashes"].error)
     alive = subprocess.run(["pgrep", "-f", "sleep 983"], capture_output=True, text=True)
     assert alive.stdout == ""  # the whole process tree is gone
 

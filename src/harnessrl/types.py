@@ -336,6 +336,7 @@ class Outcome(msgspec.Struct, frozen=True, omit_defaults=True):
     agent_timed_out: bool = False  # killed with its whole process tree at the deadline
     agent_exit_code: int | None = None
     agent_detail: str = ""
+    agent_stderr: str = ""  # the tail of the harness's stderr
     verifier_status: str | None = None
     verifier_output: str = ""
     sandbox: str = "local"

@@ -180,6 +180,12 @@ class Runner:
                                     env=harness.environment(ctx),
                                     timeout=min(task.agent_timeout, deadline - time.monotonic()))
             timings["agent"] = time.monotonic() - agent_started
+            if (run.timed_out or run.exit_code != 0) and self.store.next_index(key) == 0:
+                # The model was never asked: the harness failed to start (a crash, a
+                # prompt for a login, a missing runtime), which no policy can be blamed for.
+                how = "timed out" if run.timed_out else f"exited {run.exit_code}"
+                raise InfraError(f"{harness.name} {how} before its first model call: "
+                                 f"{_tail(run)}")
             exit_state = harness.outcome(ctx, run.exit_code, run.stdout)
             verdict = await verify(task, sandbox)
             timings["verifier"] = verdict.seconds
@@ -215,8 +221,13 @@ class Runner:
             task=planned.task.id, sample=planned.sample, rollout=key, status="done",
             reward=reward, verifier_reward=verdict.reward, shaping=terms,
             agent_finished=finished, agent_timed_out=run.timed_out,
-            agent_exit_code=run.exit_code, agent_detail=detail,
+            agent_exit_code=run.exit_code, agent_detail=detail, agent_stderr=_tail(run),
             verifier_status=verdict.status, verifier_output=verdict.output[-4000:],
             sandbox=self.settings.sandbox, timings=timings, turns=stats.turns,
             tool_calls=stats.tool_calls, completion_tokens=stats.completion_tokens,
             attempts=attempt)
+
+
+def _tail(run: ExecResult, limit: int = 2000) -> str:
+    """The end of what the harness wrote to stderr (where CLIs say why they stopped)."""
+    return run.stderr[-limit:].decode(errors="replace").strip()
