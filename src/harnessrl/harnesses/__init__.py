@@ -16,6 +16,7 @@ MODULES = {
     "copilot": "copilot",
     "droid": "droid",
     "gemini": "gemini",
+    "gptme": "gptme",
     "grok": "grok",
     "hermes": "hermes",
     "kilo": "kilo",
