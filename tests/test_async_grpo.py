@@ -257,3 +257,36 @@ def test_async_grpo_trains_every_chain_with_weight_swaps_and_drops_stale_rows(
     assert during_swap["status"] == 200 and during_swap["waited_for_swap"]
     [turn] = store.turns(during_swap["key"])
     assert turn.status == "ok" and turn.weight_version == "v2"
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize(("grpo", "named"), [
+    ('trainer = "async"\nmax_staleness = -1', "max_staleness"),
+    ('trainer = "async"\nmax_inflight = 0', "max_inflight"),
+    ('trainer = "async"\nmax_inflite = 4', "max_inflite"),
+    ('trainer = "later"', "trainer"),
+])
+def test_invalid_async_config_is_refused_naming_the_field(tmp_path, grpo, named):
+    from harnessrl.train.config import ConfigError, load_config
+
+    path = tmp_path / "train.toml"
+    path.write_text(f"[grpo]\n{grpo}\n")
+    with pytest.raises(ConfigError, match=named):
+        load_config(path)
+
+
+@pytest.mark.slow  # imports TRL's async trainer, which imports vLLM (~20-50 s)
+def test_trl_keys_async_grpo_does_not_have_are_refused_before_anything_starts(tmp_path):
+    from rich.console import Console
+
+    from harnessrl.train.config import load_config
+    from harnessrl.train.loop import train
+
+    path = tmp_path / "train.toml"
+    path.write_text(f'run_dir = "{tmp_path / "run"}"\n[model]\npath = "/nonexistent"\n'
+                    '[rollout]\ntasks = "bundled:create-hello-file"\n'
+                    '[grpo]\ntrainer = "async"\ntasks_per_step = 1\n'
+                    '[grpo.trl]\nloss_type = "dapo"\n')
+    # refused before the model is looked up or vLLM started (the model path is bogus)
+    with pytest.raises(ValueError, match="loss_type"):
+        train(load_config(path), console=Console(file=open(os.devnull, "w")))  # noqa: SIM115

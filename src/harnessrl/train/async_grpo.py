@@ -37,13 +37,16 @@ import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harnessrl.rollout.chains import link
 from harnessrl.train.async_weights import FileWeightTransfer, version_number
 from harnessrl.train.samples import sample as chain_sample
 from harnessrl.train.trl import HarnessRollouts, main_chain
 from harnessrl.types import Outcome, Sample, Turn
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue as MPQueue
 
 POLL_SECONDS = 0.2
 REPORTS_KEPT = 2000
@@ -202,8 +205,9 @@ class HarnessRolloutWorker:
     max_staleness: int
     transfer: FileWeightTransfer | None = None
     queue_maxsize: int = 0
-    rollout_buffer: queue.Queue = field(init=False)
-    metrics_queue: queue.Queue = field(init=False)
+    # typed as TRL's protocol has them; these are in-process queues
+    rollout_buffer: queue.Queue | MPQueue = field(init=False)
+    metrics_queue: queue.Queue | MPQueue = field(init=False)
     stats: Counter[str] = field(default_factory=Counter)
     reports: deque[GroupReport] = field(default_factory=lambda: deque(maxlen=REPORTS_KEPT))
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
+from harnessrl.rollout.cluster import ClusterSettings
 from harnessrl.rollout.runner import RolloutSettings
 
 
@@ -52,13 +53,21 @@ class RolloutConfig(RolloutSettings, frozen=True):
 
 
 class GRPOSettings(_Section):
-    steps: int = 2
-    num_generations: int = 2  # rollouts per task per step (the GRPO group)
-    tasks_per_step: int = 2
+    # async: TRL's AsyncGRPOTrainer, rollouts always in flight, every chain trained
+    # (train/async_grpo.py); sync: GRPOTrainer with a rollout_func, one chain per rollout
+    trainer: Literal["async", "sync"] = "sync"
+    steps: Annotated[int, msgspec.Meta(ge=1)] = 2
+    num_generations: Annotated[int, msgspec.Meta(ge=1)] = 2  # rollouts per GRPO group
+    # sync: tasks per step; async: rows per optimizer step = tasks_per_step * num_generations
+    tasks_per_step: Annotated[int, msgspec.Meta(ge=1)] = 2
+    max_inflight: Annotated[int, msgspec.Meta(ge=1)] = 4  # async: rollouts running at once
+    # async: how many weight versions behind the trainer a row may be and still be trained
+    max_staleness: Annotated[int, msgspec.Meta(ge=0)] = 4
     learning_rate: float = 1e-5
     beta: float = 0.0  # KL to a reference model; 0 needs no second model in memory
     seed: int = 0
-    trl: dict[str, Any] = {}  # any other trl.GRPOConfig field, passed through
+    # any other trl.GRPOConfig field (sync) or AsyncGRPOConfig field (async), passed through
+    trl: dict[str, Any] = {}
 
 
 class ShapingConfig(_Section):
@@ -76,6 +85,8 @@ class TrainConfig(_Section):
     rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
     grpo: GRPOSettings = msgspec.field(default_factory=GRPOSettings)
     shaping: ShapingConfig = msgspec.field(default_factory=ShapingConfig)
+    # [cluster]: the rollouts run across a Ray cluster (extra harnessrl[ray]); absent: here
+    cluster: ClusterSettings | None = None
 
 
 class ConfigError(ValueError):

@@ -169,12 +169,18 @@ def train(config: TrainConfig, *, console: Console | None = None,
         raise ValueError(f"{len(tasks)} tasks, but tasks_per_step is "
                          f"{config.grpo.tasks_per_step}")
     harnesses = [get(name) for name in config.rollout.harnesses]
+    asynchronous = config.grpo.trainer == "async"
+    if asynchronous:
+        from harnessrl.train.async_loop import check_config, train_async
+
+        check_config(config)
     model_dir = resolve_model(config.model.path, console)
     spec = engine_spec(config, model_dir, run_dir)
     with built(spec, status=lambda _m: console.status("starting vLLM (20-40 s on a CPU)")
                ) as engine:
         assert engine.url is not None  # chat or token mode: always a vLLM
-        return _train(config, tasks, harnesses, model_dir, engine, run_dir, console, on_step)
+        run = train_async if asynchronous else _train
+        return run(config, tasks, harnesses, model_dir, engine, run_dir, console, on_step)
 
 
 def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_dir: Path,
@@ -201,7 +207,8 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
         run_dir=run_dir,
         pad_token_id=tokenizer.pad_token_id, sync=sync, sampling=sampling_of(config),
         shaping=shaping_of(config.shaping), mix=config.rollout.mix, settings=config.rollout,
-        on_outcome=lambda _o: progress.advance(task_id))
+        on_outcome=lambda _o: progress.advance(task_id), cluster=config.cluster,
+        engine_factory=_node_engines(config, model_dir, run_dir, engine.url))
     log = StepLog(run_dir / METRICS_FILE, rollouts, progress.console, on_step)
     with rollouts, progress:
         trainer = GRPOTrainer(
@@ -214,6 +221,21 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
     console.print(summary_table(log.steps))
     console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'}")
     return log.steps
+
+
+def _node_engines(config: TrainConfig, model_dir: Path, run_dir: Path, url: str
+                  ) -> Callable[[], Any] | None:
+    """[cluster]: what each Ray node builds for its proxy shard: an engine calling the
+    vLLM started (or named) here, by URL."""
+    if config.cluster is None:
+        return None
+    import dataclasses
+    import functools
+
+    from harnessrl.rollout.cluster_run import engines_from
+
+    spec = dataclasses.replace(engine_spec(config, model_dir, run_dir), url=url)
+    return functools.partial(engines_from, [spec])
 
 
 def sampling_of(config: TrainConfig) -> Any:
