@@ -101,7 +101,7 @@ def captured_tokens(turns: Sequence[Turn]) -> int:
                if t.status == "ok" and t.completion is not None)
 
 
-def _main_chain_tokens(turns: Sequence[Turn]) -> int:
+def main_chain_tokens(turns: Sequence[Turn]) -> int:
     chain = main_chain(link(turns).chains) if turns else None
     return 0 if chain is None else sum(chain_sample(chain).mask)
 
@@ -121,7 +121,7 @@ def score_group(group: int, task: str, finished: Sequence[tuple[Outcome, list[Tu
         rows=tuple(_row(s) for s, _, _ in rows),
         captured_tokens={o.rollout: captured_tokens(t) for o, t in finished
                          if o.status == "done"},
-        main_chain_tokens={o.rollout: _main_chain_tokens(t) for o, t in finished
+        main_chain_tokens={o.rollout: main_chain_tokens(t) for o, t in finished
                            if o.status == "done"})
     return report, rows
 

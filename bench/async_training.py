@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Synchronous vs asynchronous GRPO in one run: same tasks, harnesses, model and steps.
+
+`harnessrl train` twice against one vLLM (tiny model unless --model): `grpo.trainer =
+"sync"` (GRPOTrainer, each step waits for its batch; one chain per rollout) and `"async"`
+(AsyncGRPOTrainer, `--inflight` rollouts always running, every chain trained). Prints wall
+time per optimizer step, steps and rollouts per hour, the trainer's idle share, and per
+harness, from each run's own store: rows per rollout and sampled tokens trained / sampled
+tokens captured with all chains and with the main chain only (captured: the sampled tokens
+of the rollouts' finished calls; cancelled calls and rollouts cut at the end are no part of
+it). Figures only; nothing is asserted.
+
+    .venv/bin/python bench/async_training.py [--steps 3] [--inflight 4]
+        [--harnesses mini-swe-agent] [--tasks bundled:create-hello-file,reverse-words]
+        [--out bench/async_training.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+from rich.console import Console
+
+from harnessrl.proxy.store import TraceReader
+from harnessrl.train.async_grpo import captured_tokens, main_chain_tokens, rows_of
+from harnessrl.train.config import TrainConfig
+from harnessrl.train.loop import resolve_model, train
+
+
+def config_for(trainer: str, args: argparse.Namespace, run_dir: Path, url: str) -> TrainConfig:
+    raw = {
+        "run_dir": str(run_dir), "model": {"path": args.model},
+        "engine": {"url": url, "max_tokens": args.max_tokens},
+        "rollout": {"harnesses": args.harnesses.split(","), "tasks": args.tasks,
+                    "concurrency": args.inflight, "retries": 0, "hide_host": False,
+                    "agent_timeout": args.agent_timeout},
+        "grpo": {"trainer": trainer, "steps": args.steps, "num_generations": 2,
+                 "tasks_per_step": 2, "max_inflight": args.inflight,
+                 "max_staleness": args.staleness, "learning_rate": 1e-3},
+    }
+    return msgspec.convert(raw, type=TrainConfig)
+
+
+def store_figures(run_dir: Path) -> dict[str, dict[str, float]]:
+    """Per harness, over the scored rollouts of the run's store."""
+    store = TraceReader(run_dir)
+    out: dict[str, dict[str, float]] = {}
+    for o in store.outcomes():
+        if o.status != "done":
+            continue
+        turns = store.turns(o.rollout)
+        f = out.setdefault(o.harness, dict.fromkeys(
+            ("rollouts", "rows", "captured", "all_chains", "main_chain"), 0.0))
+        rows = rows_of(turns)
+        f["rollouts"] += 1
+        f["rows"] += len(rows)
+        f["captured"] += captured_tokens(turns)
+        f["all_chains"] += sum(sum(s.mask) for s in rows)
+        f["main_chain"] += main_chain_tokens(turns)
+    return out
+
+
+def run_one(trainer: str, args: argparse.Namespace, root: Path, url: str,
+            console: Console) -> dict[str, object]:
+    run_dir = root / trainer
+    stamps: list[float] = []
+    started = time.monotonic()
+    lines = train(config_for(trainer, args, run_dir, url), console=console,
+                  on_step=lambda _line: stamps.append(time.monotonic()))
+    wall = time.monotonic() - started
+    outcomes = TraceReader(run_dir).outcomes()
+    gaps = [b - a for a, b in zip([started, *stamps], stamps, strict=False)]
+    idle = ([line.get("trainer_idle_share") for line in lines] if trainer == "async" else
+            [line["rollout_seconds"] / g for line, g in zip(lines, gaps, strict=False)
+             if line.get("rollout_seconds") is not None])
+    idle = [v for v in idle if v is not None]
+    return {"trainer": trainer, "steps": len(lines), "wall": wall,
+            "step_s": sum(gaps[1:]) / max(1, len(gaps) - 1) if len(gaps) > 1 else wall,
+            "rollouts": len(outcomes), "idle": sum(idle) / len(idle) if idle else None,
+            "figures": store_figures(run_dir)}
+
+
+def report(results: list[dict], args: argparse.Namespace) -> str:
+    lines = [f"# Sync vs async GRPO ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
+             "", f"Command: `python bench/async_training.py --steps {args.steps} --inflight "
+             f"{args.inflight} --harnesses {args.harnesses} --tasks {args.tasks}`; model "
+             f"{args.model}, max_tokens {args.max_tokens}, {os.cpu_count()} cores.", "",
+             "| trainer | steps | wall s | s per step (after the first) | steps/h | "
+             "rollouts/h | trainer idle share |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['trainer']} | {r['steps']} | {r['wall']:.0f} | {r['step_s']:.1f}"
+                     f" | {3600 / r['step_s']:.0f} | {3600 * r['rollouts'] / r['wall']:.0f} | "
+                     f"{'-' if r['idle'] is None else format(r['idle'], '.0%')} |")
+    lines += ["", "| trainer | harness | scored rollouts | rows per rollout (all chains) | "
+              "sampled tokens trained / captured, all chains | main chain only |",
+              "|---|---|---|---|---|---|"]
+    for r in results:
+        for harness, f in r["figures"].items():
+            cap = f["captured"] or float("nan")
+            lines.append(f"| {r['trainer']} | {harness} | {f['rollouts']:.0f} | "
+                         f"{f['rows'] / max(f['rollouts'], 1):.2f} | "
+                         f"{f['all_chains'] / cap:.0%} | {f['main_chain'] / cap:.0%} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--inflight", type=int, default=4)
+    parser.add_argument("--staleness", type=int, default=1)
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--agent-timeout", type=float, default=60)
+    parser.add_argument("--harnesses", default="mini-swe-agent")
+    parser.add_argument("--tasks", default="bundled:create-hello-file,reverse-words")
+    parser.add_argument("--out", type=Path, default=Path("bench/async_training.md"))
+    args = parser.parse_args()
+    console = Console()
+    from harnessrl.proxy.engines.vllm_server import VLLMServer
+
+    model = resolve_model(args.model, console)
+    with tempfile.TemporaryDirectory() as tmp, VLLMServer(
+            model=str(model), served_name="policy", dtype="float32", max_model_len=8192,
+            log_path=Path(tmp) / "vllm.log") as server:
+        results = [run_one(t, args, Path(tmp), server.url, console) for t in ("sync", "async")]
+    text = report(results, args)
+    args.out.write_text(text)
+    console.print(text)
+
+
+if __name__ == "__main__":
+    main()
