@@ -237,13 +237,13 @@ def test_two_real_harnesses_on_the_cluster(cluster, tmp_path):
     from harnessrl.rollout.run import oracle_engine
 
     harnesses = [get("mini-swe-agent"), get("opencode")]
-    bundled = load_tasks("bundled:create-hello-file,fizzbuzz")
+    bundled = load_tasks("bundled:create-hello-file")
     config = RunConfig(harnesses=harnesses, tasks=bundled,
                        settings=RolloutSettings(concurrency=2, retries=1))
     run_dir = tmp_path / "run"
     outcomes = execute_on_cluster(config, functools.partial(oracle_engine, bundled, harnesses),
                                   run_dir, CLUSTER, console=QUIET)
-    assert len(outcomes) == 4 and all(o.status == "done" for o in outcomes), outcomes
+    assert len(outcomes) == 2 and all(o.status == "done" for o in outcomes), outcomes
     assert all(o.verifier_reward == 1.0 for o in outcomes)
     shards = shard_turns(run_dir)
     with TraceReader(run_dir) as store:

@@ -126,8 +126,17 @@ def _run_parser(p: argparse.ArgumentParser) -> None:
                                    "task's own, built from its environment/Dockerfile)")
     p.add_argument("--agent-timeout", type=float, metavar="SECONDS",
                    help="cap every task's own agent deadline")
+    p.add_argument("--cluster", choices=["ray"],
+                   help="run the rollouts across the nodes of a Ray cluster (extra "
+                        "harnessrl[ray]): a capture-proxy shard per node")
+    p.add_argument("--ray-address", help="--cluster ray: the cluster to join (e.g. "
+                                         "host:6379, auto); default: a local Ray")
+    p.add_argument("--slots-per-node", type=int,
+                   help="--cluster ray: rollouts at once per node (default: the node's "
+                        "harness_slots resource, else --concurrency)")
     engine = p.add_mutually_exclusive_group(required=True)
-    engine.add_argument("--engine-url", help="a running vLLM server")
+    engine.add_argument("--engine-url", help="a running vLLM server, or several "
+                                             "comma-separated (each rollout sticks to one)")
     engine.add_argument("--model", help="start vLLM for this model")
     engine.add_argument("--oracle", action="store_true",
                         help="a scripted engine that runs each task's reference solution "
@@ -167,13 +176,46 @@ def _execute_run(args: argparse.Namespace) -> list[Any]:
                        samples=args.samples, settings=settings, shaping=shaping)
     sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens)
     sampling = None if sampling == Sampling() else sampling
+    if args.cluster:
+        return _execute_on_cluster(args, config, sampling)
     if args.oracle:
         return execute(config, oracle_engine(tasks, config.harnesses), args.run_dir,
                        sampling=sampling)
-    from harnessrl.proxy.engines.build import built
+    from harnessrl.proxy.engines.build import built, make
+    from harnessrl.rollout.cluster_engines import routed
 
+    urls = (args.engine_url or "").split(",")
+    if len(urls) > 1:
+        from dataclasses import replace
+
+        spec = _run_engine_spec(args)
+        engine = routed([make(replace(spec, url=url)) for url in urls])
+        return execute(config, engine, args.run_dir, sampling=sampling)
     with built(_run_engine_spec(args)) as engine:
         return execute(config, engine.engine, args.run_dir, sampling=sampling)
+
+
+def _execute_on_cluster(args: argparse.Namespace, config: Any, sampling: Any) -> list[Any]:
+    """`--cluster ray`: each node builds its shard's engine(s) from specs (a vLLM started
+    for --model runs here, on the driver's machine, and the nodes call it by URL)."""
+    import functools
+    from dataclasses import replace
+
+    from harnessrl.proxy.engines.build import built
+    from harnessrl.rollout.cluster import ClusterSettings
+    from harnessrl.rollout.cluster_run import engines_from, execute_on_cluster
+    from harnessrl.rollout.run import oracle_engine
+
+    cluster = ClusterSettings(address=args.ray_address, slots_per_node=args.slots_per_node)
+    if args.oracle:
+        factory = functools.partial(oracle_engine, config.tasks, config.harnesses)
+        return execute_on_cluster(config, factory, args.run_dir, cluster, sampling=sampling)
+    spec = _run_engine_spec(args)
+    with built(spec) as engine:
+        urls = (engine.url or spec.url or "").split(",")
+        specs = [replace(spec, url=url, model=None if url else spec.model) for url in urls]
+        factory = functools.partial(engines_from, specs)
+        return execute_on_cluster(config, factory, args.run_dir, cluster, sampling=sampling)
 
 
 def _run_engine_spec(args: argparse.Namespace) -> Any:

@@ -62,9 +62,12 @@ def connect(settings: ClusterSettings) -> Any:
         import ray
     except ImportError as exc:  # the extra is missing
         raise RuntimeError("--cluster ray needs Ray: pip install 'harnessrl[ray]'") from exc
-    if not ray.is_initialized():
-        ray.init(address=settings.address, log_to_driver=False,
-                 include_dashboard=False if settings.address is None else None)
+    if ray.is_initialized():
+        return ray
+    if settings.address is None:  # a Ray of our own on this machine, on its loopback
+        ray.init(log_to_driver=False, include_dashboard=False, _node_ip_address="127.0.0.1")
+    else:
+        ray.init(address=settings.address, log_to_driver=False)
     return ray
 
 
@@ -274,19 +277,18 @@ class ClusterRunner:
         self.nodes = []
 
 
-@dataclass
 class ShardedVersion:
-    """A `Versioned` (train.weights) for the cluster: setting the version announces it to
-    every shard, which `VLLMWeightSync` does only after vLLM confirms it serves it."""
+    """A `Versioned` (train.weights) for the cluster: setting `weight_version` announces it
+    to every shard, which `VLLMWeightSync` does only after vLLM confirms it serves it."""
 
+    weight_version: str | None
     runner: ClusterRunner
-    _version: str | None = None
 
-    @property
-    def weight_version(self) -> str | None:
-        return self._version
+    def __init__(self, runner: ClusterRunner) -> None:
+        object.__setattr__(self, "runner", runner)
+        object.__setattr__(self, "weight_version", None)
 
-    @weight_version.setter
-    def weight_version(self, version: str | None) -> None:
-        self.runner.announce(version)
-        self._version = version
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "weight_version":
+            self.runner.announce(value)
+        object.__setattr__(self, name, value)

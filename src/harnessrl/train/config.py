@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from harnessrl.rollout.cluster import ClusterSettings
 from harnessrl.rollout.runner import RolloutSettings
 
 
@@ -84,6 +85,8 @@ class TrainConfig(_Section):
     rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
     grpo: GRPOSettings = msgspec.field(default_factory=GRPOSettings)
     shaping: ShapingConfig = msgspec.field(default_factory=ShapingConfig)
+    # [cluster]: the rollouts run across a Ray cluster (extra harnessrl[ray]); absent: here
+    cluster: ClusterSettings | None = None
 
 
 class ConfigError(ValueError):

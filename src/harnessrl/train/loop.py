@@ -207,7 +207,8 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
         run_dir=run_dir,
         pad_token_id=tokenizer.pad_token_id, sync=sync, sampling=sampling_of(config),
         shaping=shaping_of(config.shaping), mix=config.rollout.mix, settings=config.rollout,
-        on_outcome=lambda _o: progress.advance(task_id))
+        on_outcome=lambda _o: progress.advance(task_id), cluster=config.cluster,
+        engine_factory=_node_engines(config, model_dir, run_dir, engine.url))
     log = StepLog(run_dir / METRICS_FILE, rollouts, progress.console, on_step)
     with rollouts, progress:
         trainer = GRPOTrainer(
@@ -220,6 +221,21 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
     console.print(summary_table(log.steps))
     console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'}")
     return log.steps
+
+
+def _node_engines(config: TrainConfig, model_dir: Path, run_dir: Path, url: str
+                  ) -> Callable[[], Any] | None:
+    """[cluster]: what each Ray node builds for its proxy shard: an engine calling the
+    vLLM started (or named) here, by URL."""
+    if config.cluster is None:
+        return None
+    import dataclasses
+    import functools
+
+    from harnessrl.rollout.cluster_run import engines_from
+
+    spec = dataclasses.replace(engine_spec(config, model_dir, run_dir), url=url)
+    return functools.partial(engines_from, [spec])
 
 
 def sampling_of(config: TrainConfig) -> Any:

@@ -178,6 +178,10 @@ class HarnessRollouts:
     settings: RolloutSettings = field(default_factory=lambda: RolloutSettings(retries=1))
     on_outcome: Callable[[Outcome], None] = lambda _o: None
     batches: list[Batch] = field(default_factory=list)
+    # The rollouts run on a Ray cluster (`rollout.cluster.ClusterSettings`), each node's
+    # proxy shard with the engines `engine_factory` builds there; `engine` is then unused.
+    cluster: Any = None
+    engine_factory: Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.harnesses:
@@ -195,6 +199,8 @@ class HarnessRollouts:
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> HarnessRollouts:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.cluster is not None:
+            return self._enter_cluster()
         if self.sync is not None and self.engine not in self.sync.engines:
             self.sync.engines.append(self.engine)  # every turn records the version
         served = self._stack.enter_context(
@@ -211,6 +217,29 @@ class HarnessRollouts:
         self._runner = Runner(config, store, url, self.run_dir,
                               on_outcome=lambda o: self.on_outcome(o))
         return self
+
+    def _enter_cluster(self) -> HarnessRollouts:
+        from harnessrl.rollout.cluster import ClusterRunner, ShardedVersion
+
+        if self.engine_factory is None:
+            raise ValueError("HarnessRollouts on a cluster needs an engine_factory")
+        self._store = store = self._stack.enter_context(TraceStore(self.run_dir))
+        self._resume_samples(store)
+        config = RunConfig(harnesses=self.harnesses, tasks=self.tasks, settings=self.settings,
+                           shaping=self.shaping)
+        runner = self._stack.enter_context(ClusterRunner(
+            config, store, self.run_dir, self.engine_factory, self.cluster,
+            sampling=self.sampling, on_outcome=lambda o: self.on_outcome(o)))
+        runner.start()
+        if self.sync is not None:  # every shard stamps the version once vLLM serves it
+            self.sync.engines.append(ShardedVersion(runner))
+        self._runner = runner  # type: ignore[assignment]  # Runner's run(), on Ray
+        return self
+
+    def _resume_samples(self, store: TraceStore) -> None:
+        for o in store.outcomes():  # resume: sample numbers stay unique per harness and task
+            key = (o.harness, o.task)
+            self._samples[key] = max(self._samples.get(key, 0), o.sample + 1)
 
     def __exit__(self, *_exc: object) -> None:
         self._stack.close()
