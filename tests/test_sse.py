@@ -53,3 +53,28 @@ def test_empty_feed_between_cr_and_lf_keeps_the_crlf_whole() -> None:
 
 def test_last_event_without_blank_line_is_delivered() -> None:
     assert decode_in_pieces(b"data: x\n\ndata: [DONE]", []) == [SSEEvent("x"), SSEEvent("[DONE]")]
+
+
+def data_in_pieces(data: bytes, cuts: list[int]) -> list[str]:
+    """What `feed_data` gives for the pieces, as text (its common events stay bytes)."""
+    decoder = SSEDecoder()
+    out: list[bytes | str] = []
+    start = 0
+    for cut in [*sorted(cuts), len(data)]:
+        out += decoder.feed_data(data[start:cut])
+        start = cut
+    out += [e.data for e in decoder.finish()]
+    return [d.decode("utf-8", "replace") if isinstance(d, bytes) else d for d in out]
+
+
+PIECES = [b"data: {\"a\": 1}\n\n", b": ping\n\n", b"data: x\ndata: y\n\n", b"event: e\ndata: z\n\n",
+          b"\n", b"data: caf\xc3\xa9\n\n", b"data:nospace\n\n", b"data: r\r\n\r\n", b"id: 3\n\n",
+          b"data: [DONE]\n\n"]
+
+
+@given(st.lists(st.sampled_from(PIECES), max_size=12),
+       st.lists(st.integers(min_value=0, max_value=200), max_size=6))
+def test_feed_data_gives_the_data_feed_gives(pieces: list[bytes], cuts: list[int]) -> None:
+    stream = b"".join(pieces)
+    cuts = [c for c in cuts if c <= len(stream)]
+    assert data_in_pieces(stream, cuts) == [e.data for e in decode_in_pieces(stream, cuts)]

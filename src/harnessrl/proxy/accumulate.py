@@ -30,7 +30,11 @@ class Accumulator:
     def __init__(self) -> None:
         self.model: str | None = None
         self.prompt_ids: tuple[int, ...] | None = None
-        self._parts: list[Part] = []
+        self._parts: list[Part] = []  # closed runs of text or reasoning
+        # The open run: its kind and its pieces, joined once when the run closes (appending
+        # to one string per token would copy the reply so far on every token).
+        self._run_kind: type[Text] | type[Reasoning] | None = None
+        self._run: list[str] = []
         self._calls: dict[int, list[str]] = {}  # index -> [id, name, arguments]
         self._ids: list[int] = []
         self._logprobs: list[float] = []
@@ -42,7 +46,7 @@ class Accumulator:
         self._engine_flags: tuple[str, ...] = ()
 
     def feed(self, event: EngineEvent) -> None:
-        if isinstance(event, Chunk):
+        if type(event) is Chunk:  # by far the most common event: tested first
             self._chunk(event)
         elif isinstance(event, Started):
             self.model, self.prompt_ids = event.model, event.prompt_ids
@@ -59,10 +63,9 @@ class Accumulator:
             self._chunks_with_logprobs += 1
             self._logprobs.extend(chunk.logprobs)
         for delta in chunk.deltas:
-            if isinstance(delta, TextDelta):
-                self._append(Text, delta.text)
-            elif isinstance(delta, ReasoningDelta):
-                self._append(Reasoning, delta.text)
+            kind = _RUN_KIND.get(type(delta))
+            if kind is not None:
+                self._append(kind, delta.text)  # type: ignore[union-attr]
             elif isinstance(delta, ToolCallDelta):
                 call = self._calls.setdefault(delta.index, ["", "", ""])
                 call[0] = delta.id or call[0]
@@ -72,10 +75,21 @@ class Accumulator:
     def _append(self, kind: type[Text] | type[Reasoning], text: str) -> None:
         # Consecutive pieces of the same kind merge into one part, keeping the order
         # of reasoning and text as the model produced them.
-        if self._parts and type(self._parts[-1]) is kind:
-            self._parts[-1] = kind(self._parts[-1].text + text)  # type: ignore[union-attr]
-        else:
-            self._parts.append(kind(text))
+        if kind is not self._run_kind:
+            self._close_run()
+            self._run_kind = kind
+        self._run.append(text)
+
+    def _close_run(self) -> None:
+        if self._run_kind is not None:
+            self._parts.append(self._run_kind("".join(self._run)))
+            self._run_kind, self._run = None, []
+
+    def _text_parts(self) -> list[Part]:
+        """The runs so far, the open one included (it stays open)."""
+        if self._run_kind is None:
+            return self._parts
+        return [*self._parts, self._run_kind("".join(self._run))]
 
     @property
     def token_count(self) -> int:
@@ -98,7 +112,7 @@ class Accumulator:
         calls = tuple(ToolCall(*self._calls[i]) for i in sorted(self._calls))
         return Completion(
             model=self.model or "",
-            parts=(*self._parts, *calls),
+            parts=(*self._text_parts(), *calls),
             finish_reason=self.finish_reason or "error",
             usage=self.usage,
             tokens=Tokens(
@@ -107,6 +121,9 @@ class Accumulator:
                 logprobs=tuple(self._logprobs) if self._chunks_with_logprobs else None,
             ),
         )
+
+
+_RUN_KIND: dict[type, type[Text] | type[Reasoning]] = {TextDelta: Text, ReasoningDelta: Reasoning}
 
 
 def accumulate(events: list[EngineEvent]) -> Accumulator:

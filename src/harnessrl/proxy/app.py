@@ -291,19 +291,23 @@ class Proxy:
                       rest: AsyncGenerator[EngineEvent, None],
                       first: EngineEvent) -> AsyncIterator[bytes]:
         acc = Accumulator()
+        feed, encode, sent = acc.feed, encoder.feed, call.sent
         try:
-            async with contextlib.aclosing(_prepend(first, rest)) as events:
-                async for event in events:
-                    acc.feed(event)
-                    out = encoder.feed(event)
-                    call.sent.append(out)
-                    if isinstance(event, Finished):
+            async with contextlib.aclosing(rest):  # closing us closes the engine's stream
+                event: EngineEvent | None = first
+                while event is not None:
+                    feed(event)
+                    out = encode(event)
+                    sent.append(out)  # joined once, when the turn is recorded
+                    if type(event) is Chunk:
+                        if call.first_token is None:
+                            call.first_token = time.time()
+                    elif isinstance(event, Finished):
                         # Commit before the final event leaves: a finished stream is stored.
-                        await self._record(call, acc, b"".join(call.sent))
-                    elif call.first_token is None and isinstance(event, Chunk):
-                        call.first_token = time.time()
+                        await self._record(call, acc, b"".join(sent))
                     if out:
                         yield out
+                    event = await anext(rest, None)
             if not call.recorded:  # the engine's events ended without a finish
                 raise _unfinished()
         except Exception as exc:
@@ -414,14 +418,6 @@ async def _disconnect(receive: Any) -> None:
     # The body is already read, so the server's next message is the disconnect.
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-async def _prepend(first: EngineEvent, rest: AsyncGenerator[EngineEvent, None]
-                   ) -> AsyncGenerator[EngineEvent, None]:
-    async with contextlib.aclosing(rest):  # closing us closes the engine's stream
-        yield first
-        async for event in rest:
-            yield event
 
 
 def _unfinished() -> EngineError:

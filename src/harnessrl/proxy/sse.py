@@ -48,6 +48,28 @@ class SSEDecoder:
         self._buffer = buffer[start:]
         return events
 
+    def feed_data(self, chunk: bytes) -> list[bytes | str]:
+        """The data of the events `chunk` completes: what `feed` gives, data only.
+
+        The common chunk (whole `data: ...` events, LF line ends, nothing buffered) is
+        split without decoding it: the data stay bytes, which a JSON decoder reads as they
+        are (`loose_text` is the fallback for bytes that are not UTF-8). Anything else goes
+        through `feed`, so both paths give the same events."""
+        if (self._buffer or self._pending_cr or self._data or self._event is not None
+                or not chunk.endswith(b"\n\n") or b"\r" in chunk):
+            return [event.data for event in self.feed(chunk)]
+        out: list[bytes | str] = []
+        for block in chunk[:-2].split(b"\n\n"):
+            if block.startswith(b"data: ") and b"\n" not in block:
+                out.append(block[6:])
+            else:  # comments, other fields, multi-line data, extra blank lines
+                events: list[SSEEvent] = []
+                for line in block.split(b"\n"):
+                    self._line(line, events)
+                self._line(b"", events)
+                out.extend(event.data for event in events)
+        return out
+
     def finish(self) -> list[SSEEvent]:
         """Flush at end of stream. Unlike a browser, an event missing its closing blank
         line is still delivered: engines that end on `data: [DONE]` alone exist."""

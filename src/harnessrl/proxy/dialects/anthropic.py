@@ -124,6 +124,9 @@ def render_completion(completion: Completion, ctx: ReplyContext) -> bytes:
     })
 
 
+_TEXT_BLOCK = ("text", 0)
+
+
 class StreamEncoder:
     """Engine events in, Messages SSE events out: one content block per run of one kind."""
 
@@ -137,6 +140,7 @@ class StreamEncoder:
         self._tool_blocks: dict[int, int] = {}  # tool call index -> content block index
         self._thinking: list[str] = []
         self._output_ids = 0
+        self._text_head = b""  # the open text block's delta event, up to the text
 
     def _event(self, kind: str, **payload: Any) -> bytes:
         return sse.encode(_encode({"type": kind, **payload}), kind)
@@ -166,7 +170,12 @@ class StreamEncoder:
         if not d.text:
             return b""
         if isinstance(d, TextDelta):
-            out = self._switch(("text", 0), {"type": "text", "text": ""})
+            if self._open == _TEXT_BLOCK:  # the common case, preformatted: one per token
+                return self._text_head + _encode(d.text) + b"}}\n\n"
+            out = self._switch(_TEXT_BLOCK, {"type": "text", "text": ""})
+            self._text_head = (b'event: content_block_delta\ndata: {"type":"content_block_delta",'
+                               b'"index":%d,"delta":{"type":"text_delta","text":'
+                               % (self._blocks - 1))
             return out + self._block_delta({"type": "text_delta", "text": d.text})
         out = self._switch(("thinking", 0), {"type": "thinking", "thinking": "", "signature": ""})
         self._thinking.append(d.text)

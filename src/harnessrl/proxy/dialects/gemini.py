@@ -372,6 +372,9 @@ def render_completion(completion: Completion, ctx: ReplyContext) -> bytes:
                              completion.usage))
 
 
+_PARTS_HEAD = b'{"candidates":[{"content":{"role":"model","parts":['
+
+
 class StreamEncoder:
     """Engine events in, `GenerateContentResponse` chunks out: SSE `data:` events (`alt=sse`)
     or the pieces of one JSON array. Each chunk holds only the new parts; a function call
@@ -383,12 +386,24 @@ class StreamEncoder:
         self.media_type = "text/event-stream" if sse else "application/json"
         self._first = True
         self._calls: dict[int, list[str]] = {}  # index -> [id, name, arguments]
+        # A chunk of new parts is this head, the parts, this tail: `_response` preformatted.
+        self._tail = (b']},"index":0}],"modelVersion":' + _encode(ctx.model)
+                      + b',"responseId":' + _encode(ctx.id) + b"}")
 
     def _frame(self, body: dict[str, Any], last: bool = False) -> bytes:
         data = _encode(body)
         if self._sse:
             return sse.encode(data)
         out = (b"[" if self._first else b",\r\n") + data + (b"]" if last else b"")
+        self._first = False
+        return out
+
+    def _parts_frame(self, parts: list[dict[str, Any]]) -> bytes:
+        """`_frame(_response(ctx, parts))`, with the parts the only thing encoded."""
+        data = _PARTS_HEAD + _encode(parts)[1:-1] + self._tail
+        if self._sse:
+            return b"data: " + data + b"\n\n"
+        out = (b"[" if self._first else b",\r\n") + data
         self._first = False
         return out
 
@@ -401,7 +416,7 @@ class StreamEncoder:
             parts: list[dict[str, Any]] = []
             for delta in event.deltas:
                 parts.extend(self._delta(delta))
-            return self._frame(_response(self._ctx, parts)) if parts else b""
+            return self._parts_frame(parts) if parts else b""
         if isinstance(event, Finished):
             body = _response(self._ctx, self._flush(), _FINISH[event.finish_reason],
                              event.usage)

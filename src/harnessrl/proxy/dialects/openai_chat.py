@@ -257,6 +257,7 @@ class StreamEncoder:
                       "model": ctx.model}
         # Every chunk shares its head: encode it once, not once per token.
         self._prefix = b"data: " + _encode(self._head)[:-1] + b',"choices":[{"index":0,"delta":'
+        self._text = self._prefix + b'{"content":'  # a text token: the common chunk
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         tail = b"null" if finish is None else _encode(finish)
@@ -265,7 +266,10 @@ class StreamEncoder:
 
     def feed(self, event: EngineEvent) -> bytes:
         if isinstance(event, Chunk):
-            return b"".join(self._chunk(_DELTA[type(d)](d)) for d in event.deltas)
+            deltas = event.deltas
+            if len(deltas) == 1 and type(deltas[0]) is TextDelta:
+                return self._text + _encode(deltas[0].text) + _TEXT_TAIL
+            return b"".join(self._chunk(_DELTA[type(d)](d)) for d in deltas)
         if isinstance(event, Started):
             return self._chunk({"role": "assistant", "content": ""})
         out = self._chunk({}, _FINISH[event.finish_reason])
@@ -278,6 +282,7 @@ class StreamEncoder:
         return sse.encode(_encode(openai_common.error_body(err)))
 
 
+_TEXT_TAIL = b'},"finish_reason":null,"logprobs":null}]}\n\n'
 _DELTA = {
     TextDelta: lambda d: {"content": d.text},
     ReasoningDelta: lambda d: {"reasoning_content": d.text},

@@ -152,6 +152,10 @@ class StreamEncoder:
         self._seq = 0
         self._parts: list[Part] = []
         self._open: Any = None  # the key of the open item: "rs", "msg" or a tool index
+        # The open item's text (or arguments) as pieces, joined once when it is needed:
+        # growing one string per token would copy the item so far on every token.
+        self._pieces: list[str] = []
+        self._text_where = b""  # the open message's text delta event after its number
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._seq, **fields}
@@ -170,6 +174,7 @@ class StreamEncoder:
                     + self._event("response.in_progress", response=start))
         if isinstance(event, Chunk):
             return b"".join(self._delta(d) for d in event.deltas)
+        self._sync()
         body = _finished(self._ctx, self._parts, event.finish_reason, event.usage)
         return self._close() + self._event(_TERMINAL_EVENT[body["status"]], response=body)
 
@@ -184,6 +189,7 @@ class StreamEncoder:
         return out + _ON_DELTA[type(delta)](self, delta)
 
     def _start(self, delta: Any) -> bytes:
+        self._text_where = b""
         if isinstance(delta, ToolCallDelta):
             self._parts.append(ToolCall(delta.id or "", delta.name or "", ""))
         else:
@@ -200,13 +206,33 @@ class StreamEncoder:
         return out + _ON_START.get(item["type"], lambda s: b"")(self)
 
     def _append(self, text: str) -> None:
-        last = self._parts[-1]
-        self._parts[-1] = msgspec.structs.replace(last, **{_GROWS[type(last)]: getattr(
-            last, _GROWS[type(last)]) + text})
+        self._pieces.append(text)
+
+    def _sync(self) -> None:
+        """The open item's pieces into its part."""
+        if self._pieces:
+            last, grows = self._parts[-1], _GROWS[type(self._parts[-1])]
+            self._parts[-1] = msgspec.structs.replace(
+                last, **{grows: getattr(last, grows) + "".join(self._pieces)})
+            self._pieces = []
+
+    def _text_delta(self, text: str) -> bytes:
+        """`response.output_text.delta`, preformatted: the bytes `_event` would give."""
+        if not self._text_where:
+            where = self._where()
+            self._text_where = (b',"item_id":' + _encode(where["item_id"])
+                                + b',"output_index":%d,"content_index":0,"delta":'
+                                % where["output_index"])
+        seq = self._seq
+        self._seq += 1
+        return (b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+                b'"sequence_number":%d' % seq + self._text_where + _encode(text)
+                + b',"logprobs":[]}\n\n')
 
     def _close(self) -> bytes:
         if self._open is None:
             return b""
+        self._sync()
         self._open = None
         part, where = self._parts[-1], self._where()
         out = _ON_CLOSE[type(part)](self, part, where)
@@ -219,6 +245,7 @@ class StreamEncoder:
         # `response.failed` ends the lifecycle for clients that follow it (Codex); the
         # `error` event after it carries an `error` object, which makes the openai SDK
         # raise `APIError` with our message instead of ending quietly.
+        self._sync()
         body = _response(self._ctx, "failed", _output_items(self._parts, self._ctx,
                                                             "incomplete"))
         body["error"] = {"code": _FAILED_CODES.get(err.kind, "server_error"),
@@ -243,8 +270,7 @@ _ON_START = {
 
 def _on_text(s: StreamEncoder, d: TextDelta) -> bytes:
     s._append(d.text)
-    return s._event("response.output_text.delta", **s._where(), content_index=0, delta=d.text,
-                    logprobs=[])
+    return s._text_delta(d.text)
 
 
 def _on_reasoning(s: StreamEncoder, d: ReasoningDelta) -> bytes:

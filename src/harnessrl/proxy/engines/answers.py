@@ -5,6 +5,7 @@ stream chunks. Decoding straight into these skips every field we do not use
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import msgspec
@@ -64,21 +65,62 @@ class Body(msgspec.Struct):
     error: Any = None
 
 
+class StreamChoice(msgspec.Struct):
+    """A chat completion chunk's choice: only what a stream chunk carries."""
+
+    delta: Message | None = None
+    finish_reason: str | None = None
+    token_ids: tuple[TokenId, ...] | None = None
+    logprobs: Logprobs | None = None
+
+
+class StreamBody(msgspec.Struct):
+    """A chat completion chunk, decoded narrowly: one is decoded per token."""
+
+    model: str = ""
+    prompt_token_ids: tuple[TokenId, ...] | None = None
+    choices: list[StreamChoice] = []
+    usage: _Usage | None = None
+    error: Any = None
+
+
 _decode_body = msgspec.json.Decoder(Body).decode
+_decode_chunk = msgspec.json.Decoder(StreamBody).decode
 
 
 def decode(raw: bytes | str, what: str) -> Body:
     """An answer or a chunk (`what` names it in the error); an error body is an error."""
+    return _checked(_decoded(_decode_body, raw, what))
+
+
+def decode_chunk(raw: bytes | str) -> StreamBody:
+    """A chat completion chunk; an error body is an error."""
     try:
-        body = _decode_body(raw)
+        return _checked(_decoded(_decode_chunk, raw, "a chunk"))
+    except EngineError:
+        if not isinstance(raw, bytes):
+            raise
+        # Told as the text it is in the stream, as before chunks stayed bytes.
+        return _checked(_decoded(_decode_chunk, raw.decode("utf-8", "replace"), "a chunk"))
+
+
+def _decoded(decoder: Any, raw: bytes | str, what: str) -> Any:
+    try:
+        return decoder(raw)
     except msgspec.DecodeError as exc:
+        if isinstance(raw, bytes):  # not UTF-8, say: read as SSE text is (bad bytes replaced)
+            with contextlib.suppress(msgspec.DecodeError):
+                return decoder(raw.decode("utf-8", errors="replace"))
         raise EngineError(f"the engine sent {what} that is not the expected JSON ({exc}): "
                           f"{raw[:200]!r}") from exc
+
+
+def _checked(body: Any) -> Any:
     if body.error is not None:
         raise engine_error(500, {"error": body.error}, b"")
     return body
 
 
-def usage(body: Body) -> Usage | None:
+def usage(body: Body | StreamBody) -> Usage | None:
     counted = body.usage
     return None if counted is None else Usage(counted.prompt_tokens, counted.completion_tokens)

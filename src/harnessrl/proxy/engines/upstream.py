@@ -105,6 +105,20 @@ class Upstream:
                     yield [sse.data for sse in decoder.feed(piece)]
                 yield [sse.data for sse in decoder.finish()]
 
+    async def event_data(self, url: str, payload: bytes
+                         ) -> AsyncGenerator[list[bytes | str], None]:
+        """`events`, with the data of the common events as the bytes they arrived in (no
+        decoding to text: a JSON decoder takes bytes; see `SSEDecoder.feed_data`)."""
+        with self.failures("send its next tokens"):
+            async with self._begun(url, payload) as resp:
+                if resp.status != 200:
+                    await json_or_error(resp)
+                decoder = SSEDecoder()
+                feed = decoder.feed_data
+                async for piece in resp.content.iter_any():
+                    yield feed(piece)
+                yield [sse.data for sse in decoder.finish()]
+
     @contextlib.contextmanager
     def failures(self, action: str) -> Iterator[None]:
         """Transport failures as our errors. aiohttp's read timeout is both a ClientError

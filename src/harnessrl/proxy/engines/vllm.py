@@ -13,7 +13,15 @@ import msgspec
 
 from harnessrl.errors import EngineError
 from harnessrl.proxy.engines import openai_wire
-from harnessrl.proxy.engines.answers import Choice, Function, Message, decode, usage
+from harnessrl.proxy.engines.answers import (
+    Choice,
+    Function,
+    Message,
+    StreamChoice,
+    decode,
+    decode_chunk,
+    usage,
+)
 from harnessrl.proxy.engines.base import Stateless
 from harnessrl.proxy.engines.upstream import FIRST_BYTE_TIMEOUT, Upstream
 from harnessrl.types import (
@@ -115,17 +123,27 @@ async def chat_stream(http: Upstream, url: str, payload: bytes
                       ) -> AsyncGenerator[EngineEvent, None]:
     """A streamed chat-completions call as events."""
     parser = _StreamParser()
-    async with contextlib.aclosing(http.events(url, payload)) as reads:
+    feed = parser.feed
+    async with contextlib.aclosing(http.event_data(url, payload)) as reads:
         async for read in reads:
+            if len(read) == 1:  # one token per read: an engine no faster than we are
+                events = feed(read[0])
+                if len(events) == 1:
+                    yield events[0]
+                    continue
+            else:
+                events = [e for data in read for e in feed(data)]
             # Tokens that arrived in one read go on as one chunk: one write to the client
             # instead of one per token when the engine is ahead of us.
-            for event in merge_chunks([e for data in read for e in parser.feed(data)]):
+            for event in merge_chunks(events):
                 yield event
     yield parser.finish()
 
 
 def merge_chunks(events: list[EngineEvent]) -> list[EngineEvent]:
     """Adjacent chunks as one, when both carry ids and logprobs (or both lack them)."""
+    if len(events) < 2:
+        return events
     merged: list[EngineEvent] = []
     for event in events:
         last = merged[-1] if merged else None
@@ -145,7 +163,8 @@ def _joined(first: tuple[Any, ...] | None, then: tuple[Any, ...] | None
     return None if first is None or then is None else first + then
 
 
-def _tokens(choice: Choice) -> tuple[tuple[int, ...] | None, tuple[float, ...] | None]:
+def _tokens(choice: Choice | StreamChoice
+            ) -> tuple[tuple[int, ...] | None, tuple[float, ...] | None]:
     content = choice.logprobs.content if choice.logprobs is not None else None
     logprobs = None if content is None else tuple([c.logprob for c in content])
     return choice.token_ids, logprobs
@@ -189,20 +208,26 @@ class _StreamParser:
         self._finish: FinishReason | None = None
         self._usage: Usage | None = None
 
-    def feed(self, data: str) -> list[EngineEvent]:
-        if data == "[DONE]":
+    def feed(self, data: bytes | str) -> list[EngineEvent]:
+        if data == b"[DONE]" or data == "[DONE]":
             return []
-        body = decode(data, "a chunk")
+        body = decode_chunk(data)
         events: list[EngineEvent] = []
         if not self._started:
             self._started = True
             events.append(Started(body.model, body.prompt_token_ids))
-        self._usage = usage(body) or self._usage
+        if body.usage is not None:
+            self._usage = usage(body)
         for choice in body.choices:
             ids, logprobs = _tokens(choice)
-            deltas = _deltas(choice.delta)
+            delta = choice.delta
+            if (delta is not None and delta.content and delta.tool_calls is None
+                    and not delta.reasoning_content and not delta.reasoning):
+                deltas: tuple[Delta, ...] = (TextDelta(delta.content),)  # a token of text
+            else:
+                deltas = tuple(_deltas(delta))
             if deltas or ids:
-                events.append(Chunk(tuple(deltas), ids, logprobs))
+                events.append(Chunk(deltas, ids, logprobs))
             if choice.finish_reason is not None:
                 self._finish = _FINISH.get(choice.finish_reason, "stop")
         return events
