@@ -99,6 +99,20 @@ SECTIONS: tuple[Section, ...] = (
             "the engine directly through the openai SDK, so a dialect's added time includes "
             "its SDK's own cost; on 2 shared cores c=16 rows vary by tens of ms run to run",
             ("bench/proxy.md", "bench/proxy.md")),
+    Section("stream_cpu", "proxy CPU per streamed token and per call (vs the proxy before "
+            "issue 19, same run)", "stream_cpu",
+            ("--blocks", "4", "--calls", "4"), ("--blocks", "8", "--calls", "6"),
+            note="two proxies side by side on one fake vLLM (2 ms/token streamed, 0 ms "
+                 "non-streamed), requests alternating between them in blocks; CPU from "
+                 "/proc schedstat. On 2 cores shared with other work the absolute µs move "
+                 "by 2x between runs; the ratio is the figure"),
+    Section("stream_path", "the proxy's own CPU per streamed token, no sockets (vs the proxy "
+            "before issue 19, same run)", "stream_path",
+            ("--calls", "5", "--rounds", "2", "--repeats", "2"),
+            ("--calls", "10", "--rounds", "3", "--repeats", "3"),
+            note="the real app driven by raw ASGI calls, the engine's answer replayed from "
+                 "recorded vLLM SSE bytes (one read per token): what the proxy's own code "
+                 "costs, without uvicorn, aiohttp's socket reads and the kernel"),
     Section("samples", "sample building (vs reading the same turns)", "sample_build",
             ("--turns", "10000"), ("--turns", "10000")),
     Section("rollouts", "rollout overhead (vs the agent's own time)", "rollout_overhead",

@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""Proxy CPU per streamed token and per call, per dialect, against a baseline proxy in the
+same run.
+
+    .venv/bin/python bench/stream_cpu.py                     # baseline: 9b86db5 (before issue 19)
+    .venv/bin/python bench/stream_cpu.py --baseline HEAD~3   # any revision's proxy
+    .venv/bin/python bench/stream_cpu.py --quick
+
+Two proxies run side by side on one fake vLLM (`../shared/tools/bench_engine.py`): this
+checkout's `src/` and a baseline (`git archive <rev> src`, unpacked into a temporary
+directory and put first on PYTHONPATH; the working tree and the repository are not
+touched). The client is a raw aiohttp loop, cheap next to an SDK, so the box's two cores
+go to the proxies. Requests alternate between the proxies in blocks; each block's CPU is
+read from the proxy's `/proc/<pid>/task/*/schedstat` (ns, all threads), so the machine's
+other load hits both sides alike. The ratio column (this / baseline) is the figure to
+trust on a loaded box; the absolute µs move with the load.
+
+Workload: a ~4,000-token prompt, 200-token replies at 2 ms per token (streamed), or at
+0 ms (non-streamed: the per-call fixed cost). CPU per token is the proxy's CPU per
+streamed reply divided by the reply's tokens (gross: the call's fixed cost included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import proxy_overhead as po  # noqa: E402  (its Service, engine and proxy starters)
+from table import Row  # noqa: E402
+from table import verdict as verdict_of  # noqa: E402
+
+ROOT = HERE.parent
+TOKENS = 200
+PROMPT = ("def handler(event, context):\n    return {'status': 200, 'body': event}\n" * 220)
+SYSTEM = "You are a coding agent. Follow the repository's rules. " * 150
+
+
+# ------------------------------------------------------------------ the dialects' requests
+def request(dialect: str, stream: bool, nonce: int) -> tuple[str, dict[str, Any]]:
+    """(path under /r/<key>, body) of one call in `dialect`."""
+    user = f"{PROMPT}\n# request {nonce}"
+    if dialect == "chat":
+        body: dict[str, Any] = {
+            "model": "bench-model", "max_tokens": 256, "stream": stream,
+            "messages": [{"role": "system", "content": SYSTEM},
+                         {"role": "user", "content": user}]}
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        return "/v1/chat/completions", body
+    if dialect == "responses":
+        return "/v1/responses", {
+            "model": "bench-model", "max_output_tokens": 256, "stream": stream,
+            "instructions": SYSTEM, "input": [{"role": "user", "content": user}]}
+    if dialect == "anthropic":
+        return "/v1/messages", {
+            "model": "bench-model", "max_tokens": 256, "stream": stream, "system": SYSTEM,
+            "messages": [{"role": "user", "content": user}]}
+    if dialect == "gemini":
+        verb = "streamGenerateContent?alt=sse" if stream else "generateContent"
+        return f"/v1beta/models/bench-model:{verb}", {
+            "systemInstruction": {"parts": [{"text": SYSTEM}]},
+            "contents": [{"role": "user", "parts": [{"text": user}]}],
+            "generationConfig": {"maxOutputTokens": 256}}
+    raise ValueError(dialect)
+
+
+# ------------------------------------------------------------------ proxies
+@dataclass
+class Side:
+    name: str
+    src: Path
+    proxy: po.Service | None = None
+    url: str = ""
+    key: str = ""
+    cpu_ns: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # per call
+
+    def start(self, engine_url: str, work: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": str(self.src)}
+        port, run_dir = po.free_port(), work / f"run-{self.name}"
+        argv = [sys.executable, "-m", "harnessrl.cli", "serve", "--engine-url", engine_url,
+                "--run-dir", str(run_dir), "--port", str(port)]
+        log = work / f"proxy-{self.name}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env=env)
+        service = po.Service.__new__(po.Service)
+        service.name, service.log, service.proc = f"proxy ({self.name})", log, proc
+        self.proxy, self.url = service, f"http://127.0.0.1:{port}"
+        po.wait_for(lambda: True if po.httpx.get(f"{self.url}/health", timeout=2)
+                    .status_code == 200 else None, service, "waiting for /health")
+
+    def stop(self) -> None:
+        if self.proxy is not None:
+            self.proxy.stop()
+
+
+def baseline_src(rev: str, work: Path) -> Path:
+    """The baseline's `src/` from `git archive` (the repository is only read)."""
+    archive = work / "baseline.tar"
+    with archive.open("wb") as out:
+        subprocess.run(["git", "-C", str(ROOT), "archive", rev, "src"], stdout=out, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(work / "baseline", filter="data")
+    return work / "baseline" / "src"
+
+
+# ------------------------------------------------------------------ client
+async def new_key(http: aiohttp.ClientSession, side: Side) -> str:
+    async with http.post(f"{side.url}/rollouts", data=b"{}") as resp:
+        return (await resp.json())["key"]
+
+
+async def one_call(http: aiohttp.ClientSession, side: Side, dialect: str, stream: bool,
+                   nonce: int) -> int:
+    path, body = request(dialect, stream, nonce)
+    url = f"{side.url}/r/{side.key}{path}"
+    got = 0
+    async with http.post(url, data=json.dumps(body).encode(),
+                         headers={"content-type": "application/json"}) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{side.name} {dialect}: HTTP {resp.status} "
+                               f"{(await resp.read())[:300]!r}")
+        async for piece in resp.content.iter_any():
+            got += len(piece)
+    return got
+
+
+async def block(http: aiohttp.ClientSession, side: Side, dialect: str, stream: bool,
+                calls: int, conc: int, nonce: list[int]) -> float:
+    """CPU ns of the proxy per call over `calls` calls at concurrency `conc`."""
+    assert side.proxy is not None
+    pid = side.proxy.pid
+    left = list(range(calls))
+
+    async def worker() -> None:
+        while left:
+            left.pop()
+            nonce[0] += 1
+            await one_call(http, side, dialect, stream, nonce[0])
+
+    before = po.cpu_ns(pid)
+    await asyncio.gather(*(worker() for _ in range(conc)))
+    return (po.cpu_ns(pid) - before) / calls
+
+
+async def engine_config(http: aiohttp.ClientSession, engine_url: str, delay_ms: float) -> None:
+    async with http.post(f"{engine_url}/config",
+                         data=json.dumps({"tokens": TOKENS, "delay_ms": delay_ms})) as resp:
+        await resp.read()
+
+
+async def measure_async(sides: Sequence[Side], engine_url: str, dialects: Sequence[str],
+                        blocks: int, calls: int, conc: int) -> None:
+    nonce = [0]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
+        for side in sides:
+            side.key = await new_key(http, side)
+        for stream, delay in ((True, 2.0), (False, 0.0)):
+            await engine_config(http, engine_url, delay)
+            mode = "sse" if stream else "json"
+            for dialect in dialects:
+                for side in sides:  # warm-up: imports, first-call caches
+                    await block(http, side, dialect, stream, 2, 1, nonce)
+                for b in range(blocks):
+                    order = sides if b % 2 == 0 else list(reversed(sides))
+                    for side in order:
+                        n = calls if stream else calls * 4
+                        per = await block(http, side, dialect, stream, n, conc, nonce)
+                        side.cpu_ns.setdefault((dialect, mode), []).append(per)
+
+
+# ------------------------------------------------------------------ report
+DIALECTS = ("chat", "responses", "anthropic", "gemini")
+
+
+def figures(sides: Sequence[Side]) -> list[dict[str, Any]]:
+    this, base = sides
+    out = []
+    for (dialect, mode), values in this.cpu_ns.items():
+        ref = base.cpu_ns[(dialect, mode)]
+        mine, theirs = statistics.median(values), statistics.median(ref)
+        out.append({"dialect": dialect, "mode": mode, "this_us": mine / 1e3,
+                    "base_us": theirs / 1e3, "ratio": mine / theirs,
+                    "blocks": [v / 1e3 for v in values], "base_blocks": [v / 1e3 for v in ref]})
+    return out
+
+
+def rows_from(found: list[dict[str, Any]], baseline: str) -> list[Row]:
+    rows = []
+    for f in found:
+        if f["mode"] == "sse":
+            per_token, base_token = f["this_us"] / TOKENS, f["base_us"] / TOKENS
+            verdict = verdict_of(per_token <= 15)
+            rows.append(Row(f"proxy CPU per streamed token, {f['dialect']}",
+                            f"{per_token:.1f} µs ({f['this_us'] / 1e3:.2f} ms/reply)",
+                            f"{base_token:.1f} µs at {baseline}; ratio {f['ratio']:.2f}",
+                            "≤ 15 µs", verdict))
+        else:
+            verdict = verdict_of(f["this_us"] <= 1500)
+            rows.append(Row(f"proxy CPU per non-streamed 4k-token call, {f['dialect']}",
+                            f"{f['this_us'] / 1e3:.2f} ms",
+                            f"{f['base_us'] / 1e3:.2f} ms at {baseline}; ratio "
+                            f"{f['ratio']:.2f}", "≤ 1.5 ms", verdict))
+    return rows
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baseline", default="9b86db5",
+                    help="git revision whose src/ is the baseline proxy")
+    ap.add_argument("--dialects", default=",".join(DIALECTS))
+    ap.add_argument("--blocks", type=int, default=4, help="alternating blocks per side")
+    ap.add_argument("--calls", type=int, default=6, help="streamed calls per block "
+                    "(non-streamed: 4x)")
+    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--quick", action="store_true", help="2 blocks of 3 calls")
+    ap.add_argument("--json", type=Path, help="write the raw figures here")
+    ap.add_argument("--tools-dir", type=Path,
+                    default=Path(os.environ.get("HARNESSRL_BENCH_TOOLS", po.DEFAULT_TOOLS)))
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.blocks, args.calls = 2, 3
+    return args
+
+
+def measure(argv: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], str]:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="stream-cpu-") as tmp:
+        work = Path(tmp)
+        sides = [Side("this", ROOT / "src"), Side(args.baseline, baseline_src(args.baseline,
+                                                                              work))]
+        engine, engine_url = po.start_engine(args.tools_dir, work)
+        try:
+            for side in sides:
+                side.start(engine_url, work)
+            t0 = time.monotonic()
+            asyncio.run(measure_async(sides, engine_url, args.dialects.split(","),
+                                      args.blocks, args.calls, args.concurrency))
+            print(f"measured in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+        finally:
+            for side in sides:
+                side.stop()
+            engine.stop()
+    found = figures(sides)
+    if args.json:
+        args.json.write_text(json.dumps(found, indent=1))
+    return found, args.baseline
+
+
+def rows(argv: Sequence[str] | None = None) -> list[Row]:
+    found, baseline = measure(argv)
+    return rows_from(found, baseline)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    found, baseline = measure(argv)
+    print(f"| dialect | mode | this µs/call | {baseline} µs/call | ratio | per token (sse) |")
+    print("|---|---|---|---|---|---|")
+    for f in found:
+        tok = f"{f['this_us'] / TOKENS:.1f} vs {f['base_us'] / TOKENS:.1f}" \
+            if f["mode"] == "sse" else ""
+        print(f"| {f['dialect']} | {f['mode']} | {f['this_us']:.0f} | {f['base_us']:.0f} | "
+              f"{f['ratio']:.2f} | {tok} |")
+    print("blocks (µs/call):", json.dumps({f"{f['dialect']}/{f['mode']}":
+                                           [f["blocks"], f["base_blocks"]] for f in found}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
