@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the embedded default: SmolLM2-135M on vLLM behind the capture proxy.
 set -euo pipefail
+# The demo runs in the local sandbox: no Docker daemon or base image to set up for it.
+export HARNESSRL_DOCKER="${HARNESSRL_DOCKER:-0}"
 source "$(dirname "$0")/bootstrap.sh"
 cd "$ROOT"
 harnessrl demo "$@"
