@@ -310,3 +310,17 @@ def test_real_harness_through_the_proxy_from_inside_a_container(name: str,
     with TraceReader(tmp_path) as store:  # the agent's model calls went through the proxy
         assert all(len(store.turns(o.rollout)) >= harness.min_turns for o in outcomes)
     assert containers(f"{RUN_LABEL}={tmp_path.resolve()}") == []
+
+
+def test_the_daemon_scripts_docker_sh_starts_has_no_bridge() -> None:
+    """Started by scripts/docker.sh: no bridge network and no iptables rules of its own,
+    so nothing here ever routes to a private-range address."""
+    pidfile = Path("~/.cache/harnessrl/docker/dockerd.pid").expanduser()
+    pid = pidfile.read_text().strip() if pidfile.is_file() else ""
+    if not pid.isdigit() or not Path(f"/proc/{pid}").exists():
+        pytest.skip("this daemon was not started by scripts/docker.sh")
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert b"--bridge=none" in args and b"--iptables=false" in args
+    bridges = subprocess.run(["docker", "network", "ls", "-q", "--filter", "driver=bridge"],
+                             capture_output=True, text=True, check=True)
+    assert bridges.stdout.split() == []
