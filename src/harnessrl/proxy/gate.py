@@ -30,6 +30,7 @@ class WeightGate:
     _drained: threading.Condition = field(init=False, repr=False)
     _held: bool = False
     _inflight: int = 0
+    _waiting: int = 0
     # Per call that had to wait: seconds it was held (the tests and the metrics read it).
     waits: list[float] = field(default_factory=list)
     holds: int = 0
@@ -42,6 +43,11 @@ class WeightGate:
         return self._inflight
 
     @property
+    def waiting(self) -> int:
+        """Calls held at the gate right now."""
+        return self._waiting
+
+    @property
     def held(self) -> bool:
         return self._held
 
@@ -50,14 +56,20 @@ class WeightGate:
         """Wait while the gate is held; then count the call as in flight. Pair with
         `leave`. Until then no swap can start, so the weights it sees stay put."""
         started: float | None = None
-        while True:
-            with self._lock:
-                if not self._held:
-                    self._inflight += 1
-                    break
-            if started is None:
-                started = time.monotonic()
-            await asyncio.sleep(POLL_SECONDS)
+        try:
+            while True:
+                with self._lock:
+                    if not self._held:
+                        self._inflight += 1
+                        break
+                    if started is None:
+                        started = time.monotonic()
+                        self._waiting += 1
+                await asyncio.sleep(POLL_SECONDS)
+        finally:
+            if started is not None:
+                with self._lock:
+                    self._waiting -= 1
         if started is not None:
             self.waits.append(time.monotonic() - started)
 
