@@ -1,4 +1,4 @@
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harnessrl.proxy.sse import SSEDecoder, SSEEvent, encode
@@ -72,6 +72,7 @@ PIECES = [b"data: {\"a\": 1}\n\n", b": ping\n\n", b"data: x\ndata: y\n\n", b"eve
           b"data: [DONE]\n\n"]
 
 
+@settings(max_examples=40)  # the fast path is a few branches; 40 mixes reach each
 @given(st.lists(st.sampled_from(PIECES), max_size=12),
        st.lists(st.integers(min_value=0, max_value=200), max_size=6))
 def test_feed_data_gives_the_data_feed_gives(pieces: list[bytes], cuts: list[int]) -> None:
