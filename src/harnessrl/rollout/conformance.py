@@ -15,7 +15,7 @@ from harnessrl.proxy.engines.policy import WriteFilePolicy
 from harnessrl.proxy.engines.scripted import ScriptedEngine
 from harnessrl.proxy.serve import running
 from harnessrl.rollout.runner import open_rollout
-from harnessrl.rollout.sandbox import LocalSandbox
+from harnessrl.rollout.sandbox import Limits, LocalSandbox
 from harnessrl.types import ToolResult, Turn
 
 FILENAME = "hello.txt"
@@ -69,7 +69,8 @@ async def check(harness: Harness, *, tokenizer: Any, tools_dir: Path, root: Path
 async def _run(harness: Harness, rollout: dict[str, Any], tools_dir: Path, root: Path,
                line: str, timeout: float, result: Result) -> str:
     # Confined as the runner confines it, so conformance proves the harness works there.
-    sandbox = await LocalSandbox.create(root, f"sandbox-{harness.slug}",
+    limits = Limits(memory_bytes=harness.memory_bytes) if harness.memory_bytes else Limits()
+    sandbox = await LocalSandbox.create(root, f"sandbox-{harness.slug}", limits=limits,
                                         confine=LocalSandbox.confinement_available())
     try:
         ctx = RunContext(home=sandbox.home, workdir=sandbox.workdir,

@@ -23,7 +23,8 @@ Finish = Literal["answer", "mini-swe-agent", "finish-tool", "whole-file"]
 
 # Tool names harnesses give their shell, in order of preference.
 SHELL_TOOLS = ("bash", "Bash", "shell", "run_shell_command", "exec_command", "shell_command",
-               "terminal", "Shell", "execute_bash", "run_command", "bash_tool", "Execute")
+               "terminal", "Shell", "execute_bash", "run_command", "bash_tool", "Execute",
+               "exec")
 FINISH_TOOLS = ("finish", "attempt_completion", "task_complete", "submit", "complete")
 MINI_SWE_DONE = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 # Placeholder text for required parameters we do not care about, by JSON type.
