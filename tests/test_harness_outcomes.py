@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.harnesses import get
+from harnessrl.harnesses import MODULES, get
 from harnessrl.harnesses.base import RunContext
 
 RECORDED = Path(__file__).parent / "recorded" / "harnesses"
-CASES = sorted((d.parent.name, d.name) for d in RECORDED.glob("*/*") if d.is_dir())
+# (recordings of a harness not registered yet, e.g. continue, are kept but not replayed)
+CASES = sorted((d.parent.name, d.name) for d in RECORDED.glob("*/*")
+               if d.is_dir() and d.parent.name in MODULES)
 
 
 def _replay(name: str, case: str, tmp_path: Path):

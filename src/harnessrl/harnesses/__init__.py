@@ -13,7 +13,6 @@ MODULES = {
     "aider": "aider",
     "claude": "claude",
     "codex": "codex",
-    "continue": "continue_cli",
     "copilot": "copilot",
     "droid": "droid",
     "gemini": "gemini",

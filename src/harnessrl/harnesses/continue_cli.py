@@ -1,6 +1,11 @@
 """Continue CLI (`cn`, npm `@continuedev/cli`): a local `config.yaml` with one `openai`
 provider model at the proxy, Chat Completions, streamed; headless with `-p`.
 
+Not registered yet (not in `harnesses.MODULES`): it passes through the proxy unconfined,
+but in the confined sandbox its Bash tool (`$SHELL -l -c`, spawned by Node) fails every
+write with "Read-only file system" while other harnesses' shells write the same workdir;
+the cause is not found yet.
+
 Traps:
 - `--config` takes a file path or a hub slug; a local file keeps it off the hub and
   needs no login.
