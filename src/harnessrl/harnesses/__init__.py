@@ -25,7 +25,6 @@ MODULES = {
     "mistral-vibe": "mistral_vibe",
     "nanocoder": "nanocoder",
     "opencode": "opencode",
-    "openclaw": "openclaw",
     "openhands": "openhands",
     "pi": "pi",
     "qwen": "qwen",

