@@ -29,8 +29,6 @@ CACHE = Path(os.environ.get("HARNESSRL_TEST_CACHE", Path.home() / ".cache" / "ha
 # replaced by "<N chars of harness text>", keys masked): tests/recorded/<harness>/*.json,
 # each {"method", "path", "query", "headers", "body"}.
 RECORDED = Path(__file__).parent / "recorded"
-# recorded/harnesses/ holds recorded outcomes (stdout, exit code), not requests.
-_NOT_REQUESTS = frozenset({"harnesses"})
 
 
 def recorded_requests(*harnesses: str) -> list[Path]:
@@ -38,8 +36,7 @@ def recorded_requests(*harnesses: str) -> list[Path]:
     sorted. A harness without any is an error, not an empty list: a test parametrized
     over nothing would be skipped."""
     dirs = ([RECORDED / h for h in harnesses] if harnesses
-            else sorted(p for p in RECORDED.iterdir()
-                        if p.is_dir() and p.name not in _NOT_REQUESTS))
+            else sorted(p for p in RECORDED.iterdir() if p.is_dir()))
     if missing := [d.name for d in dirs if not any(d.glob("*.json"))]:
         raise FileNotFoundError(f"no recorded requests in {RECORDED} for {missing}")
     return sorted(p for d in dirs for p in d.glob("*.json"))

@@ -1,5 +1,5 @@
 """Each harness's outcome reader on a recorded success and a recorded failure of that
-harness (tests/recorded/harnesses/<name>/{success,failure}/: its stdout, exit code and the
+harness (tests/outcomes/<name>/{success,failure}/: its stdout, exit code and the
 files it wrote under HOME). The successes were recorded through the proxy with the scripted
 policy; the failures against a port where nothing listens (the model unreachable), where
 several of these harnesses still exit 0."""
@@ -14,7 +14,7 @@ import pytest
 from harnessrl.harnesses import MODULES, get
 from harnessrl.harnesses.base import RunContext
 
-RECORDED = Path(__file__).parent / "recorded" / "harnesses"
+RECORDED = Path(__file__).parent / "outcomes"
 # (recordings of a harness not registered yet, e.g. continue, are kept but not replayed)
 CASES = sorted((d.parent.name, d.name) for d in RECORDED.glob("*/*")
                if d.is_dir() and d.parent.name in MODULES)
