@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -111,15 +112,32 @@ def test_opencode_and_kilo_are_handed_the_instruction_as_written(name, tmp_path)
 CANNOT = {"aider": {"refactor-split-utils", "rename-extensions"}}
 
 
+# OpenCode sweeps every bundled task; Kilo and aider (6 and 5 minutes for all 32 on
+# this box) the eight whose instructions carry the most quotes, backticks and `$`, the
+# characters a harness's own quoting mangled. HARNESSRL_FULL_SWEEP=1 runs all 32 for each.
+SAMPLED = {"kilo": 8, "aider": 8}
+
+
+def _sweep(name: str) -> list:
+    tasks = load_tasks("bundled")
+    if os.environ.get("HARNESSRL_FULL_SWEEP") == "1" or name not in SAMPLED:
+        return tasks
+    def quoting(task) -> int:
+        return sum(task.instruction.count(c) for c in '"`$\\')
+    return sorted(tasks, key=quoting, reverse=True)[:SAMPLED[name]]
+
+
 @pytest.mark.slow
 @pytest.mark.harness
 @pytest.mark.parametrize("name", ["opencode", "kilo", "aider"])
 def test_the_oracle_passes_every_bundled_task(name, tmp_path) -> None:
     harness = get(name)
     harness.install(TOOLS, log=lambda _line: None)
-    config = RunConfig(harnesses=[harness], tasks=load_tasks("bundled"),
+    tasks = _sweep(name)
+    config = RunConfig(harnesses=[harness], tasks=tasks,
                        settings=RolloutSettings(concurrency=2, tools_dir=str(TOOLS)))
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
     problems = oracle_check(config, tmp_path / "run", console=quiet)
     failed = {p.removeprefix(f"{name} on ").split(" ")[0] for p in problems}
-    assert failed == CANNOT.get(name, set()), "\n".join(problems)
+    cannot = CANNOT.get(name, set()) & {t.id for t in tasks}
+    assert failed == cannot, "\n".join(problems)
