@@ -1,5 +1,7 @@
 """OpenCode: Chat Completions through `@ai-sdk/openai-compatible` (a custom provider in
-`opencode.json`), streamed; its shell tool is `bash`.
+`opencode.json`), streamed; its shell tool is `bash`. With the provider package
+`@ai-sdk/anthropic` (bundled in the binary, nothing to fetch) it speaks Anthropic Messages
+(`opencode@anthropic`).
 
 Traps:
 - Two calls per prompt: a session title (no tools), then the task (10 tools).
@@ -22,7 +24,9 @@ Traps:
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +35,13 @@ from harnessrl.harnesses.base import ExitState, Harness, RunContext, json_lines
 PROVIDER = "harnessrl"
 
 
-def provider_config(ctx: RunContext) -> dict[str, Any]:
-    """An `opencode.json` (also Kilo's schema) with one OpenAI-compatible provider."""
+def provider_config(ctx: RunContext, npm: str = "@ai-sdk/openai-compatible") -> dict[str, Any]:
+    """An `opencode.json` (also Kilo's schema) with one provider (OpenAI-compatible unless
+    another AI SDK provider package is named; `@ai-sdk/anthropic` appends `/messages` to
+    the same `/v1` base)."""
     return {
         "provider": {PROVIDER: {
-            "npm": "@ai-sdk/openai-compatible", "name": PROVIDER,
+            "npm": npm, "name": PROVIDER,
             "options": {"baseURL": ctx.openai_base, "apiKey": ctx.key},
             "models": {ctx.model: {"name": ctx.model}}}},
         "model": f"{PROVIDER}/{ctx.model}",
@@ -47,10 +53,12 @@ def _config_path(ctx: RunContext) -> Path:
     return ctx.home / ".config" / "opencode" / "opencode.json"
 
 
-def _setup(ctx: RunContext) -> None:
-    path = _config_path(ctx)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(provider_config(ctx), indent=2))
+def _setup_for(npm: str) -> Callable[[RunContext], None]:
+    def setup(ctx: RunContext) -> None:
+        path = _config_path(ctx)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(provider_config(ctx, npm), indent=2))
+    return setup
 
 
 def run_flags(ctx: RunContext) -> list[str]:
@@ -89,6 +97,14 @@ def run_outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> ExitState:
 
 HARNESS = Harness(
     name="opencode", version="1.18.33", dialect="openai_chat", registry="npm",
-    package="opencode-ai", binary="opencode", setup=_setup, argv=_argv, env=_env,
-    outcome=run_outcome, prompt_on_stdin=True,
+    package="opencode-ai", binary="opencode", setup=_setup_for("@ai-sdk/openai-compatible"),
+    argv=_argv, env=_env, outcome=run_outcome, prompt_on_stdin=True,
 )
+
+VARIANTS = {
+    "anthropic": dataclasses.replace(HARNESS, name="opencode@anthropic", dialect="anthropic",
+                                     setup=_setup_for("@ai-sdk/anthropic")),
+    "responses": dataclasses.replace(HARNESS, name="opencode@responses",
+                                     dialect="openai_responses",
+                                     setup=_setup_for("@ai-sdk/openai")),
+}

@@ -1,6 +1,8 @@
 """Pi (`pi-coding-agent`): Chat Completions through a custom provider in
 `~/.pi/agent/models.json` (`api: openai-completions`), streamed, with the OpenAI JS SDK;
-its shell tool is `bash` (4 tools: read, bash, edit, write).
+its shell tool is `bash` (4 tools: read, bash, edit, write). The provider's `api` picks
+the transport: `openai-responses` (variant `pi@responses`) or `anthropic-messages`
+(`pi@anthropic`, the Anthropic SDK, base URL without `/v1`).
 
 Traps:
 - It sends `max_completion_tokens` (not `max_tokens`), `store: false`, and the user
@@ -18,7 +20,9 @@ Traps:
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +32,10 @@ PROVIDER = "harnessrl"
 KEY_VARIABLE = "HARNESSRL_API_KEY"
 
 
-def _models(ctx: RunContext) -> dict[str, Any]:
+def _models(ctx: RunContext, api: str) -> dict[str, Any]:
+    base = ctx.proxy_root if api == "anthropic-messages" else ctx.openai_base
     return {"providers": {PROVIDER: {
-        "baseUrl": ctx.openai_base, "api": "openai-completions", "apiKey": KEY_VARIABLE,
+        "baseUrl": base, "api": api, "apiKey": KEY_VARIABLE,
         "models": [{"id": ctx.model, "name": ctx.model}]}}}
 
 
@@ -38,12 +43,14 @@ def _agent_dir(ctx: RunContext) -> Path:
     return ctx.home / ".pi" / "agent"
 
 
-def _setup(ctx: RunContext) -> None:
-    directory = _agent_dir(ctx)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "models.json").write_text(json.dumps(_models(ctx), indent=2))
-    # PI_OFFLINE already stops the anonymous install ping; the setting says so on disk too
-    (directory / "settings.json").write_text(json.dumps({"enableInstallTelemetry": False}))
+def _setup_for(api: str) -> Callable[[RunContext], None]:
+    def setup(ctx: RunContext) -> None:
+        directory = _agent_dir(ctx)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "models.json").write_text(json.dumps(_models(ctx, api), indent=2))
+        # PI_OFFLINE already stops the anonymous install ping; the setting says so on disk
+        (directory / "settings.json").write_text(json.dumps({"enableInstallTelemetry": False}))
+    return setup
 
 
 def _argv(ctx: RunContext, instruction: str) -> list[str]:
@@ -71,6 +78,13 @@ def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> ExitState:
 
 HARNESS = Harness(
     name="pi", version="0.73.1", dialect="openai_chat", registry="npm",
-    package="@mariozechner/pi-coding-agent", binary="pi", setup=_setup, argv=_argv,
-    env=_env, outcome=_outcome,
+    package="@mariozechner/pi-coding-agent", binary="pi", setup=_setup_for("openai-completions"),
+    argv=_argv, env=_env, outcome=_outcome,
 )
+
+VARIANTS = {
+    "responses": dataclasses.replace(HARNESS, name="pi@responses", dialect="openai_responses",
+                                     setup=_setup_for("openai-responses")),
+    "anthropic": dataclasses.replace(HARNESS, name="pi@anthropic", dialect="anthropic",
+                                     setup=_setup_for("anthropic-messages")),
+}
