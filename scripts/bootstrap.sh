@@ -28,14 +28,18 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 wait "$docker_setup" || true  # before apt-get runs again below
-# The viewer's browser tests drive Debian's chromium (Playwright never downloads one).
-if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && SUDO="sudo -n"
-  APT="$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -q"
-  echo "bootstrap: installing chromium (for the viewer's browser tests)" >&2
-  { $APT install -y chromium >/dev/null 2>&1 \
-    || { $APT update >/dev/null 2>&1 && $APT install -y chromium >/dev/null 2>&1; }; } \
-    || echo "bootstrap: could not install chromium; browser tests will be skipped" >&2
-fi
+# From Debian: the viewer's browser tests drive chromium (Playwright never downloads
+# one); Terminus 2's terminal is a tmux session.
+for tool in chromium tmux; do
+  if ! command -v "$tool" >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && SUDO="sudo -n"
+    APT="$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -q"
+    echo "bootstrap: installing $tool" >&2
+    { $APT install -y "$tool" >/dev/null 2>&1 \
+      || { $APT update >/dev/null 2>&1 && $APT install -y "$tool" >/dev/null 2>&1; }; } \
+      || echo "bootstrap: could not install $tool (without chromium the browser tests" \
+              "are skipped; without tmux terminus-2 cannot run)" >&2
+  fi
+done
 export PATH="$VENV/bin:$PATH"

@@ -28,6 +28,7 @@ MODULES = {
     "openhands": "openhands",
     "pi": "pi",
     "qwen": "qwen",
+    "terminus-2": "terminus",
 }
 
 

@@ -4,7 +4,8 @@ own tools, answering in the model's own tool-call format so the real parsing pat
 Given the tools a harness offers, it picks the shell tool (or a file-writing tool), makes
 one correct call, and after the tool result finishes the way that harness expects: a
 plain answer, a finish tool, mini-swe-agent's completion command, or (for harnesses with
-no tools, like aider) an edit written in the harness's own text format.
+no tools) the harness's own text format: aider's whole-file edit, Terminus 2's JSON
+keystroke batches.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Literal
 from harnessrl.proxy.engines.scripted import Reply
 from harnessrl.types import ChatRequest, Tool, ToolResult
 
-Finish = Literal["answer", "mini-swe-agent", "finish-tool", "whole-file"]
+Finish = Literal["answer", "mini-swe-agent", "finish-tool", "whole-file", "terminus-json"]
 
 # Tool names harnesses give their shell, in order of preference.
 SHELL_TOOLS = ("bash", "Bash", "shell", "run_shell_command", "exec_command", "shell_command",
@@ -60,6 +61,8 @@ class WriteFilePolicy:
         if self.finish == "whole-file" and _mentions(request, self.filename):
             # aider's "whole" edit format: the file name, then the whole new file.
             return Reply(f"{self.filename}\n```\n{self.line}\n```\n")
+        if self.finish == "terminus-json" and _mentions(request, self.filename):
+            return Reply(self._terminus(request))
         return Reply("Write the requested file")  # a side call, e.g. a session title
 
     def _act(self, tools: tuple[Tool, ...]) -> str:
@@ -77,6 +80,15 @@ class WriteFilePolicy:
         if self.finish == "finish-tool" and (finish := _pick(tools, FINISH_TOOLS)):
             return tool_call(finish.name, _filled(finish, {"message": "hello.txt written"}))
         return f"Done: {self.filename} now holds the requested line."
+
+    def _terminus(self, request: ChatRequest) -> str:
+        """Terminus 2 reads keystrokes from JSON: the command first; then `task_complete`,
+        which it asks to have confirmed, so the same answer again."""
+        acted = any(m.role == "assistant" for m in request.messages)
+        commands = [] if acted else [{"keystrokes": self.command + "\n", "duration": 0.5}]
+        return json.dumps({"analysis": "The file is " + ("written." if acted else "missing."),
+                           "plan": "Finish." if acted else "Write it with printf.",
+                           "commands": commands, "task_complete": acted})
 
 
 def _has_tool_result(request: ChatRequest) -> bool:
