@@ -15,7 +15,7 @@ from harnessrl.harnesses import MODULES, get
 from harnessrl.harnesses.base import RunContext
 
 RECORDED = Path(__file__).parent / "outcomes"
-# (recordings of a harness not registered yet, e.g. continue, are kept but not replayed)
+# (recordings of a harness not registered yet, e.g. openclaw, are kept but not replayed)
 CASES = sorted((d.parent.name, d.name) for d in RECORDED.glob("*/*")
                if d.is_dir() and d.parent.name in MODULES)
 

@@ -300,6 +300,19 @@ async def test_confined_writes_stay_in_the_sandbox(tmp_path):
         await box.close()
 
 
+async def test_confined_relative_writes_land_in_the_workdir(tmp_path):
+    """A program that writes relative to the working directory it inherited (as the
+    Continue CLI's shell does) writes into the workdir: the directory entered before the
+    confinement's mounts is entered again through them, not left on a read-only mount."""
+    box = await LocalSandbox.create(tmp_path / "sandboxes", "mine", confine=True)
+    try:
+        result = await box.run("echo g > relative.txt && pwd", timeout=30)
+        assert result.exit_code == 0, result.stderr.decode()
+        assert (box.workdir / "relative.txt").read_text() == "g\n"
+    finally:
+        await box.close()
+
+
 @pytest.mark.skipif(not LocalSandbox.network_isolation_available(),
                     reason="network namespaces are not available here")
 async def test_confined_sandbox_still_reaches_the_proxy(tmp_path):

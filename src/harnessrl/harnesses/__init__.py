@@ -13,6 +13,7 @@ MODULES = {
     "aider": "aider",
     "claude": "claude",
     "codex": "codex",
+    "continue": "continue_cli",
     "copilot": "copilot",
     "droid": "droid",
     "gemini": "gemini",

@@ -1,12 +1,11 @@
 """Continue CLI (`cn`, npm `@continuedev/cli`): a local `config.yaml` with one `openai`
 provider model at the proxy, Chat Completions, streamed; headless with `-p`.
 
-Not registered yet (not in `harnesses.MODULES`): it passes through the proxy unconfined,
-but in the confined sandbox its Bash tool (`$SHELL -l -c`, spawned by Node) fails every
-write with "Read-only file system" while other harnesses' shells write the same workdir;
-the cause is not found yet.
-
 Traps:
+- Its Bash tool (`$SHELL -l -c`) is spawned without a `cwd`, so it inherits the process's
+  working directory as entered, not by path: in the confined sandbox that was the
+  directory under the mounts made read-only, and every relative write failed with
+  "Read-only file system" until the confinement launcher entered it again by its path.
 - `--config` takes a file path or a hub slug; a local file keeps it off the hub and
   needs no login.
 - `-p` alone only offers read-only tools without asking; `--auto` allows every tool.

@@ -21,6 +21,7 @@ Standard library only, and no imports from harnessrl: it runs with `python -I`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -95,6 +96,11 @@ def main(argv: list[str]) -> None:
     for path in hidden:
         if os.path.isdir(path) and not keep.startswith(path.rstrip("/") + "/"):
             mount("-o", "remount,ro", path)
+    # The working directory was entered before these mounts and still points into the old,
+    # now read-only mount: entered again by its path, it is the writable bind (a program
+    # that spawns its shell without a cwd, e.g. the Continue CLI, inherits this one).
+    with contextlib.suppress(OSError):
+        os.chdir(os.getcwd())
     try:
         os.execvp(command[0], command)
     except OSError as error:  # 127 as a shell says it: the program is not there to run
