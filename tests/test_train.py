@@ -468,8 +468,9 @@ def test_sft_messages_export_from_a_teacher_without_token_ids(setting, tmp_path,
 @pytest.mark.vllm
 @pytest.mark.harness
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["chat", "token"])
-def test_harnessrl_train_runs_steps_and_writes_metrics(vllm_tiny, tiny_model, tmp_path, mode):
+@pytest.mark.parametrize(("trainer", "mode"), [("sync", "chat"), ("async", "token")])
+def test_harnessrl_train_runs_steps_and_writes_metrics(vllm_tiny, tiny_model, tmp_path,
+                                                       trainer, mode):
     from harnessrl.cli import main
 
     tasks = tmp_path / "tasks.jsonl"
@@ -483,20 +484,19 @@ run_dir: {tmp_path / "run"}
 model: {{path: "{tiny_model}"}}
 engine: {{url: "{vllm_tiny.url}/v1", max_tokens: 32, mode: {mode}}}
 rollout: {{harnesses: [mini-swe-agent], tasks: "{tasks}"}}
-grpo: {{steps: 2, num_generations: 2, tasks_per_step: 1, learning_rate: 1.0e-3}}
+grpo: {{trainer: {trainer}, steps: 2, num_generations: 2, tasks_per_step: 1,
+        learning_rate: 1.0e-3, report_to: [tensorboard]}}
 """)
     assert main(["train", "--config", str(config)]) == 0
     lines = [json.loads(line) for line in
              (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2]
-    assert [line["trained_sequences"] for line in lines] == [2, 2]
-    assert [line["sampled_with"] for line in lines] == [["step-0"], ["step-1"]]
-    assert [line["weight_version"] for line in lines] == ["step-1", "step-2"]
-    for line in lines:
-        assert line["rollouts"] == 2 and line["infra_errors"] == 0
-        assert line["harnesses"]["mini-swe-agent"]["pass_rate"] == 0.0
-        assert line["trained_tokens"] > 0 and "loss" in line["trl"]
-        assert line["chain_extension_rate"] is None or 0 <= line["chain_extension_rate"] <= 1
+    logged = _tensorboard_scalars(tmp_path / "run" / "trainer")
+    assert "train/loss" in logged, sorted(logged)
+    if trainer == "async":
+        _check_async_lines(lines, logged)
+    else:
+        _check_sync_lines(lines)
     from harnessrl.proxy.store import TraceReader
 
     with TraceReader(tmp_path / "run") as store:
@@ -507,6 +507,49 @@ grpo: {{steps: 2, num_generations: 2, tasks_per_step: 1, learning_rate: 1.0e-3}}
     assert {(u.temperature, u.top_p, u.top_k, u.max_tokens) for u in used} == {(1.0, 1.0, 0, 32)}
 
 
+def _tensorboard_scalars(root) -> set[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags: set[str] = set()
+    for events in root.rglob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(events))
+        accumulator.Reload()
+        tags |= set(accumulator.Tags()["scalars"])
+    return tags
+
+
+def _check_async_lines(lines, logged) -> None:
+    """The async trainer's steps: versions advance (v1 is the cold sync), every sampled
+    token of a finished call is in a row, and our metrics reach TRL's report_to."""
+    assert [line["trainer"] for line in lines] == ["async", "async"]
+    assert [line["weight_version"] for line in lines] == ["v2", "v3"]
+    assert all("loss" in line["trl"] for line in lines)
+    # a step's figures are those of the groups that finished during it (none: absent)
+    scored = [line for line in lines if line["rows_per_rollout"] is not None]
+    assert scored
+    for line in scored:
+        assert line["rows_per_rollout"] >= 1 and not line["infra_errors"]
+        assert line["tokens_trained_share"] == pytest.approx(1.0)
+        assert line["tokens_main_chain_share"] <= line["tokens_trained_share"]
+        assert line["harnesses"]["mini-swe-agent"]["rows_per_rollout"] >= 1
+    # TRL times a step from the end of the one before: the first has no idle share
+    assert lines[0]["trainer_idle_share"] is None
+    assert 0 <= lines[1]["trainer_idle_share"] <= 1
+    assert {"train/harnessrl/rows_per_rollout", "train/harnessrl/tokens_trained_share",
+            "train/harnessrl/mini-swe-agent/tokens_main_chain_share"} <= logged
+
+
+def _check_sync_lines(lines) -> None:
+    assert [line["trained_sequences"] for line in lines] == [2, 2]
+    assert [line["sampled_with"] for line in lines] == [["step-0"], ["step-1"]]
+    assert [line["weight_version"] for line in lines] == ["step-1", "step-2"]
+    for line in lines:
+        assert line["rollouts"] == 2 and line["infra_errors"] == 0
+        assert line["harnesses"]["mini-swe-agent"]["pass_rate"] == 0.0
+        assert line["trained_tokens"] > 0 and "loss" in line["trl"]
+        assert line["chain_extension_rate"] is None or 0 <= line["chain_extension_rate"] <= 1
+
+
 def test_train_config_rejects_unknown_keys(tmp_path):
     from harnessrl.train.config import ConfigError, load_config
 
@@ -515,7 +558,7 @@ def test_train_config_rejects_unknown_keys(tmp_path):
     with pytest.raises(ConfigError, match="stepz"):
         load_config(bad)
     example = load_config(Path(__file__).parents[1] / "examples" / "train.toml")
-    assert example.grpo.trl == {"loss_type": "dapo", "scale_rewards": "group"}
+    assert example.grpo.trl == {"epsilon_high": 0.28} and example.grpo.trainer == "async"
 
 
 # ------------------------------------------------------------------ a teacher without ids

@@ -26,7 +26,13 @@ _SHARES = ("rows_per_rollout", "tokens_trained_share", "tokens_main_chain_share"
 
 
 def check_config(config: TrainConfig) -> None:
-    """Refuses, before anything starts, `grpo.trl` keys `AsyncGRPOConfig` does not have."""
+    """Refuses, before anything starts, what `AsyncGRPOTrainer` cannot do as asked."""
+    if config.cluster is not None:
+        # The weight gate that holds new calls during a swap lives in this process's proxy;
+        # the shards' proxies on other nodes have no such gate yet.
+        raise ValueError('[cluster] trains with grpo.trainer = "sync" only, for now')
+    if config.grpo.beta:
+        raise ValueError('grpo.beta: AsyncGRPOTrainer has no KL term; use trainer = "sync"')
     import dataclasses
 
     from trl.experimental.async_grpo import AsyncGRPOConfig
@@ -50,7 +56,7 @@ def async_config(config: TrainConfig, run_dir: Path, vllm_url: str) -> Any:
         num_generations=g.num_generations, learning_rate=g.learning_rate,
         temperature=config.engine.temperature, max_staleness=g.max_staleness,
         max_inflight_tasks=g.max_inflight, seed=g.seed, use_cpu=not torch.cuda.is_available(),
-        bf16=False, dtype=config.engine.dtype, report_to="none", logging_steps=1,
+        bf16=False, dtype=config.engine.dtype, report_to=g.report_to or "none", logging_steps=1,
         save_strategy="no", token_budget=0, vllm_server_base_url=vllm_url, disable_tqdm=True)
     return AsyncGRPOConfig(**{**values, **g.trl})
 

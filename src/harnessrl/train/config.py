@@ -55,7 +55,7 @@ class RolloutConfig(RolloutSettings, frozen=True):
 class GRPOSettings(_Section):
     # async: TRL's AsyncGRPOTrainer, rollouts always in flight, every chain trained
     # (train/async_grpo.py); sync: GRPOTrainer with a rollout_func, one chain per rollout
-    trainer: Literal["async", "sync"] = "sync"
+    trainer: Literal["async", "sync"] = "async"
     steps: Annotated[int, msgspec.Meta(ge=1)] = 2
     num_generations: Annotated[int, msgspec.Meta(ge=1)] = 2  # rollouts per GRPO group
     # sync: tasks per step; async: rows per optimizer step = tasks_per_step * num_generations
@@ -66,13 +66,18 @@ class GRPOSettings(_Section):
     learning_rate: float = 1e-5
     beta: float = 0.0  # KL to a reference model; 0 needs no second model in memory
     seed: int = 0
+    # TRL's own logging backends for every step's metrics, ours among TRL's (tensorboard,
+    # trackio, wandb, ...); metrics.jsonl is written either way
+    report_to: list[str] = []
     # any other trl.GRPOConfig field (sync) or AsyncGRPOConfig field (async), passed through
     trl: dict[str, Any] = {}
 
 
 class ShapingConfig(_Section):
     fewer_tool_calls: float = 0.0
-    tool_call_budget: int = 20
+    tool_call_budget: Annotated[int, msgspec.Meta(ge=1)] = 20
+    # the reference's form: a passing reward r becomes r * (1 + w * B/(B + tool calls))
+    tool_call_bonus: float = 0.0
     fewer_tokens: float = 0.0
     token_budget: int = 20_000
     custom: list[str] = []  # module:function, f(verdict, stats) -> float
@@ -116,5 +121,6 @@ def shaping_of(config: ShapingConfig) -> Any:
 
     return Shaping(fewer_tool_calls=config.fewer_tool_calls,
                    tool_call_budget=config.tool_call_budget,
+                   tool_call_bonus=config.tool_call_bonus,
                    fewer_tokens=config.fewer_tokens, token_budget=config.token_budget,
                    custom=dict(load_term(spec) for spec in config.custom))

@@ -276,7 +276,8 @@ def grpo_config(config: TrainConfig, run_dir: Path) -> Any:
         per_device_train_batch_size=g.tasks_per_step * g.num_generations,
         num_generations=g.num_generations, learning_rate=g.learning_rate, beta=g.beta,
         temperature=config.engine.temperature,
-        seed=g.seed, use_cpu=not torch.cuda.is_available(), bf16=False, report_to="none",
+        seed=g.seed, use_cpu=not torch.cuda.is_available(), bf16=False,
+        report_to=g.report_to or "none",
         logging_steps=1, save_strategy="no", dataloader_num_workers=0,
         disable_tqdm=True)  # our own progress shows rollouts and steps
     return GRPOConfig(**{**values, **g.trl})
