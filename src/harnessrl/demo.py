@@ -116,6 +116,7 @@ def _show(console: Console, store: TraceReader, model: Path,
         f"[bold]{v}[/] {n}" for v, n in sorted(versions.items())))
     console.print("served after the last step: "
                   f"[bold]{steps[-1].get('weight_version') if steps else '-'}[/]")
+    console.print(_chains_trained(steps))
     sampled = [t for ts in turns.values() for t in ts
                if t.completion and t.completion.tokens.completion_ids]
     if sampled:
@@ -138,6 +139,20 @@ def _rollout_table(outcomes: list[Outcome], turns: dict[str, list[Turn]]) -> Tab
                       str(o.turns), str(o.tool_calls), str(o.completion_tokens),
                       ",".join(versions))
     return table
+
+
+def _chains_trained(steps: list[dict[str, Any]]) -> str:
+    """Rows per rollout and the share of sampled tokens trained, over the steps that scored
+    a group (async: every chain of a rollout is a row; a step with no finished group has
+    no figures)."""
+    def mean(name: str, spec: str = ".0%") -> str:
+        values = [s[name] for s in steps if s.get(name) is not None]
+        return "-" if not values else format(sum(values) / len(values), spec)
+    if not any("rows_per_rollout" in s for s in steps):  # the sync trainer: its own table
+        return ""
+    rows, trained = mean("rows_per_rollout", ".2f"), mean("tokens_trained_share")
+    return (f"rows per rollout [bold]{rows}[/] · share of sampled tokens trained [bold]"
+            f"{trained}[/] (the main chain alone would be {mean('tokens_main_chain_share')})")
 
 
 def _num(value: float | None) -> str:
