@@ -6,10 +6,15 @@ sandbox, through the real proxy and runner: what remains is sandbox create, task
 config, verify and teardown. Prints per-rollout overhead (p50/p99) and rollouts per minute
 at concurrency 1, 4 and 16, against the target of under 1 s per rollout; then the same with
 the docker sandbox (create + verify + remove, images already built) at concurrency 1 and 4,
-target under 2 s, when a daemon answers.
+target under 2 s, when a daemon answers. Each row also splits the overhead p50 into its
+phases from the outcomes' own timings: create (sandbox start and task files), verify (the
+verifier, tests copied in, its pre-check) and the rest (teardown, the proxy's rollout
+open/close, the store), and says the load average when it started. `--repeats` runs the
+whole plan again, interleaved, so both sandboxes see the same load.
+`bench/rollouts.py` (the name issue 16 uses) is this module.
 
     .venv/bin/python bench/rollout_overhead.py [--rollouts 64] [--concurrency 1,4,16]
-                                               [--docker-concurrency 1,4]
+                                               [--docker-concurrency 1,4] [--repeats 1]
                                                [--out bench/rollouts.md]
 """
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -54,6 +60,7 @@ def measure(concurrency: int, rollouts: int, tokenizer: object,
     tasks = load_tasks("bundled")
     samples = max(1, rollouts // len(tasks))
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="hrl-bench-") as root:
         config = RunConfig(harnesses=[INSTANT], tasks=tasks, samples=samples,
                            settings=RolloutSettings(concurrency=concurrency, retries=0,
@@ -62,10 +69,18 @@ def measure(concurrency: int, rollouts: int, tokenizer: object,
         outcomes = execute(config, ScriptedEngine(tokenizer, replay(["ok"])), Path(root),
                            console=quiet)
         wall = time.monotonic() - started
-    overheads = sorted(o.timings["total"] - o.timings.get("agent", 0.0) for o in outcomes)
-    agent = sorted(o.timings.get("agent", 0.0) for o in outcomes)
+    timings = [o.timings for o in outcomes if o.timings]
+    overheads = sorted(t["total"] - t.get("agent", 0.0) for t in timings) or [float("nan")]
+
+    def p50(values: list[float]) -> float:
+        return statistics.median(values) if values else float("nan")
+
     return {"sandbox": sandbox, "concurrency": concurrency, "rollouts": len(outcomes),
-            "agent_p50": statistics.median(agent),
+            "load": load, "agent_p50": p50([t.get("agent", 0.0) for t in timings]),
+            "create": p50([t.get("sandbox", 0.0) for t in timings]),
+            "verify": p50([t.get("verifier", 0.0) for t in timings]),
+            "rest": p50([t["total"] - t.get("sandbox", 0.0) - t.get("agent", 0.0)
+                         - t.get("verifier", 0.0) for t in timings]),
             "p50": statistics.median(overheads),
             "p99": overheads[min(len(overheads) - 1, int(0.99 * len(overheads)))],
             "per_minute": 60 * len(outcomes) / wall,
@@ -85,6 +100,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rollouts", type=int, default=64)
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--docker-concurrency", default="1,4", help="'' to skip docker")
+    parser.add_argument("--repeats", type=int, default=1, help="run the whole plan N times")
     parser.add_argument("--out", type=Path, default=Path("bench/rollouts.md"))
     return parser.parse_args(argv)
 
@@ -97,7 +113,8 @@ def measure_all(args: argparse.Namespace) -> list[dict]:
     if args.docker_concurrency and docker_problem() is None:
         asyncio.run(_build_images())  # once, not measured: a cached image is the case timed
         plan += [("docker", int(c)) for c in args.docker_concurrency.split(",")]
-    return [measure(c, args.rollouts, tokenizer, s) for s, c in plan]
+    return [measure(c, args.rollouts, tokenizer, s) for _ in range(args.repeats)
+            for s, c in plan]
 
 
 def rows(argv: list[str] | None = None) -> list[Row]:
@@ -107,23 +124,27 @@ def rows(argv: list[str] | None = None) -> list[Row]:
     write(results, args.out)
     return [Row(f"runner overhead per rollout p50 (p99), {r['sandbox']} c={r['concurrency']}",
                 f"{r['p50']:.2f} s ({r['p99']:.2f})",
-                f"agent's own time p50 {r['agent_p50']:.3f} s (an agent that exits at once); "
+                f"agent's own time p50 {r['agent_p50']:.3f} s (an agent that exits at once), "
+                f"load {r['load']:.1f}; "
                 f"{r['per_minute']:.0f} rollouts/min, {r['errors']} infra errors",
                 f"< {TARGET[r['sandbox']]:g} s", verdict(r["p50"] < TARGET[r["sandbox"]]))
             for r in results]
 
 
 def write(results: list[dict], out: Path) -> str:
-    lines = ["| sandbox | concurrency | rollouts | overhead p50 s | overhead p99 s | "
-             "rollouts/min | infra errors | target (p50) |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| sandbox | concurrency | rollouts | load avg (1 min) at start | overhead p50 s | "
+             "overhead p99 s | create p50 s | verify p50 s | rest p50 s | rollouts/min | "
+             "infra errors | target (p50) |", "|" + "---|" * 12]
     for r in results:
         target = TARGET[r["sandbox"]]
         lines.append(f"| {r['sandbox']} | {r['concurrency']} | {r['rollouts']} | "
-                     f"{r['p50']:.2f} | {r['p99']:.2f} | {r['per_minute']:.0f} | "
+                     f"{r['load']:.1f} | {r['p50']:.2f} | {r['p99']:.2f} | {r['create']:.2f} | "
+                     f"{r['verify']:.2f} | {r['rest']:.2f} | {r['per_minute']:.0f} | "
                      f"{r['errors']} | < {target:g} s {verdict(r['p50'] < target)} |")
     table = "\n".join(lines) + "\n"
     out.write_text("# Rollout overhead (agent that exits at once; docker: cached images)\n\n"
-                   + table)
+                   f"{os.cpu_count()} cores, shared: the load average is the machine's, "
+                   "other work included.\n\n" + table)
     return table
 
 

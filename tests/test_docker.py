@@ -166,6 +166,7 @@ async def test_oracle_passes_and_empty_attempt_fails_on_every_bundled_task(
 
     results = await asyncio.gather(*(gated(t) for t in tasks))
     assert [r for r in results if (r[1], r[2]) != (0.0, 1.0)] == []
+    await backend.drain()  # a backend's sandboxes are removed in the background
     assert containers(f"{RUN_LABEL}={label}") == []
 
 
@@ -204,6 +205,20 @@ async def test_container_starts_are_capped(tmp_path: Path, proxy_port, monkeypat
     for box in boxes:
         await box.close()
     assert peak == 1
+    await backend.drain()  # close() left `docker rm` running; drain waits for all three
+    assert [c for box in boxes for c in containers(f"name={box.container}")] == []
+    assert not any(box.directory.exists() for box in boxes)
+
+
+async def test_a_proxy_the_relay_cannot_reach_fails_the_start(tmp_path: Path) -> None:
+    """The self-check runs as the container's first process: its report names the port."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    with pytest.raises(SandboxError, match=f"port {port}: the relay"):
+        await DockerSandbox.start(tmp_path, "noproxy", image=BASE_IMAGE, tools=TOOLS,
+                                  proxy_ports=[port])
+    assert containers("name=harnessrl-noproxy") == []
 
 
 async def test_bad_dockerfile_and_missing_image_are_infrastructure_errors(tmp_path: Path) -> None:

@@ -171,14 +171,22 @@ def _context_hash(directory: Path) -> str:
 
 class Images:
     """Task images: built once per content hash of environment/ (the tag says it), each
-    build at most once at a time; a failed build is remembered for the run."""
+    build at most once at a time; a failed build is remembered for the run, and so is an
+    image found (one `docker image inspect` per image and run, not per rollout)."""
 
     def __init__(self, override: str | None = None) -> None:
         self.override = override
         self._locks: dict[str, asyncio.Lock] = {}
         self._failed: dict[str, str] = {}
+        self._found: dict[tuple[str | None, str], str] = {}
 
     async def for_task(self, task: Task) -> str:
+        key = (task.dockerfile and str(task.dockerfile), task.id)
+        if (found := self._found.get(key)) is None:
+            found = self._found[key] = await self._for_task(task)
+        return found
+
+    async def _for_task(self, task: Task) -> str:
         if self.override:
             return await self._existing(self.override, "--image")
         if task.dockerfile is None:
@@ -277,6 +285,7 @@ def runtime_mounts(tools: Path) -> list[str]:
 class DockerSandbox(LocalSandbox):
     container: str = ""
     image: str = ""
+    removals: set[asyncio.Future[None]] | None = None
 
     @classmethod
     async def start(cls, root: Path, name: str, *, image: str, tools: Path,
@@ -313,34 +322,35 @@ class DockerSandbox(LocalSandbox):
             "-v", f"{self.directory}:{self.directory}",
             "-v", f"{self._relay_dir}:{self._relay_dir}", *runtime_mounts(tools),
             "-w", str(self.workdir), "--entrypoint", python, self.image,
-            "-I", _FILES["netns_launcher.py"], *relays, "--",
-            python, "-I", "-c", "import signal, sys; open(sys.argv[1], 'w').close(); "
-            "signal.pause()", str(self._relay_dir / "ready"))
+            "-I", _FILES["netns_launcher.py"], *relays, "--", *self._probe())
         if started.returncode != 0:
             raise SandboxError(f"docker run {self.image} failed: {started.stdout.strip()[-800:]}")
+
+    def _probe(self) -> list[str]:
+        """The container's first command after the relay listens: the self-check, its
+        report written to `ready`, then it waits, keeping the container up."""
+        node = ["--node", f"{RUNTIME_BIN}/node"] if shutil.which("node") else []
+        ports = [str(port) for port, _path in self._relays]
+        return [os.path.realpath(sys.executable), "-I", _FILES["sandbox_probe.py"], *node,
+                "--report", str(self._relay_dir / "ready"), *ports, "--", str(self.workdir)]
 
     async def _check(self) -> None:
         """The runtimes run in this image and the relayed proxy answers, or why not."""
         await self._relay_ready()
-        ports = [str(port) for port, _path in self._relays]
-        python = os.path.realpath(sys.executable)
-        probe = [python, "-I", _FILES["sandbox_probe.py"], *ports, "--", str(self.workdir)]
-        if shutil.which("node"):
-            probe = ["/bin/sh", "-c", '"$@" && exec "$0" -e 0', f"{RUNTIME_BIN}/node", *probe]
-        result = await self.run(probe, timeout=60)
-        if result.exit_code == 0:
+        report = self._relay_dir / "ready"
+        detail = report.read_text().strip() if report.exists() else "no self-check report"
+        if report.exists() and not detail:
             return
         state = await docker("inspect", "-f", "{{.State.Status}} exit {{.State.ExitCode}}",
                              self.container)
         logs = await docker("logs", "--tail", "20", self.container)
-        detail = (result.stdout + result.stderr).decode(errors="replace").strip()[-1500:]
         raise SandboxError(
             f"image {self.image!r} cannot run the sandbox's runtimes (the mounted Python "
-            f"{python} and Node; another libc?) or reach the proxy: container "
-            f"{state.stdout.strip()}; {detail} {logs.stdout.strip()[-800:]}")
+            f"{os.path.realpath(sys.executable)} and Node; another libc?) or reach the proxy: "
+            f"container {state.stdout.strip()}; {detail[-1500:]} {logs.stdout.strip()[-800:]}")
 
     async def _relay_ready(self, wait: float = 30.0) -> None:
-        """Until the first process listens (it writes `ready` after that), or it died."""
+        """Until the first process wrote its self-check's report (`ready`), or it died."""
         deadline = time.monotonic() + wait
         ready, polls = self._relay_dir / "ready", 0
         while not ready.exists() and time.monotonic() < deadline:
@@ -394,15 +404,28 @@ class DockerSandbox(LocalSandbox):
         await asyncio.wait({talk}, timeout=10)
 
     async def close(self) -> None:
+        """Kill what runs, remove the host directories and the container. With `removals`
+        set (a runner's sandboxes), `docker rm` goes on in the background, into that set:
+        the runner awaits it before it returns, and until then the container stays in
+        _LIVE (removed on a signal or at exit)."""
         if self.container and not self.closed:
-            await docker("rm", "-f", self.container, timeout=120)
-            _LIVE.discard(self.container)
+            if self.removals is None:
+                await self._remove()
+            else:
+                removal = asyncio.ensure_future(self._remove())
+                self.removals.add(removal)
+                removal.add_done_callback(self.removals.discard)
         await super().close()
+
+    async def _remove(self) -> None:
+        await docker("rm", "-f", self.container, timeout=120)
+        _LIVE.discard(self.container)
 
 
 class DockerBackend:
     """One runner's docker side: task images, a cap on concurrent container starts (apart
-    from the rollouts' concurrency), the start-up sweep of dead runners' containers."""
+    from the rollouts' concurrency), the start-up sweep of dead runners' containers, and
+    the containers still being removed (`drain` before the runner returns)."""
 
     def __init__(self, *, image: str | None, tools: Path, starts: int = 2,
                  run_label: str = "") -> None:
@@ -411,6 +434,7 @@ class DockerBackend:
         self.run_label = run_label
         self._starts = asyncio.Semaphore(starts)
         self._swept = False
+        self._removals: set[asyncio.Future[None]] = set()
 
     async def sandbox(self, root: Path, name: str, task: Task,
                       proxy_ports: Sequence[int]) -> DockerSandbox:
@@ -422,7 +446,14 @@ class DockerBackend:
             await sweep()
         image = await self.images.for_task(task)
         async with self._starts:
-            return await DockerSandbox.start(root, name, image=image, tools=self.tools,
-                                             proxy_ports=proxy_ports,
-                                             limits=ContainerLimits.of(task),
-                                             run_label=self.run_label)
+            box = await DockerSandbox.start(root, name, image=image, tools=self.tools,
+                                            proxy_ports=proxy_ports,
+                                            limits=ContainerLimits.of(task),
+                                            run_label=self.run_label)
+        box.removals = self._removals
+        return box
+
+    async def drain(self) -> None:
+        """Until every container this backend's sandboxes left being removed is gone."""
+        while self._removals:
+            await asyncio.gather(*self._removals, return_exceptions=True)

@@ -132,7 +132,10 @@ class Runner:
             self.on_outcome(outcome)
             return outcome
 
-        return list(await asyncio.gather(*(one(p) for p in todo)))
+        try:
+            return list(await asyncio.gather(*(one(p) for p in todo)))
+        finally:
+            await self.docker.drain()  # no container of this run outlives it
 
     async def _with_retries(self, planned: Planned) -> Outcome:
         error, key = "", ""

@@ -366,12 +366,11 @@ async def verify(task: Task, sandbox: Sandbox) -> Verdict:
     """Copy the tests in (only now), run them with the verifier timeout, read the reward."""
     started = time.monotonic()
     layout = Layout.of(sandbox)
-    await _fresh(sandbox, layout, "tests", "logs/verifier")
-    await _place(sandbox, str(layout.base / "tests"), task.tests_dir, task.test_files, layout)
     commands = task.verify_commands or ('bash "$TESTS_DIR/test.sh"',)
-    if (problem := await _cannot_run(task, sandbox, layout, commands)) is not None:
+    if (problem := await _fresh_and_check(task, sandbox, layout, commands)) is not None:
         return Verdict(0.0, False, problem, time.monotonic() - started, status="not_run",
                        reason=problem)
+    await _place(sandbox, str(layout.base / "tests"), task.tests_dir, task.test_files, layout)
     deadline = time.monotonic() + task.verifier_timeout
     outputs, result = [], None
     for command in commands:
@@ -392,20 +391,28 @@ async def verify(task: Task, sandbox: Sandbox) -> Verdict:
                    status=status, reason=reason, exit_code=result.exit_code)
 
 
-async def _cannot_run(task: Task, sandbox: Sandbox, layout: Layout,
-                      commands: tuple[str, ...]) -> str | None:
-    """Why the verifier cannot run in this sandbox (a program it starts is missing, or
-    $PYTHON cannot import pytest for our test runner), or None. Checked before it runs:
-    a verifier that swallows its own failure would otherwise write a 0."""
+async def _fresh_and_check(task: Task, sandbox: Sandbox, layout: Layout,
+                           commands: tuple[str, ...]) -> str | None:
+    """Empty tests/ and logs/verifier, then say why the verifier cannot run in this sandbox
+    (a program it starts is missing, or $PYTHON has no pytest for our test runner), or None.
+    One command, not two: in a container each is a `docker exec`. Checked before it runs:
+    a verifier that swallows its own failure would otherwise write a 0. pytest is looked up,
+    not imported (an import costs ~0.4 s per rollout); one that is found but cannot import
+    still makes run_tests.py exit 127, "could not run"."""
     programs = sorted({p for command in commands if (p := _program(command))})
     checks = [f'command -v {shlex.quote(p)} >/dev/null || echo "{p} is not installed in '
               f'the sandbox"' for p in programs]
     uses_runner = "run_tests.py" in task.test_files or (
         task.tests_dir is not None and (task.tests_dir / "run_tests.py").is_file())
     if uses_runner:
-        checks.append('"$PYTHON" -c "import pytest" 2>&1 >/dev/null || echo "the verifier\'s '
+        checks.append('"$PYTHON" -P -c "import importlib.util as u, sys; sys.exit(u.find_spec('
+                      '\'pytest\') is None)" 2>/dev/null || echo "the verifier\'s '
                       'interpreter $PYTHON cannot import pytest here"')
-    result = await sandbox.run("; ".join(checks) or "true", env=layout.env(), timeout=60)
+    paths = " ".join(shlex.quote(str(layout.base / name)) for name in ("tests", "logs/verifier"))
+    script = f"rm -rf {paths} && mkdir -p {paths} || exit 90; " + ("; ".join(checks) or "true")
+    result = await sandbox.run(script, env=layout.env(), timeout=60)
+    if result.exit_code == 90:
+        raise TaskError(f"cannot reset {paths}: {_text(result.stdout, result.stderr)}")
     problem = _text(result.stdout, result.stderr).strip()
     if result.exit_code != 0 and not problem:
         problem = f"the verifier's pre-check exited {result.exit_code}"
