@@ -2,9 +2,11 @@
 provider in `openclaw.json` (`api: openai-completions`: Chat Completions), streamed.
 
 Not registered yet (not in `harnesses.MODULES`): both variants write the file through the
-proxy (unconfined, and confined for the chat variant), but in the confined conformance run
-the turn carrying the tool result did not extend the turn that made the call (it rewrites
-the history it sends back); not investigated yet.
+proxy confined, and `openclaw@responses` passes conformance, but in Chat Completions the
+turn carrying the tool result does not extend the turn that made the call: it sends each
+tool call's `arguments` back re-serialized (`JSON.stringify`, compact:
+`{"command":"printf ..."}` where the model wrote `{"command": "printf ..."}`), so the
+rendered history differs from the sampled tokens from that call on.
 
 Traps:
 - It needs Node >= 24.16 (< 25) or >= 26.1; its npm preinstall script refuses any other
@@ -18,6 +20,10 @@ Traps:
   start ("Fatal process out of memory: Failed to reserve virtual memory for CodeRange"):
   it asks for 16 GiB (`memory_bytes`). It is slow to start (about 100 s here, two cores).
 - Its shell tool is `exec` (with `process`, `read`, `write`, `edit`, `apply_patch`...).
+- With the `process` and `sessions_spawn` tools (or subagents) it ends every request with
+  a user message of "internal runtime context" (active exec sessions, subagents) that is
+  not kept in the history, so the next request is not an extension of the last; those
+  tools are denied (`tools.deny`) and the message is gone.
 - `api` picks the dialect: `openai-completions` or `openai-responses` (a variant).
 - The record is `--json`'s agent-exec envelope on stdout (indented JSON): `ok`,
   `status`, `final`, `error`, `toolSummary`; finished when `ok` is true.
@@ -45,6 +51,7 @@ def _state_dir(ctx: RunContext) -> Path:
 def _config(ctx: RunContext, api: str) -> dict[str, Any]:
     return {
         "agents": {"defaults": {"model": {"primary": f"{PROVIDER}/{ctx.model}"}}},
+        "tools": {"deny": ["process", "sessions_spawn", "subagents"]},
         "models": {"mode": "merge", "providers": {PROVIDER: {
             "baseUrl": ctx.openai_base, "apiKey": ctx.key, "api": api,
             "models": [{"id": ctx.model, "name": ctx.model, "reasoning": False,
