@@ -474,12 +474,14 @@ def _conformance(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markdown import Markdown
 
+    from harnessrl.harnesses import all_variants
     from harnessrl.rollout.conformance import check, matrix_markdown, policy_tokenizer
 
     console = Console()
     tokenizer = policy_tokenizer()
     results = []
-    for h in _harnesses(args.names):
+    # every harness and each of its dialect variants, unless names are given
+    for h in _harnesses(args.names) if args.names else all_variants():
         with console.status(f"{h.name}: installing (first time) and running headless"):
             h.install(args.tools_dir, log=lambda line: None)
             with tempfile.TemporaryDirectory(prefix=f"hrl-{h.slug}-") as root:
