@@ -47,7 +47,10 @@ class VLLMWeightSync:
     """Pushes a model's weights into a running vLLM server and names the version.
 
     `engines` are the in-process engines whose `weight_version` the proxy records on
-    each turn; they are set only once vLLM confirms it serves the new version.
+    each turn; they are set only once vLLM confirms it serves the new version. With
+    several vLLM servers sampling the same policy (`more_urls`, e.g. the engines a cluster's
+    shards route to), every one of them reloads and confirms the version before any
+    engine is told: no turn is stamped with a version some server does not serve yet.
     """
 
     base_url: str
@@ -56,6 +59,11 @@ class VLLMWeightSync:
     timeout: float = 300.0
     allow_tied: bool = False
     seconds: list[float] = field(default_factory=list)  # per push, for the metrics
+    more_urls: list[str] = field(default_factory=list)  # further servers, same weights
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.base_url, *self.more_urls]
 
     def push(self, model: Any, version: str) -> float:
         """Save, reload, reset the prefix cache, name the version; seconds taken."""
@@ -63,42 +71,50 @@ class VLLMWeightSync:
         self._check_untied(model)
         self.save_dir.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(self.save_dir, safe_serialization=True)
-        self._post("/collective_rpc", {"method": "reload_weights",
-                                       "kwargs": {"weights_path": str(self.save_dir)}})
-        self._post("/reset_prefix_cache", None)
+        for url in self.urls:  # one saved copy, read by every server (a shared path)
+            self._post("/collective_rpc", {"method": "reload_weights",
+                                           "kwargs": {"weights_path": str(self.save_dir)}},
+                       url)
+            self._post("/reset_prefix_cache", None, url)
         self.announce(version)
         self.seconds.append(time.monotonic() - started)
         return self.seconds[-1]
 
     def announce(self, version: str) -> None:
-        """Name the weights vLLM now serves, and have the proxy stamp that name."""
-        self._post("/update_weight_version", {"new_version": version})
-        served = self.served_version()
-        if served != version:
-            raise WeightSyncError(f"vLLM reports weight version {served!r} after setting "
-                                  f"{version!r}")
+        """Name the weights every server now serves (each confirms it), then have the proxy
+        stamp that name."""
+        for url in self.urls:
+            self._post("/update_weight_version", {"new_version": version}, url)
+            served = self.served_version(url)
+            if served != version:
+                raise WeightSyncError(f"vLLM at {url} reports weight version {served!r} after "
+                                      f"setting {version!r}")
         for engine in self.engines:
             engine.weight_version = version
 
-    def served_version(self) -> str | None:
-        status, text = self._call("GET", "/weight_info", None)
+    def served_version(self, url: str | None = None) -> str | None:
+        status, text = self._call("GET", "/weight_info", None, url)
         if status != 200:
             raise WeightSyncError(f"GET /weight_info failed with HTTP {status}: {text[:300]}")
         value = json.loads(text).get("weight_version")
         return None if value is None else str(value)
 
-    def _post(self, path: str, body: dict[str, Any] | None) -> None:
-        status, text = self._call("POST", path, body)
+    def _post(self, path: str, body: dict[str, Any] | None, url: str | None = None) -> None:
+        status, text = self._call("POST", path, body, url)
         if status != 200:
             hint = (" (is vLLM running with VLLM_SERVER_DEV_MODE=1?)"
                     if status in (403, 404) else "")
-            raise WeightSyncError(f"POST {path} failed with HTTP {status}{hint}: {text[:300]}")
+            where = f" at {url}" if url and url != self.base_url else ""
+            raise WeightSyncError(f"POST {path}{where} failed with HTTP {status}{hint}: "
+                                  f"{text[:300]}")
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, str]:
+    def _call(self, method: str, path: str, body: dict[str, Any] | None,
+              url: str | None = None) -> tuple[int, str]:
         """(status, body text). A few blocking calls between optimizer steps: the standard
         library's client, so src/ needs one HTTP library (aiohttp, on the hot path)."""
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(f"{self.base_url}{path}", data=data, method=method,
+        request = urllib.request.Request(f"{url or self.base_url}{path}", data=data,
+                                         method=method,
                                          headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as resp:
