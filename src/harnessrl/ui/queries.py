@@ -104,7 +104,23 @@ class RunReader:
             "outcomes": db.execute("SELECT COUNT(*) FROM outcomes").fetchone()[0],
             "tasks": tasks, "task_names": task_names,
             "harnesses": self.harness_stats(),
+            "nodes": self.node_stats(),
         }
+
+    def node_stats(self) -> list[dict[str, Any]]:
+        """Per rollout node of a `--cluster ray` run (the node the driver recorded in each
+        rollout's metadata): outcomes, passed, infrastructure errors, and the reruns of
+        rollouts that lost their node. Empty for a run on one machine."""
+        node = f"json_extract({_META}, '$.node')"
+        rows = self.db.execute(
+            f"SELECT {node} AS n, COUNT(o.rollout), SUM(o.status = 'done'),"
+            f" SUM(o.status = 'done' AND {_PASSED}), SUM(o.status != 'done'),"
+            f" SUM(json_array_length({_META}, '$.lost_attempts') > 0)"
+            " FROM rollouts r LEFT JOIN outcomes o ON o.rollout = r.key"
+            " WHERE n IS NOT NULL GROUP BY n ORDER BY n").fetchall()
+        return [{"node": n, "outcomes": count, "scored": done or 0, "passed": passed or 0,
+                 "infra_errors": errors or 0, "reruns": reruns or 0}
+                for n, count, done, passed, errors, reruns in rows]
 
     def harness_stats(self) -> list[dict[str, Any]]:
         """Per harness, from the outcomes: pass rate among scored rollouts (infrastructure

@@ -132,7 +132,20 @@ function runCard(run) {
     h("h3", {}, "per harness"),
     h("table", {}, h("tr", {}, ...["harness", "outcomes", "passed", "pass rate", "mean reward",
       "reward distribution", "tool calls / solved", "tokens / solved", "infra errors"]
-      .map((c) => h("th", {}, c))), ...rows));
+      .map((c) => h("th", {}, c))), ...rows),
+    ...nodeTable(run.nodes || []));
+}
+
+// A --cluster ray run: rollouts per node, from the node each rollout record names.
+function nodeTable(nodes) {
+  if (!nodes.length) return [];
+  const rows = nodes.map((n) => h("tr", { "data-node": n.node },
+    h("td", { class: "mono" }, n.node.slice(0, 12)), h("td", { class: "num" }, n.outcomes),
+    h("td", { class: "num" }, n.passed), h("td", { class: "num" }, n.infra_errors),
+    h("td", { class: "num" }, n.reruns)));
+  return [h("h3", {}, "per node"),
+    h("table", { class: "nodes" }, h("tr", {}, ...["node", "outcomes", "passed", "infra errors",
+      "reruns after a lost node"].map((c) => h("th", {}, c))), ...rows)];
 }
 
 async function viewRuns() {
