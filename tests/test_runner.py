@@ -183,3 +183,56 @@ def test_an_oracle_that_does_not_pass_is_a_broken_pipeline(mini, tmp_path, monke
                             console=quiet)
     assert len(problems) == 1 and "infrastructure error" in problems[0]
     assert "/nonexistent/python" in problems[0] and "verifier" in problems[0]
+
+
+@pytest.mark.slow
+@pytest.mark.harness
+def test_a_rollout_stopped_at_its_step_cap_is_scored_and_marked_capped(mini, tmp_path):
+    """The oracle writes the file with its first call; the cap of one refuses the second
+    (the submit), in mini-swe-agent's own dialect, so it stops unfinished. The verifier
+    scores what it left (the file is there): a result, not an infrastructure error."""
+    tasks = load_tasks("bundled:create-hello-file")
+    config = RunConfig(harnesses=[mini], tasks=tasks,
+                       settings=RolloutSettings(retries=0, max_model_calls=1),
+                       shaping=Shaping(tool_call_bonus=0.5, tool_call_budget=4))
+    engine = ScriptedEngine(policy_tokenizer(), oracle_policy(tasks), model="oracle")
+    quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
+    [outcome] = execute(config, engine, tmp_path, console=quiet)
+    assert outcome.status == "done" and outcome.capped and outcome.error is None
+    assert outcome.verifier_reward == 1.0 and outcome.agent_finished is False
+    assert (outcome.tool_calls, outcome.tool_call_source) == (1, "native")
+    assert outcome.shaping == {"tool_call_bonus": pytest.approx(0.5 * 4 / 5)}
+    assert outcome.reward == pytest.approx(1.0 * (1 + 0.5 * 4 / 5))
+    with TraceReader(tmp_path) as store:
+        turns = store.turns(outcome.rollout)
+        assert store.rollout(outcome.rollout).max_model_calls == 1
+    assert turns[0].status == "ok" and len(turns) >= 2 and outcome.turns == len(turns)
+    assert all(t.error_kind == "step_cap" and t.completion is None for t in turns[1:])
+    from harnessrl.rollout.evaluate import evaluate
+
+    [row] = evaluate([outcome], k=1)
+    assert row.capped == 1 and row.infra_errors == 0 and row.passed == 1
+
+
+@pytest.mark.slow
+@pytest.mark.harness
+def test_a_harness_acting_on_text_counts_its_own_edits(tmp_path):
+    """aider offers the model no tools: its tool calls are the edits it applied, from its
+    chat history (the whole-file oracle writes each file the solution writes, here
+    hello.txt and out/.keep, in one reply), not the wire's zero."""
+    from harnessrl.rollout.run import oracle_engine
+
+    aider = get("aider")
+    aider.install(TOOLS, log=lambda _line: None)
+    tasks = load_tasks("bundled:create-hello-file")
+    [written] = oracle_policy(tasks, listings=True).listings.values()
+    config = RunConfig(harnesses=[aider], tasks=tasks, settings=RolloutSettings(retries=0))
+    quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
+    [outcome] = execute(config, oracle_engine(tasks, [aider]), tmp_path, console=quiet)
+    assert outcome.status == "done" and outcome.verifier_reward == 1.0, outcome
+    assert len(written) == 2 and outcome.turns == 1
+    assert (outcome.tool_calls, outcome.tool_call_source) == (len(written), "harness")
+    assert not outcome.capped
+    with TraceReader(tmp_path) as store:
+        turns = store.turns(outcome.rollout)
+    assert sum(len(t.completion.tool_calls) for t in turns if t.completion) == 0

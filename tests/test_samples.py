@@ -239,7 +239,7 @@ def test_report_counts_per_rollout_and_per_harness() -> None:
     assert r2 == {"harness": "codex", "rollouts": 1, "turns": 4, "trainable": 3, "chains": 3,
                   "extended": 0, "extension_rate": 0.0,
                   "breaks": {"first": 1, "side_call": 1, "history_rewritten": 1},
-                  "excluded": {"failed": 1}}
+                  "excluded": {"failed": 1}, "capped": 0}
     codex = result.harnesses["codex"]
     assert (codex.rollouts, codex.turns, codex.trainable, codex.chains) == (2, 7, 6, 4)
     assert codex.extended == 2 and codex.extension_rate == pytest.approx(2 / 3)

@@ -151,6 +151,15 @@ def _run_parser(p: argparse.ArgumentParser) -> None:
                    help="shaping: bonus weight for passing with fewer tool calls")
     p.add_argument("--fewer-tokens", type=float, default=0.0,
                    help="shaping: bonus weight for passing with fewer sampled tokens")
+    p.add_argument("--tool-call-bonus", type=float, default=0.0, metavar="W",
+                   help="shaping: the reference's form, a passing reward times "
+                        "(1 + W*B/(B + tool calls)), B = --tool-call-budget")
+    p.add_argument("--tool-call-budget", type=_at_least_one, default=20, metavar="B",
+                   help="shaping: tool calls at which --fewer-tool-calls reaches 0 and "
+                        "--tool-call-bonus halves (default 20)")
+    p.add_argument("--max-model-calls", type=_at_least_one, metavar="N",
+                   help="each rollout's step cap: the call after N is refused and the "
+                        "rollout is scored as it stands, marked capped")
     p.add_argument("--shaping", action="append", default=[], metavar="MODULE:FUNCTION",
                    help="a custom shaping term f(verdict, stats) -> float (repeat)")
     p.add_argument("--temperature", type=float, help="override the harnesses' temperature")
@@ -167,11 +176,14 @@ def _execute_run(args: argparse.Namespace) -> list[Any]:
 
     tasks = load_tasks(args.tasks)
     shaping = Shaping(fewer_tool_calls=args.fewer_tool_calls, fewer_tokens=args.fewer_tokens,
+                      tool_call_bonus=args.tool_call_bonus,
+                      tool_call_budget=args.tool_call_budget,
                       custom=dict(load_term(spec) for spec in args.shaping))
     settings = RolloutSettings(concurrency=args.concurrency, retries=args.retries,
                                tools_dir=str(args.tools_dir), network=args.network,
                                sandbox=args.sandbox, image=args.image,
-                               hide_host=not args.no_hide, agent_timeout=args.agent_timeout)
+                               hide_host=not args.no_hide, agent_timeout=args.agent_timeout,
+                               max_model_calls=args.max_model_calls)
     config = RunConfig(harnesses=_harnesses(args.harness.split(",")), tasks=tasks,
                        samples=args.samples, settings=settings, shaping=shaping)
     sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens)
@@ -310,7 +322,20 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body-mb", type=float, default=32.0)
     p.add_argument("--admin-token", help="required on /rollouts endpoints (and for non-loopback"
                                          " binds)")
+    p.add_argument("--max-model-calls", type=_at_least_one, metavar="N",
+                   help="every rollout's step cap (POST /rollouts may set its own): the call "
+                        "after N is refused in the harness's dialect, and recorded")
     p.set_defaults(func=_serve)
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer of at least 1, got {text!r}")
+    return value
 
 
 def _is_loopback(host: str) -> bool:
@@ -353,7 +378,8 @@ def build_proxy(args: argparse.Namespace, engine: Any) -> Any:
     config = ProxyConfig(max_body_bytes=int(args.max_body_mb * 1024 * 1024),
                          strict_model=args.strict_model, admin_token=args.admin_token)
     return build(engine, args.run_dir, sampling=sampling if sampling != Sampling()
-                 else None, unset_sampling=frozenset(args.unset_sampling), config=config)
+                 else None, unset_sampling=frozenset(args.unset_sampling), config=config,
+                 max_model_calls=args.max_model_calls)
 
 
 def engine_spec(args: argparse.Namespace) -> Any:

@@ -16,6 +16,7 @@ ErrorKind = Literal[
     "not_found",
     "too_large",
     "rate_limit",
+    "step_cap",
     "engine_error",
     "engine_unavailable",
     "timeout",
@@ -55,6 +56,14 @@ class NotFound(HarnessRLError):
 class TooLarge(HarnessRLError):
     kind = "too_large"
     status = 413
+
+
+class StepCapReached(HarnessRLError):
+    """The rollout made as many model calls as its `max_model_calls` allows. A 400, not a
+    429: a harness must not retry it (every SDK and CLI retries a 429 with backoff)."""
+
+    kind = "step_cap"
+    status = 400
 
 
 class EngineError(HarnessRLError):

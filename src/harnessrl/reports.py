@@ -11,14 +11,14 @@ from rich.table import Table
 from harnessrl.rollout.chains import ChainStats, Report
 
 _COLUMNS = ("rollouts", "turns", "trainable", "chains", "extended", "ext. rate", "breaks",
-            "excluded")
+            "excluded", "capped")
 
 
 def _cells(stats: ChainStats) -> list[str]:
     rate = stats.extension_rate
     return [str(stats.rollouts), str(stats.turns), str(stats.trainable), str(stats.chains),
             str(stats.extended), "-" if rate is None else f"{rate:.0%}",
-            _counts(stats.breaks), _counts(stats.excluded)]
+            _counts(stats.breaks), _counts(stats.excluded), str(stats.capped)]
 
 
 def _counts(counter: Counter[str]) -> str:

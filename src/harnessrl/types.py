@@ -242,7 +242,9 @@ class Turn(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class Rollout(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One harness run on one task: the unit a key grants access to."""
+    """One harness run on one task: the unit a key grants access to. `max_model_calls`
+    caps its model calls (None: no cap); the calls over it are refused and recorded as
+    failed turns of kind `step_cap`."""
 
     key: str
     created: float
@@ -250,6 +252,7 @@ class Rollout(msgspec.Struct, frozen=True, omit_defaults=True):
     sampling: Sampling | None = None
     unset_sampling: tuple[str, ...] = ()
     metadata: dict[str, Any] = {}
+    max_model_calls: int | None = None
 
 
 # ------------------------------------------------------------------ training samples
@@ -321,6 +324,12 @@ class Outcome(msgspec.Struct, frozen=True, omit_defaults=True):
     `status` is `done` when the agent ran and the verifier scored it (whatever the score),
     `infra_error` when the sandbox, engine, install or verifier failed: such a rollout has
     no reward (None, never 0) and stays out of training baselines.
+
+    `tool_calls` counts what the harness executed, from `tool_call_source`: `native`, the
+    tool calls of the rollout's completions (the dialect carries them), or `harness`, the
+    harness's own action record (a harness that parses its actions from text, whose calls
+    offer no tools). `capped`: the proxy refused a call over the rollout's
+    `max_model_calls`; the rollout is still scored by the verifier.
     """
 
     harness: str
@@ -343,6 +352,8 @@ class Outcome(msgspec.Struct, frozen=True, omit_defaults=True):
     timings: dict[str, float] = {}
     turns: int = 0
     tool_calls: int = 0
+    tool_call_source: Literal["native", "harness"] = "native"
     completion_tokens: int = 0
+    capped: bool = False
     attempts: int = 1
     error: str | None = None

@@ -88,11 +88,14 @@ def _outcome(ctx: RunContext, code: int | None, _output: bytes) -> ExitState:
         return ExitState(False, f"no LLM history written (exit code {code})")
     reply = _last_reply(files["llm"].read_text(errors="replace"))
     chat = files["chat"].read_text(errors="replace") if files["chat"].is_file() else ""
+    # Its actions are the edits it parsed from the replies and applied, one line each in
+    # the chat history (its calls offer the model no tools, so this is the count).
     applied = re.findall(r"^> Applied edit to (.+?)\s*$", chat, re.MULTILINE)
+    actions = len(applied) if files["chat"].is_file() else None  # no record: not known
     detail = f"edits applied to {applied or 'no file'}, exit code {code}"
     if not reply:
-        return ExitState(False, f"no model reply received; {detail}")
-    return ExitState(True, detail)
+        return ExitState(False, f"no model reply received; {detail}", actions=actions)
+    return ExitState(True, detail, actions=actions)
 
 
 HARNESS = Harness(

@@ -43,10 +43,13 @@ class RunContext:
 
 @dataclass(frozen=True)
 class ExitState:
-    """What the harness itself says about how it ended (its exit code may lie)."""
+    """What the harness itself says about how it ended (its exit code may lie).
+    `actions`: how many actions (commands, edits) its own record says it executed, for a
+    harness that keeps one; None when it does not (never guessed)."""
 
     finished: bool
     detail: str = ""
+    actions: int | None = None
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from harnessrl.proxy.gate import WeightGate
 from harnessrl.proxy.history import check_arguments, check_tool_results, restore_arguments
 from harnessrl.proxy.rollout_routes import RolloutRoutes
 from harnessrl.proxy.sessions import OpenRollout, Sessions
+from harnessrl.proxy.weight_routes import WeightRoutes
 from harnessrl.types import (
     ChatRequest,
     Chunk,
@@ -129,6 +130,7 @@ class Proxy:
             Route("/r/{key}", _probe, methods=["GET", "HEAD"]),
             Route("/r/{key}/", _probe, methods=["GET", "HEAD"]),
             *RolloutRoutes(self.sessions, self.engine, self.config).routes(),
+            *WeightRoutes(self.gate, self.engine, self.config).routes(),
         ]
         for endpoint in endpoints():
             handler = self._handler(endpoint)
@@ -200,6 +202,7 @@ class Proxy:
         raw = b""
         try:
             raw = await read_body(request, self.config.max_body_bytes)
+            rollout.count_call()  # over the rollout's step cap: refused, recorded, not sent
             parsed = dialect.parse_request(decode_json(raw), model=op.model, stream=op.stream)
             parsed = await self._full_history(rollout, dialect, parsed)
             engine_model = self._model_for(parsed.model)
@@ -384,7 +387,9 @@ class Proxy:
 
     async def _record_rejected(self, rollout: OpenRollout, dialect: Dialect, received: float,
                                raw: bytes, err: HarnessRLError) -> None:
-        """A call refused before it reached the engine is still a recorded turn."""
+        """A call refused before it reached the engine is still a recorded turn (with
+        no completion: nothing was sampled), its kind saying why (`step_cap` for a call
+        over the rollout's cap)."""
         _, body = dialect.render_error(err)
         await self._add(Turn(
             rollout=rollout.record.key, index=rollout.take_index(), dialect=dialect.name,

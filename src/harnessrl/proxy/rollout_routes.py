@@ -7,6 +7,7 @@ nothing that reaches them, whatever its shape, gets a bare 500.
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -36,14 +37,16 @@ if TYPE_CHECKING:
 _encode = msgspec.json.Encoder().encode
 _JSON = "application/json"
 Handler = Callable[[Request], Awaitable[Response]]
+_MAX_CALLS = 2**63 - 1  # SQLite's integer range: the cap is stored with the rollout
 
 
 class RolloutOptions(msgspec.Struct, forbid_unknown_fields=True):
-    """The body of `POST /rollouts`; every field optional."""
+    """The body of `POST /rollouts`; every field optional (None: the server's default)."""
 
     sampling: Sampling | None = None
     unset_sampling: list[str] | None = None
     metadata: dict[str, Any] | None = None
+    max_model_calls: int | None = None  # the rollout's step cap
 
 
 class RolloutRoutes:
@@ -70,13 +73,14 @@ class RolloutRoutes:
             record = await self.sessions.create(
                 sampling=options.sampling, metadata=options.metadata,
                 unset_sampling=None if options.unset_sampling is None
-                else tuple(options.unset_sampling))
+                else tuple(options.unset_sampling), max_model_calls=options.max_model_calls)
         except sqlite3.Error as exc:  # a full disk, say: refused in shape, not a bare 500
             raise StoreFailed(f"the trace store could not record the new rollout ({exc}); "
                               "none was made") from exc
         root = f"{str(request.base_url).rstrip('/')}/r/{record.key}"
         body = {"key": record.key, "base_url": root,
-                "base_urls": {"openai": f"{root}/v1", "anthropic": root, "gemini": root}}
+                "base_urls": {"openai": f"{root}/v1", "anthropic": root, "gemini": root},
+                "max_model_calls": record.max_model_calls}
         return Response(_encode(body), status_code=201, media_type=_JSON)
 
     async def get(self, request: Request) -> Response:
@@ -119,7 +123,9 @@ def parse_options(raw: bytes) -> RolloutOptions:
     try:
         options = msgspec.json.decode(raw or b"{}", type=RolloutOptions)
     except msgspec.DecodeError as exc:  # ValidationError is one too
-        raise InvalidRequest(f"bad rollout options: {exc}") from exc
+        at = re.search(r"- at `\$\.(.+)`$", str(exc))  # msgspec names the field's path
+        raise InvalidRequest(f"bad rollout options: {exc}",
+                             param=at.group(1) if at else None) from exc
     except RecursionError as exc:
         raise nesting.too_deep_error("the body") from exc
     if options.metadata is not None and nesting.could_be_deep(raw) and nesting.depth_over(
@@ -129,6 +135,12 @@ def parse_options(raw: bytes) -> RolloutOptions:
     for name, value in msgspec.structs.asdict(options.sampling or Sampling()).items():
         if isinstance(value, int) and not isinstance(value, bool):
             integer(value, f"sampling.{name}")  # msgspec takes integers of any size
+    cap = options.max_model_calls
+    if cap is not None and not 1 <= cap <= _MAX_CALLS:
+        raise InvalidRequest("`max_model_calls` must be an integer from 1 to 2**63-1 "
+                             "(the most model calls the rollout may make), got "
+                             f"{cap if -_MAX_CALLS <= cap < 1 else 'one out of that range'}",
+                             param="max_model_calls")
     unknown = set(options.unset_sampling or ()) - set(Sampling.__struct_fields__)
     if unknown:
         raise InvalidRequest(f"unset_sampling names unknown fields {sorted(unknown)}; "

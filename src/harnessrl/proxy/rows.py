@@ -27,9 +27,9 @@ TURN_COLUMNS = (
     " completion_ids, logprobs, raw_request, raw_response, reply_id, error_kind"
 )
 INSERT_TURN = f"INSERT INTO turns ({TURN_COLUMNS}) VALUES ({', '.join('?' * 23)})"
-ROLLOUT_COLUMNS = "key, created, closed, sampling, unset_sampling, metadata"
+ROLLOUT_COLUMNS = "key, created, closed, sampling, unset_sampling, metadata, max_model_calls"
 INSERT_ROLLOUT = (f"INSERT OR REPLACE INTO rollouts ({ROLLOUT_COLUMNS}, harness, task)"
-                   f" VALUES ({', '.join('?' * 8)})")
+                   f" VALUES ({', '.join('?' * 9)})")
 INSERT_OUTCOME = (
     "INSERT OR REPLACE INTO outcomes (harness, task, sample, rollout, status, reward, outcome,"
     f" harness_version, verifier_reward, tool_calls, completion_tokens)"
@@ -107,16 +107,16 @@ def row_turn(row: tuple[Any, ...]) -> Turn:
 
 
 def row_rollout(row: tuple[Any, ...]) -> Rollout:
-    key, created, closed, sampling, unset, metadata = row
+    key, created, closed, sampling, unset, metadata, max_model_calls = row
     return Rollout(key=key, created=created, closed=closed, sampling=_load(sampling, Sampling),
                    unset_sampling=tuple(msgspec.json.decode(unset)),
-                   metadata=msgspec.json.decode(metadata))
+                   metadata=msgspec.json.decode(metadata), max_model_calls=max_model_calls)
 
 
 def rollout_params(rollout: Rollout) -> tuple[Any, ...]:
     meta = rollout.metadata
     return (rollout.key, rollout.created, rollout.closed, _json(rollout.sampling),
-            _text(list(rollout.unset_sampling)), _encode(meta),
+            _text(list(rollout.unset_sampling)), _encode(meta), rollout.max_model_calls,
             _sql_value(meta.get("harness")), _sql_value(meta.get("task")))
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DB_NAME = "trace.db"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _TABLES = (
     """CREATE TABLE IF NOT EXISTS rollouts (
     key TEXT PRIMARY KEY,
@@ -18,7 +18,8 @@ _TABLES = (
     unset_sampling TEXT NOT NULL DEFAULT '[]',
     metadata BLOB NOT NULL DEFAULT '{}',
     harness,
-    task
+    task,
+    max_model_calls INTEGER
 )""",
     """CREATE TABLE IF NOT EXISTS turns (
     id INTEGER PRIMARY KEY,
@@ -108,6 +109,7 @@ _MIGRATIONS = {
             f" '$.tool_calls'), 0), completion_tokens = COALESCE(json_extract({_OUTCOME_JSON},"
             " '$.completion_tokens'), 0)",
         )),
+    3: _Step((("rollouts", "max_model_calls", "INTEGER"),)),
 }
 
 

@@ -25,11 +25,12 @@ from harnessrl.types import Sampling
 
 def build(engine: Engine, run_dir: Path, *, sampling: Sampling | None = None,
           unset_sampling: frozenset[str] = frozenset(),
-          config: ProxyConfig | None = None) -> Proxy:
+          config: ProxyConfig | None = None, max_model_calls: int | None = None) -> Proxy:
     """The proxy in front of `engine`, recording into RUN_DIR/trace.db with the server-wide
-    sampling policy. The caller closes `proxy.store`, a context manager (`running` and
-    `serve` do)."""
-    sessions = Sessions(TraceStore(run_dir), sampling=sampling, unset_sampling=unset_sampling)
+    sampling policy and step cap (each rollout may set its own). The caller closes
+    `proxy.store`, a context manager (`running` and `serve` do)."""
+    sessions = Sessions(TraceStore(run_dir), sampling=sampling, unset_sampling=unset_sampling,
+                        max_model_calls=max_model_calls)
     return Proxy(engine, sessions, config)
 
 

@@ -1,9 +1,10 @@
 """Rollout keys and the little state each open rollout needs in memory.
 
 A key is "hrl-" and 192 random bits (URL-safe base64). Everything else about a rollout
-lives in the store; memory holds only its record (key, sampling policy, metadata), the
-next turn index and the argument text of the tool calls the proxy issued (to restore it
-when a dialect's wire loses it), so an idle rollout costs a few hundred bytes.
+lives in the store; memory holds only its record (key, sampling policy, metadata, step
+cap), the next turn index, the model calls counted against its cap and the argument text
+of the tool calls the proxy issued (to restore it when a dialect's wire loses it), so an
+idle rollout costs a few hundred bytes.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from harnessrl.errors import AuthenticationFailed
+from harnessrl.errors import AuthenticationFailed, StepCapReached
 from harnessrl.proxy.store import TraceStore
 from harnessrl.types import Rollout, Sampling, ToolCall
 
@@ -24,6 +25,9 @@ from harnessrl.types import Rollout, Sampling, ToolCall
 class OpenRollout:
     record: Rollout
     next_index: int
+    # model calls counted against `record.max_model_calls`: every one the proxy took, answered
+    # or refused for its input; only the calls refused for the cap itself are not counted
+    calls: int = 0
     # call id -> the argument text the model sampled, to restore it when a dialect's wire
     # loses the exact text (see proxy/history.py)
     issued_calls: dict[str, str] = field(default_factory=dict)
@@ -31,6 +35,17 @@ class OpenRollout:
     def take_index(self) -> int:
         index, self.next_index = self.next_index, self.next_index + 1
         return index
+
+    def count_call(self) -> None:
+        """Counts one more model call, or raises `StepCapReached` when the rollout has
+        made all its cap allows. Checked and counted in one step (no await between), so
+        calls arriving together cannot both take the last one."""
+        cap = self.record.max_model_calls
+        if cap is not None and self.calls >= cap:
+            raise StepCapReached(
+                f"this rollout has made {self.calls} model calls, its cap "
+                f"(max_model_calls = {cap}); this call was not sent to the model")
+        self.calls += 1
 
     def remember_calls(self, calls: list[ToolCall]) -> None:
         for call in calls:
@@ -43,21 +58,29 @@ def new_key() -> str:
 
 class Sessions:
     def __init__(self, store: TraceStore, *, sampling: Sampling | None = None,
-                 unset_sampling: frozenset[str] = frozenset()) -> None:
+                 unset_sampling: frozenset[str] = frozenset(),
+                 max_model_calls: int | None = None) -> None:
+        if max_model_calls is not None and max_model_calls <= 0:
+            raise ValueError(f"max_model_calls must be at least 1, got {max_model_calls}")
         self.store = store
         self.default_sampling = sampling
         self.default_unset = unset_sampling
+        self.default_max_model_calls = max_model_calls
         self._open: dict[str, OpenRollout] = {}
 
     async def create(self, *, sampling: Sampling | None = None,
                      unset_sampling: tuple[str, ...] | None = None,
-                     metadata: dict | None = None) -> Rollout:
+                     metadata: dict | None = None,
+                     max_model_calls: int | None = None) -> Rollout:
+        """A new rollout; None for a setting means the server's default."""
         record = Rollout(
             key=new_key(), created=time.time(),
             sampling=sampling if sampling is not None else self.default_sampling,
             unset_sampling=tuple(sorted(
                 self.default_unset if unset_sampling is None else unset_sampling)),
             metadata=metadata or {},
+            max_model_calls=(max_model_calls if max_model_calls is not None
+                             else self.default_max_model_calls),
         )
         await self.store.put_rollout(record)
         self._open[record.key] = OpenRollout(record, 0)
@@ -72,14 +95,14 @@ class Sessions:
         found = self._open.get(key)
         if found is not None:
             return found
-        record, next_index = await asyncio.to_thread(self._load, key)
+        record, next_index, calls = await asyncio.to_thread(self._load, key)
         if record is None or record.closed is not None:
             raise AuthenticationFailed("unknown or closed rollout key; create one with "
                                        "POST /rollouts")
-        return self._open.setdefault(key, OpenRollout(record, next_index))
+        return self._open.setdefault(key, OpenRollout(record, next_index, calls))
 
-    def _load(self, key: str) -> tuple[Rollout | None, int]:
-        return self.store.rollout(key), self.store.next_index(key)
+    def _load(self, key: str) -> tuple[Rollout | None, int, int]:
+        return self.store.rollout(key), self.store.next_index(key), self.store.model_calls(key)
 
     async def close(self, key: str) -> Rollout:
         current = await self.resolve(key)

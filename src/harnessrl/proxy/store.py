@@ -88,6 +88,13 @@ class TraceReader:
         row = self.db.execute("SELECT MAX(idx) FROM turns WHERE rollout = ?", (key,)).fetchone()
         return 0 if row[0] is None else row[0] + 1
 
+    def model_calls(self, key: str) -> int:
+        """The rollout's model calls that count against its `max_model_calls`: every
+        recorded call but those refused for being over the cap."""
+        return self.db.execute(
+            "SELECT COUNT(*) FROM turns WHERE rollout = ? AND error_kind IS NOT 'step_cap'",
+            (key,)).fetchone()[0]
+
     def turns(self, key: str, offset: int = 0, limit: int = -1) -> list[Turn]:
         rows = self.db.execute(
             f"SELECT {TURN_COLUMNS} FROM turns WHERE rollout = ? ORDER BY idx LIMIT ? OFFSET ?",

@@ -208,7 +208,8 @@ class ChainStats:
     that continued one of the rollout's conversations, the share whose prompt carried
     that conversation's tokens unchanged. A rollout's first turn, side calls and rewound
     turns (retries) continue nothing, and excluded turns are not trainable, so they are
-    left out of both sides. None when no turn continued a conversation.
+    left out of both sides. None when no turn continued a conversation. `capped` counts
+    the rollouts the proxy stopped at their step cap (a call refused as `step_cap`).
     """
 
     rollouts: int = 0
@@ -217,6 +218,7 @@ class ChainStats:
     chains: int = 0
     breaks: Counter[str] = field(default_factory=Counter)
     excluded: Counter[str] = field(default_factory=Counter)
+    capped: int = 0
 
     @property
     def extended(self) -> int:
@@ -234,12 +236,13 @@ class ChainStats:
         self.chains += other.chains
         self.breaks.update(other.breaks)
         self.excluded.update(other.excluded)
+        self.capped += other.capped
 
     def to_dict(self) -> dict[str, Any]:
         return {"rollouts": self.rollouts, "turns": self.turns, "trainable": self.trainable,
                 "chains": self.chains, "extended": self.extended,
                 "extension_rate": self.extension_rate, "breaks": dict(self.breaks),
-                "excluded": dict(self.excluded)}
+                "excluded": dict(self.excluded), "capped": self.capped}
 
 
 def rollout_stats(turns: Sequence[Turn]) -> ChainStats:
@@ -247,7 +250,8 @@ def rollout_stats(turns: Sequence[Turn]) -> ChainStats:
     return ChainStats(
         rollouts=1, turns=len(turns), trainable=sum(len(c.turns) for c in linked.chains),
         chains=len(linked.chains), breaks=Counter(c.start.reason for c in linked.chains),
-        excluded=Counter(e.reason for e in linked.excluded))
+        excluded=Counter(e.reason for e in linked.excluded),
+        capped=int(any(t.error_kind == "step_cap" for t in turns)))
 
 
 def harness_of(rollout: Rollout | None) -> str:

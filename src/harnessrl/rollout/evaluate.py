@@ -2,7 +2,8 @@
 
 Pass rate with a Wilson 95% interval (honest at small n and at 0% or 100%), pass@k with
 the unbiased estimator over each task's samples, and tool calls and tokens per solved
-task. Infrastructure failures are counted apart and left out of every rate.
+task. Infrastructure failures are counted apart and left out of every rate. Rollouts the
+proxy stopped at their step cap are scored like any other, and counted (`capped`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class HarnessEval:
     tool_calls_per_solved: float | None
     tokens_per_solved: float | None
     infra_errors: int
+    capped: int = 0  # scored rollouts stopped at their step cap (max_model_calls)
 
 
 def wilson(passed: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -73,7 +75,7 @@ def _one(name: str, group: list[Outcome], k: int) -> HarnessEval:
         pass_at_k=sum(estimates) / len(estimates) if estimates else None, k=k,
         tool_calls_per_solved=_mean([o.tool_calls for o in solved]),
         tokens_per_solved=_mean([o.completion_tokens for o in solved]),
-        infra_errors=len(group) - len(done))
+        infra_errors=len(group) - len(done), capped=sum(o.capped for o in done))
 
 
 def _mean(values: list[int]) -> float | None:
@@ -86,15 +88,16 @@ def _fmt(value: float | None, pattern: str) -> str:
 
 def markdown(rows: Sequence[HarnessEval]) -> str:
     lines = ["| harness | version | tasks | rollouts | passed | pass rate (95% CI) | pass@k "
-             "| tool calls / solved | tokens / solved | infra errors |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| tool calls / solved | tokens / solved | infra errors | capped |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rate = ("-" if r.pass_rate is None else
                 f"{r.pass_rate:.0%} ({r.ci_low:.0%}-{r.ci_high:.0%})")
         lines.append(f"| {r.harness} | {r.version} | {r.tasks} | {r.rollouts} | {r.passed} | "
                      f"{rate} | {_fmt(r.pass_at_k, '.2f')} (k={r.k}) | "
                      f"{_fmt(r.tool_calls_per_solved, '.1f')} | "
-                     f"{_fmt(r.tokens_per_solved, '.0f')} | {r.infra_errors} |")
+                     f"{_fmt(r.tokens_per_solved, '.0f')} | {r.infra_errors} | "
+                     f"{r.capped} |")
     return "\n".join(lines) + "\n"
 
 

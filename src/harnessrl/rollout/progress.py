@@ -45,7 +45,7 @@ class RunProgress:
 def summary(outcomes: Sequence[Outcome]) -> Table:
     """Per harness: rollouts, pass rate, mean reward, tool calls and tokens per solved task."""
     table = Table("harness", "rollouts", "passed", "pass rate", "mean reward",
-                  "tool calls / solved", "tokens / solved", "infra errors",
+                  "tool calls / solved", "tokens / solved", "infra errors", "capped",
                   title="evaluation per harness")
     by_harness: dict[str, list[Outcome]] = defaultdict(list)
     for outcome in outcomes:
@@ -60,5 +60,5 @@ def summary(outcomes: Sequence[Outcome]) -> Table:
             f"{sum(rewards) / len(rewards):.3f}" if rewards else "-",
             f"{sum(o.tool_calls for o in solved) / len(solved):.1f}" if solved else "-",
             f"{sum(o.completion_tokens for o in solved) / len(solved):.0f}" if solved else "-",
-            str(len(group) - len(done)))
+            str(len(group) - len(done)), str(sum(o.capped for o in done)))
     return table

@@ -4,6 +4,11 @@ A shaping term is a function of the verdict and the rollout's trace statistics. 
 in ones reward doing the task with fewer tool calls or fewer sampled tokens, and only on a
 passing rollout (a failed task earns no efficiency bonus). Custom terms are any Python
 function `f(verdict, stats) -> float`, named as `module:function`.
+
+A tool call means the same in every harness: an action the harness executed. Where the
+dialect carries tool calls they are counted from the completions; a harness that parses its
+actions from text (its calls offer the model no tools) is counted from its own action
+record, when it keeps one (`ExitState.actions`).
 """
 
 from __future__ import annotations
@@ -11,10 +16,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Literal, cast
 
 from harnessrl.rollout.tasks import Verdict
 from harnessrl.types import Turn
+
+ToolCallSource = Literal["native", "harness"]
 
 
 @dataclass(frozen=True)
@@ -22,14 +29,25 @@ class TraceStats:
     turns: int
     tool_calls: int
     completion_tokens: int
+    tool_call_source: ToolCallSource = "native"  # where `tool_calls` was counted
 
     @classmethod
-    def of(cls, turns: Sequence[Turn]) -> TraceStats:
+    def of(cls, turns: Sequence[Turn], *, executed: int | None = None) -> TraceStats:
+        """Statistics of one rollout's turns. `executed` is the number of actions the
+        harness's own record says it ran (None: it keeps no record). It is the count
+        when no call of the rollout offered the model a tool (the harness acts on text,
+        so the wire carries no tool call to count); otherwise the completions' tool
+        calls are."""
         completions = [t.completion for t in turns if t.completion is not None]
+        offered_tools = any(t.request is not None and t.request.tools for t in turns)
+        source: ToolCallSource = "native"
+        tool_calls = sum(len(c.tool_calls) for c in completions)
+        if executed is not None and not offered_tools:
+            source, tool_calls = "harness", executed
         return cls(
-            turns=len(turns),
-            tool_calls=sum(len(c.tool_calls) for c in completions),
+            turns=len(turns), tool_calls=tool_calls,
             completion_tokens=sum(len(c.tokens.completion_ids or ()) for c in completions),
+            tool_call_source=source,
         )
 
 
@@ -38,19 +56,34 @@ ShapingTerm = Callable[[Verdict, TraceStats], float]
 
 @dataclass(frozen=True)
 class Shaping:
-    """Weights of the built-in terms (0 turns a term off) and any custom terms."""
+    """Weights of the built-in terms (0 turns a term off) and any custom terms.
+
+    `fewer_tool_calls` adds w * (1 - n/B), falling to 0 at the budget B. `tool_call_bonus`
+    is the reference recipe's own form: a passing rollout's reward r becomes
+    r * (1 + w * B/(B + n)), so the term is r * w * B/(B + n) (w at no call, w/2 at B).
+    """
 
     fewer_tool_calls: float = 0.0
     tool_call_budget: int = 20
     fewer_tokens: float = 0.0
     token_budget: int = 20_000
+    tool_call_bonus: float = 0.0
     custom: dict[str, ShapingTerm] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.tool_call_bonus and self.tool_call_budget < 1:
+            raise ValueError(f"tool_call_budget must be at least 1 for tool_call_bonus, got "
+                             f"{self.tool_call_budget}")
 
     def terms(self, verdict: Verdict, stats: TraceStats) -> dict[str, float]:
         terms: dict[str, float] = {}
         if self.fewer_tool_calls and verdict.passed:
             terms["fewer_tool_calls"] = self.fewer_tool_calls * _under(
                 stats.tool_calls, self.tool_call_budget)
+        if self.tool_call_bonus and verdict.passed:
+            budget = self.tool_call_budget
+            terms["tool_call_bonus"] = verdict.reward * self.tool_call_bonus * budget / (
+                budget + stats.tool_calls)
         if self.fewer_tokens and verdict.passed:
             terms["fewer_tokens"] = self.fewer_tokens * _under(
                 stats.completion_tokens, self.token_budget)

@@ -18,13 +18,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import aiohttp
 import msgspec
 
 from harnessrl.errors import HarnessRLError
-from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR, Harness, RunContext
+from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR, ExitState, Harness, RunContext
 from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.docker import DockerBackend
 from harnessrl.rollout.rewards import Shaping, TraceStats
@@ -61,6 +61,9 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # Caps every task's own agent deadline (seconds): a small model that never finishes
     # keeps a harness busy until the deadline, and a training step waits for its slowest.
     agent_timeout: float | None = None
+    # Each rollout's step cap in the proxy: the call after this many is refused in the
+    # harness's dialect, and the rollout is scored as it stands, marked `capped`.
+    max_model_calls: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
     @property
     def tools(self) -> Path:
@@ -87,10 +90,15 @@ class Planned:
         return f"{self.harness.slug}.{self.task.id}.{self.sample}"
 
 
-async def open_rollout(proxy_url: str, metadata: dict[str, Any]) -> dict[str, Any]:
-    """POST /rollouts: the new rollout's key and base URLs (aiohttp.ClientError if not)."""
+async def open_rollout(proxy_url: str, metadata: dict[str, Any], *,
+                       max_model_calls: int | None = None) -> dict[str, Any]:
+    """POST /rollouts: the new rollout's key and base URLs (aiohttp.ClientError if not).
+    `max_model_calls` None: the proxy's default cap."""
+    body: dict[str, Any] = {"metadata": metadata}
+    if max_model_calls is not None:
+        body["max_model_calls"] = max_model_calls
     async with aiohttp.ClientSession() as http, http.post(
-            f"{proxy_url}/rollouts", json={"metadata": metadata}) as resp:
+            f"{proxy_url}/rollouts", json=body) as resp:
         resp.raise_for_status()
         return await resp.json()
 
@@ -156,7 +164,8 @@ class Runner:
     async def _open_rollout(self, planned: Planned, attempt: int) -> str:
         metadata = {"harness": planned.harness.name, "harness_version": planned.harness.version,
                     "task": planned.task.id, "sample": planned.sample, "attempt": attempt}
-        return (await open_rollout(self.proxy_url, metadata))["key"]
+        return (await open_rollout(self.proxy_url, metadata,
+                                   max_model_calls=self.settings.max_model_calls))["key"]
 
     async def _close_rollout(self, key: str) -> None:
         async with aiohttp.ClientSession() as http, http.delete(
@@ -201,8 +210,7 @@ class Runner:
                            if t.error_kind in _ENGINE_FAILURES]
         if engine_failures:
             raise InfraError(f"the engine failed during the run: {engine_failures[0]}")
-        return self._scored(planned, key, attempt, verdict, exit_state.finished and
-                            not run.timed_out, run, exit_state.detail, timings)
+        return self._scored(planned, key, attempt, verdict, exit_state, run, timings)
 
     async def _sandbox(self, name: str, task: Task) -> LocalSandbox:
         if self.settings.sandbox == "docker":
@@ -215,20 +223,22 @@ class Runner:
                                          show=[self.settings.tools])
 
     def _scored(self, planned: Planned, key: str, attempt: int, verdict: Verdict,
-                finished: bool, run: ExecResult, detail: str,
-                timings: dict[str, float]) -> Outcome:
-        stats = TraceStats.of(self.store.turns(key))
+                exit_state: ExitState, run: ExecResult, timings: dict[str, float]) -> Outcome:
+        turns = self.store.turns(key)
+        stats = TraceStats.of(turns, executed=exit_state.actions)
         reward, terms = self.config.shaping.reward(verdict, stats)
         return Outcome(
             harness=planned.harness.name, harness_version=planned.harness.version,
             task=planned.task.id, sample=planned.sample, rollout=key, status="done",
             reward=reward, verifier_reward=verdict.reward, shaping=terms,
-            agent_finished=finished, agent_timed_out=run.timed_out,
-            agent_exit_code=run.exit_code, agent_detail=detail, agent_stderr=_tail(run),
+            agent_finished=exit_state.finished and not run.timed_out,
+            agent_timed_out=run.timed_out, agent_exit_code=run.exit_code,
+            agent_detail=exit_state.detail, agent_stderr=_tail(run),
             verifier_status=verdict.status, verifier_output=verdict.output[-4000:],
             sandbox=self.settings.sandbox, timings=timings, turns=stats.turns,
-            tool_calls=stats.tool_calls, completion_tokens=stats.completion_tokens,
-            attempts=attempt)
+            tool_calls=stats.tool_calls, tool_call_source=stats.tool_call_source,
+            completion_tokens=stats.completion_tokens,
+            capped=any(t.error_kind == "step_cap" for t in turns), attempts=attempt)
 
 
 def _tail(run: ExecResult, limit: int = 2000) -> str:

@@ -264,6 +264,7 @@ _ERROR_TYPES = {
     "not_found": "not_found_error",
     "too_large": "request_too_large",
     "rate_limit": "rate_limit_error",
+    "step_cap": "invalid_request_error",
     "engine_error": "api_error",
     "engine_unavailable": "overloaded_error",
     "timeout": "timeout_error",

@@ -480,6 +480,7 @@ _ERROR_STATUS = {
     "not_found": "NOT_FOUND",
     "too_large": "INVALID_ARGUMENT",
     "rate_limit": "RESOURCE_EXHAUSTED",
+    "step_cap": "FAILED_PRECONDITION",  # Google's 400 for "not in a state to do this"
     "engine_error": "INTERNAL",
     "engine_unavailable": "UNAVAILABLE",
     "timeout": "DEADLINE_EXCEEDED",

@@ -18,13 +18,15 @@ ERROR_TYPES = {
     "not_found": "not_found_error",
     "too_large": "invalid_request_error",
     "rate_limit": "rate_limit_error",
+    "step_cap": "invalid_request_error",
     "engine_error": "api_error",
     "engine_unavailable": "service_unavailable",
     "timeout": "timeout",
     "internal": "server_error",
 }
 ERROR_CODES = {"authentication": "invalid_api_key", "not_found": "model_not_found",
-               "too_large": "request_too_large", "rate_limit": "rate_limit_exceeded"}
+               "too_large": "request_too_large", "rate_limit": "rate_limit_exceeded",
+               "step_cap": "max_model_calls_exceeded"}
 
 
 def error_body(err: HarnessRLError) -> dict[str, Any]:
