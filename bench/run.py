@@ -125,6 +125,13 @@ SECTIONS: tuple[Section, ...] = (
             details=("", "bench/load.md")),
     Section("token_render", "token-mode render (vs a full re-render)", "token_render",
             ("--repeat", "3"), ()),
+    Section("ray_scale", "Ray: overhead per rollout (vs local) and open rollouts held by "
+            "1, 2, 4 proxy shards", "ray_scale",
+            ("--shards", "1,4", "--rollouts", "200", "--duration", "60", "--stagger", "10"),
+            ("--shards", "1,2,4", "--rollouts", "1000", "--duration", "600"),
+            note="the quick run holds 200 open rollouts for 60 s; `--full=ray_scale` the "
+                 "issue's 1,000 for 10 minutes per shard count (over 30 minutes)",
+            details=("bench/ray_scale.md", "bench/ray_scale.md")),
 )
 
 
