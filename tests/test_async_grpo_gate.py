@@ -86,3 +86,32 @@ def test_a_hold_that_cannot_drain_gives_up_and_opens_the_gate():
     assert gate.held
     gate.release()
     assert not gate.held
+
+
+def test_the_gate_over_http_holds_calls_and_stamps_the_released_version(tmp_path, tokenizer):
+    """`POST /weights/hold` and `/weights/release` (a trainer in another process): a call
+    made while held waits, and is sampled as the version named on release; bad bodies are
+    refused in the OpenAI error shape."""
+    engine = ScriptedEngine(tokenizer, replay(["done"]))
+    engine.weight_version = "v1"
+    served = ServedProxy(make_proxy(engine, tmp_path))
+    with served.running():
+        key = served.new_rollout()["key"]
+        held = httpx.post(f"{served.url}/weights/hold", json={"timeout": 30}, timeout=60)
+        assert held.status_code == 200 and served.proxy.gate.held
+        result: dict[str, httpx.Response] = {}
+        call = threading.Thread(target=lambda: result.update(r=_chat(served.url, key, False)))
+        call.start()
+        deadline = time.monotonic() + 60
+        while served.proxy.gate.waiting < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the call reached the proxy and is held
+        assert call.is_alive() and served.proxy.gate.waiting == 1
+        released = httpx.post(f"{served.url}/weights/release", json={"version": "v2"})
+        assert released.json() == {"held": False, "weight_version": "v2"}
+        call.join(30)
+        assert result["r"].status_code == 200
+        [turn] = served.store.turns(key)
+        assert turn.weight_version == "v2"
+        bad = httpx.post(f"{served.url}/weights/hold", json={"timeout": "soon"})
+        assert bad.status_code == 400 and "timeout" in bad.json()["error"]["message"]
+        assert not served.proxy.gate.held

@@ -50,6 +50,7 @@ from harnessrl.proxy.gate import WeightGate
 from harnessrl.proxy.history import check_arguments, check_tool_results, restore_arguments
 from harnessrl.proxy.rollout_routes import RolloutRoutes
 from harnessrl.proxy.sessions import OpenRollout, Sessions
+from harnessrl.proxy.weight_routes import WeightRoutes
 from harnessrl.types import (
     ChatRequest,
     Chunk,
@@ -129,6 +130,7 @@ class Proxy:
             Route("/r/{key}", _probe, methods=["GET", "HEAD"]),
             Route("/r/{key}/", _probe, methods=["GET", "HEAD"]),
             *RolloutRoutes(self.sessions, self.engine, self.config).routes(),
+            *WeightRoutes(self.gate, self.engine, self.config).routes(),
         ]
         for endpoint in endpoints():
             handler = self._handler(endpoint)
