@@ -501,7 +501,12 @@ def _conformance(args: argparse.Namespace) -> int:
     from rich.markdown import Markdown
 
     from harnessrl.harnesses import all_variants
-    from harnessrl.rollout.conformance import check, matrix_markdown, policy_tokenizer
+    from harnessrl.rollout.conformance import (
+        check,
+        install_timed,
+        matrix_markdown,
+        policy_tokenizer,
+    )
 
     console = Console()
     tokenizer = policy_tokenizer()
@@ -509,10 +514,11 @@ def _conformance(args: argparse.Namespace) -> int:
     # every harness and each of its dialect variants, unless names are given
     for h in _harnesses(args.names) if args.names else all_variants():
         with console.status(f"{h.name}: installing (first time) and running headless"):
-            h.install(args.tools_dir, log=lambda line: None)
+            install_seconds = install_timed(h, args.tools_dir)
             with tempfile.TemporaryDirectory(prefix=f"hrl-{h.slug}-") as root:
                 result = asyncio.run(check(h, tokenizer=tokenizer, tools_dir=args.tools_dir,
                                            root=Path(root)))
+            result.install_seconds = install_seconds
         results.append(result)
         mark = "[green]PASS[/]" if result.passed else f"[red]FAIL[/] {'; '.join(result.problems)}"
         console.print(f"{h.name} {h.version}: {mark}")

@@ -14,6 +14,7 @@ from harnessrl.harnesses.base import Harness, RunContext
 from harnessrl.proxy.engines.policy import WriteFilePolicy
 from harnessrl.proxy.engines.scripted import ScriptedEngine
 from harnessrl.proxy.serve import running
+from harnessrl.rollout.rewards import TraceStats
 from harnessrl.rollout.runner import open_rollout
 from harnessrl.rollout.sandbox import Limits, LocalSandbox
 from harnessrl.types import ToolResult, Turn
@@ -30,7 +31,15 @@ class Result:
     dialect: str
     streamed: bool = False
     turns: int = 0
+    # counted as the runner counts an Outcome's: the completions' native tool calls, or
+    # the harness's own action record when no call offered a tool (`tool_call_source`)
+    tool_calls: int = 0
+    tool_call_source: str = "native"
+    harness_actions: int | None = None  # what the harness's record says it ran, if any
     chain_extended: bool | None = None
+    # seconds this run spent installing the harness; None: its prefix was already
+    # installed (cached), so no figure is given
+    install_seconds: float | None = None
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
     output: str = ""
@@ -38,6 +47,15 @@ class Result:
     @property
     def passed(self) -> bool:
         return not self.problems
+
+
+def install_timed(harness: Harness, tools_dir: Path) -> float | None:
+    """Install `harness` unless its prefix already is; the seconds it took, None if cached."""
+    if harness.installed(tools_dir):
+        return None
+    started = time.monotonic()
+    harness.install(tools_dir, log=lambda _line: None)
+    return time.monotonic() - started
 
 
 def random_line() -> str:
@@ -80,6 +98,7 @@ async def _run(harness: Harness, rollout: dict[str, Any], tools_dir: Path, root:
         run = await sandbox.run(harness.command(ctx, instruction_for(line)),
                                 env=harness.environment(ctx), timeout=timeout)
         outcome = harness.outcome(ctx, run.exit_code, run.stdout)
+        result.harness_actions = outcome.actions
         if run.timed_out:
             result.problems.append(f"timed out after {timeout:.0f} s")
         elif not outcome.finished:
@@ -96,6 +115,8 @@ async def _run(harness: Harness, rollout: dict[str, Any], tools_dir: Path, root:
 
 def _check_trace(harness: Harness, turns: list[Turn], result: Result) -> None:
     result.turns = len(turns)
+    stats = TraceStats.of(turns, executed=result.harness_actions)
+    result.tool_calls, result.tool_call_source = stats.tool_calls, stats.tool_call_source
     result.streamed = any(t.request is not None and t.request.stream for t in turns)
     if len(turns) < harness.min_turns:
         result.problems.append(f"{len(turns)} model calls stored, expected at least "
@@ -135,13 +156,16 @@ def _tool_result_extends_call(turns: list[Turn]) -> bool | None:
 
 
 def matrix_markdown(results: list[Result]) -> str:
-    rows = ["| harness | version | dialect | streamed | turns | chain extended | seconds | pass |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| harness | version | dialect | install s | streamed | turns | tool calls "
+            "| chain extended | seconds | pass |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         chain = {True: "yes", False: "no", None: "n/a"}[r.chain_extended]
         verdict = "PASS" if r.passed else "FAIL: " + "; ".join(r.problems)
-        rows.append(f"| {r.harness} | {r.version} | {r.dialect} | "
-                    f"{'yes' if r.streamed else 'no'} | {r.turns} | {chain} | "
+        install = "cached" if r.install_seconds is None else f"{r.install_seconds:.1f}"
+        rows.append(f"| {r.harness} | {r.version} | {r.dialect} | {install} | "
+                    f"{'yes' if r.streamed else 'no'} | {r.turns} | "
+                    f"{r.tool_calls} ({r.tool_call_source}) | {chain} | "
                     f"{r.seconds:.1f} | {verdict} |")
     return "\n".join(rows) + "\n"
 
