@@ -35,3 +35,18 @@ def tokenizer(tiny_model: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model)
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny(tiny_model: Path):
+    """vLLM in dev mode (weight reloads) serving the tiny model, shared by the training
+    modules (test_train and test_train_openenv, which run one after the other): one
+    server start instead of one per module."""
+    from harnessrl.proxy.engines.vllm_server import VLLMServer
+    from tests.helpers import CACHE
+
+    server = VLLMServer(model=str(tiny_model), served_name="tiny", dtype="float32",
+                        max_model_len=32768, extra_args=["--seed", "0"],
+                        log_path=CACHE / "vllm-train-test.log")
+    with server:
+        yield server

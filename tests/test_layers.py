@@ -21,7 +21,7 @@ FLOORS = {
     "proxy": 1,
     "harnesses": 2,
     "rollout": 3,
-    "train": 4,
+    "train": 4, "openenv": 4,
     "ui": 5, "reports": 5, "demo": 5, "cli": 5, "__main__": 5,
 }
 

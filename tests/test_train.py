@@ -246,18 +246,6 @@ def _trainer_logprobs(model, prompt: list[int], completion: list[int]) -> list[f
         1, torch.tensor(completion)[:, None])[:, 0].tolist()
 
 
-@pytest.fixture(scope="module")
-def vllm_tiny(tiny_model: Path):
-    from harnessrl.proxy.engines.vllm_server import VLLMServer
-    from tests.helpers import CACHE
-
-    server = VLLMServer(model=str(tiny_model), served_name="tiny", dtype="float32",
-                        max_model_len=32768, extra_args=["--seed", "0"],
-                        log_path=CACHE / "vllm-train-test.log")
-    with server:
-        yield server
-
-
 @pytest.mark.vllm
 @pytest.mark.harness
 @pytest.mark.slow

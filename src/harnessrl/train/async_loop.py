@@ -133,6 +133,7 @@ def train_async(config: TrainConfig, tasks: list[Any], harnesses: list[Any], mod
 
     assert engine.url is not None
     hf_logging.disable_progress_bar()
+    _quiet_second_interval_callback()
     install_cpu_support()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     args = async_config(config, run_dir, engine.url)  # refuses bad keys before any start
@@ -157,3 +158,16 @@ def train_async(config: TrainConfig, tasks: list[Any], harnesses: list[Any], mod
         trainer.train()
     console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'}")
     return steps
+
+
+def _quiet_second_interval_callback() -> None:
+    """TRL adds two `StepIntervalCallback`s (weight sync, step metrics) on purpose, and
+    transformers warns about the second with the whole callback list: a screenful per run
+    that says nothing. Only that warning is dropped."""
+    import logging
+
+    def keep(record: logging.LogRecord) -> bool:
+        return "StepIntervalCallback" not in record.getMessage()
+
+    logging.getLogger("transformers.trainer_callback").addFilter(keep)
+

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.proxy.gate import WeightGate
-from harnessrl.train.weights import VLLMWeightSync
+from harnessrl.train.weights import VLLMWeightSync, WeightSyncError
 
 VERSION_PREFIX = "v"
 
@@ -63,12 +63,65 @@ class _Checkpoint:
 
 
 @dataclass
+class RemoteGate:
+    """The weight gate of a proxy in another process (`proxy/weight_routes.py`), e.g. the
+    one TRL's harness worker serves in its child process. On release the proxy is told the
+    version vLLM itself reports serving, which the calls admitted from then on record."""
+
+    url: str
+    sync: VLLMWeightSync
+    admin_token: str | None = None
+    timeout: float = 900.0
+
+    def hold(self, timeout: float) -> None:
+        self._post("/weights/hold", {"timeout": timeout})
+
+    def release(self) -> None:
+        self._post("/weights/release", {"version": self.sync.served_version()})
+
+    def _post(self, path: str, body: dict[str, Any]) -> None:
+        """A proxy that refuses the connection is not serving (yet: TRL syncs the initial
+        weights before it starts its rollout worker), so no call can pass its gate; when it
+        starts it asks vLLM which version it serves."""
+        try:
+            self._send(path, body)
+        except ConnectionRefusedError:
+            return
+
+    def _send(self, path: str, body: dict[str, Any]) -> None:
+        import json
+        import urllib.error
+        import urllib.request
+
+        headers = {"Content-Type": "application/json"}
+        if self.admin_token:
+            headers["Authorization"] = f"Bearer {self.admin_token}"
+        request = urllib.request.Request(f"{self.url.rstrip('/')}{path}", method="POST",
+                                         data=json.dumps(body).encode(), headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as resp:
+                resp.read()
+        except urllib.error.HTTPError as error:
+            text = error.read().decode(errors="replace")[:300]
+            raise WeightSyncError(f"POST {path} on the proxy: HTTP {error.code}: {text}"
+                                  ) from None
+        except urllib.error.URLError as error:
+            if isinstance(error.reason, ConnectionRefusedError):
+                raise error.reason from None
+            raise WeightSyncError(f"POST {path}: the proxy is unreachable: {error}") from None
+        except OSError as error:
+            raise WeightSyncError(f"POST {path}: the proxy is unreachable: {error}") from None
+
+
+@dataclass
 class FileWeightTransfer:
     """TRL's `WeightTransferProtocol` by file, holding the proxies' gates during a swap."""
 
     sync: VLLMWeightSync
     model_dir: Path
-    gates: list[WeightGate] = field(default_factory=list)  # added by the rollout worker
+    # held during each swap: added by the rollout worker (ours: its proxy's gate; TRL's
+    # harness worker: a RemoteGate to the proxy its child process serves)
+    gates: list[WeightGate | RemoteGate] = field(default_factory=list)
     hold_timeout: float = 600.0
     version: int = 0  # TRL's model_version after the last sync
     seconds: list[float] = field(default_factory=list)  # per swap, gate held to released
@@ -85,7 +138,7 @@ class FileWeightTransfer:
         import time
 
         self._held_at = time.monotonic()
-        held: list[WeightGate] = []
+        held: list[WeightGate | RemoteGate] = []
         try:
             for gate in self.gates:
                 gate.hold(self.hold_timeout)

@@ -182,6 +182,7 @@ class HarnessRollouts:
     # proxy shard with the engines `engine_factory` builds there; `engine` is then unused.
     cluster: Any = None
     engine_factory: Callable[[], Any] | None = None
+    proxy_port: int | None = None  # None: any free port (`url` says which)
 
     def __post_init__(self) -> None:
         if not self.harnesses:
@@ -204,7 +205,7 @@ class HarnessRollouts:
         if self.sync is not None and self.engine not in self.sync.engines:
             self.sync.engines.append(self.engine)  # every turn records the version
         served = self._stack.enter_context(
-            running(self.engine, self.run_dir, sampling=self.sampling))
+            running(self.engine, self.run_dir, port=self.proxy_port, sampling=self.sampling))
         self._store = store = served.store
         self._proxy = served.proxy
         self.url = served.url
@@ -277,14 +278,18 @@ class HarnessRollouts:
         for position, task_id in enumerate(task_ids):
             slot = (position // generations + self._rotation if self.mix == "group"
                     else position % generations)
-            harness = self.harnesses[slot % len(self.harnesses)]
-            key = (harness.name, task_id)
-            number = self._samples.get(key, 0)
-            self._samples[key] = number + 1
-            planned.append(Planned(harness, self._tasks[task_id], number))
+            planned.append(self.planned_for(self.harnesses[slot % len(self.harnesses)],
+                                            task_id))
         # The next call starts one harness further, so a task drawn again meets another.
         self._rotation += 1
         return planned
+
+    def planned_for(self, harness: Harness, task_id: str) -> Planned:
+        """`harness` on the task, with the next sample number of that pair."""
+        key = (harness.name, task_id)
+        number = self._samples.get(key, 0)
+        self._samples[key] = number + 1
+        return Planned(harness, self._tasks[task_id], number)
 
     def rollouts(self, planned: Sequence[Planned]) -> list[RolloutRecord]:
         """Run `planned` (in order) and read each one's sample back from the store."""
