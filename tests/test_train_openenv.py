@@ -97,6 +97,9 @@ sync = VLLMWeightSync(url, Path(run_dir) / "weights")
 proxy = f"http://127.0.0.1:{port}"
 transfer = FileWeightTransfer(sync, Path(model), gates=[RemoteGate(proxy, sync)])
 tokenizer = AutoTokenizer.from_pretrained(model)
+# TRL parses replies by the template; the tiny model's Hermes tool calls are Qwen's format
+from trl.chat_template_utils import qwen3_template
+tokenizer.response_template = qwen3_template
 dataset = Dataset.from_dict({"prompt": ["hello", "hello"]})
 factory = functools.partial(
     HarnessSessionFactory, harnesses=["mini-swe-agent"], tasks=tasks, engine_url=url,
