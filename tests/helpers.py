@@ -18,6 +18,8 @@ from harnessrl.types import (
     Text,
     Timings,
     Tokens,
+    Tool,
+    ToolCall,
     Turn,
     Usage,
 )
@@ -86,6 +88,19 @@ def make_turn(key: str, index: int, n: int = 3) -> Turn:
     return Turn(rollout=key, index=index, dialect="openai_chat", status="ok",
                 timings=Timings(1.0, 2.0, 3.0), raw_request=b'{"x": 1}',
                 raw_response=b"data: [DONE]\n\n", request=request, completion=completion)
+
+
+def tool_turn(index: int, *, tools: bool, calls: int, text: str = "ok") -> Turn:
+    """A finished chat turn whose request offers a bash tool (or none) and whose reply
+    makes `calls` native tool calls."""
+    request = ChatRequest(model="m", messages=(Message("user", (Text("do it"),)),),
+                          tools=(Tool("bash"),) if tools else ())
+    parts = (Text(text), *(ToolCall(f"c{index}.{n}", "bash", '{"command": "ls"}')
+                           for n in range(calls)))
+    completion = Completion("m", parts, "tool_calls" if calls else "stop", None,
+                            Tokens((1, 2), (3, 4, 5), (-0.1, -0.2, -0.3)))
+    return Turn(rollout="r", index=index, dialect="openai_chat", status="ok",
+                timings=Timings(1.0), raw_request=b"{}", request=request, completion=completion)
 
 
 # ------------------------------------------------------------------ harness-like drivers

@@ -10,27 +10,7 @@ from pathlib import Path
 from harnessrl.harnesses import get
 from harnessrl.harnesses.base import Harness
 from harnessrl.rollout.conformance import Result, _check_trace, install_timed, matrix_markdown
-from harnessrl.types import (
-    ChatRequest,
-    Completion,
-    Message,
-    Text,
-    Timings,
-    Tokens,
-    Tool,
-    ToolCall,
-    Turn,
-)
-
-
-def turn(index: int, *, tools: bool, calls: int) -> Turn:
-    request = ChatRequest(model="m", messages=(Message("user", (Text("do it"),)),),
-                          tools=(Tool("bash"),) if tools else ())
-    parts = (Text("ok"), *(ToolCall(f"c{index}.{n}", "bash", "{}") for n in range(calls)))
-    completion = Completion("m", parts, "tool_calls" if calls else "stop", None,
-                            Tokens((1, 2), (3, 4), (-0.1, -0.2)))
-    return Turn(rollout="r", index=index, dialect="openai_chat", status="ok",
-                timings=Timings(1.0), raw_request=b"{}", request=request, completion=completion)
+from tests.helpers import tool_turn as turn
 
 
 def rows(markdown: str) -> list[list[str]]:

@@ -14,31 +14,10 @@ from harnessrl.harnesses import get
 from harnessrl.harnesses.base import RunContext
 from harnessrl.rollout.rewards import Shaping, TraceStats
 from harnessrl.rollout.tasks import Verdict
-from harnessrl.types import (
-    ChatRequest,
-    Completion,
-    Message,
-    Text,
-    Timings,
-    Tokens,
-    Tool,
-    ToolCall,
-    Turn,
-)
+from tests.helpers import tool_turn as turn
 
 OUTCOMES = Path(__file__).parent / "outcomes"
 PASSED, FAILED = Verdict(1.0, True, "", 0.1), Verdict(0.0, False, "", 0.1)
-
-
-def turn(index: int, *, tools: bool, calls: int, text: str = "ok") -> Turn:
-    request = ChatRequest(model="m", messages=(Message("user", (Text("do it"),)),),
-                          tools=(Tool("bash"),) if tools else ())
-    parts = (Text(text), *(ToolCall(f"c{index}.{n}", "bash", '{"command": "ls"}')
-                           for n in range(calls)))
-    completion = Completion("m", parts, "tool_calls" if calls else "stop", None,
-                            Tokens((1, 2), (3, 4, 5), (-0.1, -0.2, -0.3)))
-    return Turn(rollout="r", index=index, dialect="openai_chat", status="ok",
-                timings=Timings(1.0), raw_request=b"{}", request=request, completion=completion)
 
 
 # ------------------------------------------------------------------ which count
