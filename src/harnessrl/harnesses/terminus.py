@@ -14,6 +14,10 @@ Traps:
 - `task_complete: true` is not the end: it asks "Are you sure...?" and stops only on a
   second `task_complete` right after; until then it keeps calling the model (up to its
   turn limit, here 30).
+- A reply cut at `max_tokens` is answered with "re-issue this request" inside the same
+  turn, recursively, and every level retries a failed call 3 times (LiteLLM, inside, 3
+  more, 4-15 s apart): against a noise model one turn never ends. Only the deadline, or
+  `max_model_calls` and then the deadline, stops it.
 - Errors from the model (unreachable, 5xx) are retried by LiteLLM and then raised out of
   `run`, but the record is Harbor's own trajectory (`trajectory.json`, ATIF), written even
   then: the run finished when its last two agent steps both mark the task complete.
