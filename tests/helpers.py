@@ -1,6 +1,6 @@
 """What several test files share, so that none imports another: the recorded harness
-requests, a proxy served in a thread, a stored turn, and harness-like drivers of each
-dialect. Fixtures stay in conftest.py."""
+requests, a proxy served in a thread, a stored turn, harness-like drivers of each
+dialect, and a broken token-mode backend. Fixtures stay in conftest.py."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from harnessrl.proxy.engines.scripted_completions import Sample, ScriptedCompletions
 from harnessrl.proxy.serve import in_thread
 from harnessrl.types import (
     ChatRequest,
@@ -119,3 +120,16 @@ REPLIES = [
     + call("bash", {"command": "echo hi > hello.txt"}),
     "Done: hello.txt holds hi.",
 ]
+
+
+# ------------------------------------------------------------------ a broken backend
+class DropsAToken(ScriptedCompletions):
+    """A broken backend: it reports one id fewer than it sampled (the text stays whole),
+    so the ids the proxy keeps are not the ones the model wrote."""
+
+    def sample(self, prompt, reply, max_tokens, stop_ids) -> Sample:
+        s = super().sample(prompt, reply, max_tokens, stop_ids)
+        n = len(s.ids) // 2
+        pieces = [*s.pieces[:n - 1], s.pieces[n - 1] + s.pieces[n], *s.pieces[n + 1:]]
+        return Sample(s.prompt_ids, s.ids[:n] + s.ids[n + 1:], pieces,
+                      s.logprobs[:n] + s.logprobs[n + 1:], s.finish)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from msgspec.structs import replace
+
 from harnessrl.harnesses import get
 from harnessrl.harnesses.base import Harness
 from harnessrl.rollout.conformance import Result, _check_trace, install_timed, matrix_markdown
@@ -26,11 +28,45 @@ def test_the_matrix_shows_install_time_and_tool_calls() -> None:
                     problems=["hello.txt was not created"])
     header, _rule, first, second = rows(matrix_markdown([fresh, cached]))
     assert header == ["harness", "version", "dialect", "install s", "streamed", "turns",
-                      "tool calls", "chain extended", "seconds", "pass"]
+                      "tool calls", "chain chat", "chain token", "seconds (chat / token)",
+                      "chat", "token"]
     assert first == ["pi", "1.2.3", "openai_chat", "41.3", "yes", "3", "2 (native)", "yes",
-                     "7.0", "PASS"]
+                     "-", "7.0 / -", "PASS", "-"]
     assert second == ["pi@anthropic", "1.2.3", "anthropic", "cached", "no", "1",
-                      "1 (harness)", "n/a", "3.0", "FAIL: hello.txt was not created"]
+                      "1 (harness)", "n/a", "-", "3.0 / -", "FAIL: hello.txt was not created",
+                      "-"]
+
+
+def test_a_variant_run_in_both_modes_is_one_row_with_a_column_pair_per_mode() -> None:
+    chat = Result("grok", "0.0.34", "openai_chat", "chat", turns=2, tool_calls=1,
+                  chain_extended=True, install_seconds=12.0, seconds=16.5)
+    token = Result("grok", "0.0.34", "openai_chat", "token", turns=3, tool_calls=1,
+                   chain_extended=False, seconds=14.25,
+                   problems=["the turn carrying the tool result does not extend the call"])
+    only_token = Result("droid", "0.225.2", "openai_chat", "token", streamed=True, turns=2,
+                        tool_calls=1, chain_extended=True, seconds=9.0)
+    _header, _rule, both, alone = rows(matrix_markdown([chat, token, only_token]))
+    # the modes agree on streaming and tool calls (one figure), not on turns (both shown)
+    assert both == ["grok", "0.0.34", "openai_chat", "12.0", "no", "2 / 3", "1 (native)",
+                    "yes", "no", "16.5 / 14.2", "PASS",
+                    "FAIL: the turn carrying the tool result does not extend the call"]
+    assert alone == ["droid", "0.225.2", "openai_chat", "cached", "yes", "2", "1 (native)",
+                     "-", "yes", "- / 9.0", "-", "PASS"]
+
+
+def test_token_mode_wants_every_continuing_turn_to_extend_exactly() -> None:
+    """A turn that continues the conversation with other ids than it was given is a
+    problem in token mode (where ids are kept), not in chat mode."""
+    harness = get("pi")
+    call, result = turn(0, tools=True, calls=1), turn(1, tools=True, calls=0)
+    assert result.completion is not None
+    tokens = replace(result.completion.tokens, prompt_ids=(1, 2, 9, 9, 9, 7))
+    rewritten = replace(result, completion=replace(result.completion, tokens=tokens))
+    for mode, expected in (("chat", []), ("token", ["only 0% of the turns continuing a "
+                                                     "conversation extend it token for token"])):
+        checked = Result(harness.name, harness.version, "openai_chat", mode)
+        _check_trace(harness, [call, rewritten], checked)
+        assert checked.extension_rate == 0.0 and checked.problems == expected, mode
 
 
 def test_tool_calls_are_counted_from_the_stored_turns() -> None:
@@ -62,3 +98,10 @@ def test_install_time_is_measured_only_when_this_run_installs(tmp_path: Path) ->
     assert seconds is not None and 0.3 <= seconds < 30
     assert harness.installed(tmp_path)
     assert install_timed(harness, tmp_path) is None  # cached: no figure
+
+
+def test_conformance_refuses_an_unknown_mode(capsys) -> None:
+    from harnessrl.cli import main
+
+    assert main(["conformance", "--mode", "chat,tokens", "pi"]) == 2
+    assert "--mode takes chat, token" in capsys.readouterr().err

@@ -96,7 +96,7 @@ def _harness_parsers(sub: Any) -> None:
     doctor = actions.add_parser("doctor", help="run one harness against the proxy and say "
                                                "what works")
     doctor.add_argument("names", nargs="+")
-    doctor.set_defaults(func=_conformance, markdown=None)
+    doctor.set_defaults(func=_conformance, markdown=None, mode="chat,token")
     for p in (listing, install, doctor):
         p.add_argument("--tools-dir", type=Path, default=DEFAULT_TOOLS_DIR)
     conformance = sub.add_parser("conformance", help="every harness writes a file through "
@@ -104,6 +104,10 @@ def _harness_parsers(sub: Any) -> None:
     conformance.add_argument("names", nargs="*")
     conformance.add_argument("--tools-dir", type=Path, default=DEFAULT_TOOLS_DIR)
     conformance.add_argument("--markdown", type=Path, help="also write the matrix here")
+    conformance.add_argument("--mode", default="chat,token",
+                             help="chat (the scripted chat engine), token (the proxy's token "
+                                  "mode against a scripted completions server), or both, "
+                                  "comma-separated")
     conformance.set_defaults(func=_conformance)
 
 
@@ -502,28 +506,37 @@ def _conformance(args: argparse.Namespace) -> int:
 
     from harnessrl.harnesses import all_variants
     from harnessrl.rollout.conformance import (
+        MODES,
         check,
         install_timed,
         matrix_markdown,
         policy_tokenizer,
     )
 
+    modes = [m.strip() for m in args.mode.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        print(f"harnessrl: --mode takes {', '.join(MODES)} (comma-separated), not "
+              f"{args.mode!r}", file=sys.stderr)
+        return 2
     console = Console()
     tokenizer = policy_tokenizer()
     results = []
     # every harness and each of its dialect variants, unless names are given
     for h in _harnesses(args.names) if args.names else all_variants():
-        with console.status(f"{h.name}: installing (first time) and running headless"):
+        with console.status(f"{h.name}: installing (if not yet installed)"):
             install_seconds = install_timed(h, args.tools_dir)
-            with tempfile.TemporaryDirectory(prefix=f"hrl-{h.slug}-") as root:
+        for mode in modes:
+            with console.status(f"{h.name}: running headless ({mode} mode)"), \
+                    tempfile.TemporaryDirectory(prefix=f"hrl-{h.slug}-") as root:
                 result = asyncio.run(check(h, tokenizer=tokenizer, tools_dir=args.tools_dir,
-                                           root=Path(root)))
-            result.install_seconds = install_seconds
-        results.append(result)
-        mark = "[green]PASS[/]" if result.passed else f"[red]FAIL[/] {'; '.join(result.problems)}"
-        console.print(f"{h.name} {h.version}: {mark}")
-        if not result.passed:
-            console.print(result.output[-2000:], markup=False, highlight=False)
+                                           root=Path(root), mode=mode))
+            result.install_seconds, install_seconds = install_seconds, None
+            results.append(result)
+            mark = ("[green]PASS[/]" if result.passed
+                    else f"[red]FAIL[/] {'; '.join(result.problems)}")
+            console.print(f"{h.name} {h.version} ({mode} mode): {mark}")
+            if not result.passed:
+                console.print(result.output[-2000:], markup=False, highlight=False)
     matrix = matrix_markdown(results)
     console.print(Markdown(matrix))
     if args.markdown:

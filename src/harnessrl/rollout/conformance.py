@@ -1,25 +1,44 @@
 """The conformance check: a real harness, unmodified and headless, writes `hello.txt`
 through the proxy driven by the scripted policy; then the workspace and the trace are
-checked (the file, every call stored with exact tokens, the dialect, the chain)."""
+checked (the file, every call stored with exact tokens, the dialect, the chain).
+
+Two modes, the proxy's two ways to a model: `chat`, the scripted chat engine (the engine
+renders and tokenizes each prompt itself, as vLLM's chat endpoint does), and `token`, the
+proxy's own TokenEngine rendering the chat template and sending ids to a scripted
+`/v1/completions` server over loopback (`ScriptedCompletions`), the wire it speaks to vLLM.
+Both replay the same policy's replies as ids of the same tokenizer.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from harnessrl.harnesses.base import Harness, RunContext
+from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.policy import WriteFilePolicy
-from harnessrl.proxy.engines.scripted import ScriptedEngine
-from harnessrl.proxy.serve import running
+from harnessrl.proxy.engines.scripted import Policy, ScriptedEngine
+from harnessrl.proxy.engines.scripted_completions import ScriptedCompletions
+from harnessrl.proxy.engines.token.engine import TokenEngine
+from harnessrl.proxy.serve import in_thread, running
+from harnessrl.rollout.chains import rollout_stats
 from harnessrl.rollout.rewards import TraceStats
 from harnessrl.rollout.runner import open_rollout
 from harnessrl.rollout.sandbox import Limits, LocalSandbox
 from harnessrl.types import ToolResult, Turn
 
 FILENAME = "hello.txt"
+MODEL = "harnessrl-policy"
+Mode = Literal["chat", "token"]
+MODES: tuple[Mode, ...] = ("chat", "token")
+# token mode: the scripted completions server, given the tokenizer (a test may pass a
+# faulty one to see the check fail)
+Backend = Callable[[Any], ScriptedCompletions]
 _WORDS = ("amber", "brook", "cedar", "delta", "ember", "fjord", "grove", "harbor", "iris",
           "juniper", "kestrel", "lagoon", "meadow", "nectar", "orchid", "pebble")
 
@@ -29,6 +48,7 @@ class Result:
     harness: str
     version: str
     dialect: str
+    mode: Mode = "chat"
     streamed: bool = False
     turns: int = 0
     # counted as the runner counts an Outcome's: the completions' native tool calls, or
@@ -37,6 +57,8 @@ class Result:
     tool_call_source: str = "native"
     harness_actions: int | None = None  # what the harness's record says it ran, if any
     chain_extended: bool | None = None
+    # of the turns continuing a conversation, the share that extends it (rollout.chains)
+    extension_rate: float | None = None
     # seconds this run spent installing the harness; None: its prefix was already
     # installed (cached), so no figure is given
     install_seconds: float | None = None
@@ -67,21 +89,37 @@ def instruction_for(line: str) -> str:
             f"this one line: {line}")
 
 
+def _scripted_completions(tokenizer: Any) -> ScriptedCompletions:
+    return ScriptedCompletions(tokenizer, model=MODEL)
+
+
 async def check(harness: Harness, *, tokenizer: Any, tools_dir: Path, root: Path,
-                timeout: float = 300.0) -> Result:
-    """Run `harness` once and check everything the conformance suite promises."""
-    result = Result(harness.name, harness.version, harness.dialect)
+                timeout: float = 300.0, mode: Mode = "chat",
+                backend: Backend = _scripted_completions) -> Result:
+    """Run `harness` once in `mode` and check everything the conformance suite promises."""
+    result = Result(harness.name, harness.version, harness.dialect, mode)
     line = random_line()
     policy = WriteFilePolicy(FILENAME, line, harness.finish)
-    engine = ScriptedEngine(tokenizer, policy, model="harnessrl-policy")
     started = time.monotonic()
-    with running(engine, root / "run") as served:
+    with _engine(mode, tokenizer, policy, backend) as engine, \
+            running(engine, root / "run") as served:
         rollout = await open_rollout(served.url, {"harness": harness.name})
         output = await _run(harness, rollout, tools_dir, root, line, timeout, result)
         result.output = output[-4000:]
         result.seconds = time.monotonic() - started
         _check_trace(harness, served.store.turns(rollout["key"]), result)
     return result
+
+
+@contextlib.contextmanager
+def _engine(mode: Mode, tokenizer: Any, policy: Policy, backend: Backend) -> Iterator[Engine]:
+    if mode == "chat":
+        yield ScriptedEngine(tokenizer, policy, model=MODEL)
+        return
+    server = backend(tokenizer)
+    with in_thread(server.app()) as (url, _server):
+        yield TokenEngine(url, tokenizer, tool_parser="hermes",
+                          extra_body=server.extra_body(policy))
 
 
 async def _run(harness: Harness, rollout: dict[str, Any], tools_dir: Path, root: Path,
@@ -135,6 +173,12 @@ def _check_trace(harness: Harness, turns: list[Turn], result: Result) -> None:
     result.chain_extended = _tool_result_extends_call(turns)
     if result.chain_extended is False:
         result.problems.append("the turn carrying the tool result does not extend the call")
+    result.extension_rate = rollout_stats(turns).extension_rate
+    # Token mode keeps the ids the model sampled in every later prompt: there, each turn
+    # that continues a conversation extends it exactly, not just the tool-result turn.
+    if result.mode == "token" and result.extension_rate not in (None, 1.0):
+        result.problems.append(f"only {result.extension_rate:.0%} of the turns continuing a "
+                               "conversation extend it token for token")
 
 
 def _tool_result_extends_call(turns: list[Turn]) -> bool | None:
@@ -156,18 +200,50 @@ def _tool_result_extends_call(turns: list[Turn]) -> bool | None:
 
 
 def matrix_markdown(results: list[Result]) -> str:
+    """One row per variant, its runs in each mode side by side: chain extension and the
+    verdict per mode; turns, tool calls and streaming once when the modes agree (else
+    `chat / token`); seconds per mode; `-` for a mode not run."""
     rows = ["| harness | version | dialect | install s | streamed | turns | tool calls "
-            "| chain extended | seconds | pass |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "| chain chat | chain token | seconds (chat / token) | chat | token |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    by_variant: dict[str, dict[Mode, Result]] = {}
     for r in results:
-        chain = {True: "yes", False: "no", None: "n/a"}[r.chain_extended]
-        verdict = "PASS" if r.passed else "FAIL: " + "; ".join(r.problems)
-        install = "cached" if r.install_seconds is None else f"{r.install_seconds:.1f}"
-        rows.append(f"| {r.harness} | {r.version} | {r.dialect} | {install} | "
-                    f"{'yes' if r.streamed else 'no'} | {r.turns} | "
-                    f"{r.tool_calls} ({r.tool_call_source}) | {chain} | "
-                    f"{r.seconds:.1f} | {verdict} |")
-    return "\n".join(rows) + "\n"
+        by_variant.setdefault(r.harness, {})[r.mode] = r
+    return "\n".join([*rows, *map(_row, by_variant.values())]) + "\n"
+
+
+def _row(runs: dict[Mode, Result]) -> str:
+    first = next(iter(runs.values()))
+    installs = [r.install_seconds for r in runs.values() if r.install_seconds is not None]
+    cells = [first.harness, first.version, first.dialect,
+             f"{installs[0]:.1f}" if installs else "cached",
+             _per_mode(runs, lambda r: "yes" if r.streamed else "no"),
+             _per_mode(runs, lambda r: str(r.turns)),
+             _per_mode(runs, lambda r: f"{r.tool_calls} ({r.tool_call_source})"),
+             *(_chain(runs.get(m)) for m in MODES),
+             _per_mode(runs, lambda r: f"{r.seconds:.1f}", merge=False),
+             *(_verdict(runs.get(m)) for m in MODES)]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _per_mode(runs: dict[Mode, Result], cell: Callable[[Result], str], *,
+              merge: bool = True) -> str:
+    """`cell` of each mode's run, `chat / token`; once if every run agrees (`merge`)."""
+    cells = [cell(runs[m]) if m in runs else "-" for m in MODES]
+    ran = {c for m, c in zip(MODES, cells, strict=True) if m in runs}
+    return ran.pop() if merge and len(ran) == 1 else " / ".join(cells)
+
+
+def _chain(result: Result | None) -> str:
+    if result is None:
+        return "-"
+    return {True: "yes", False: "no", None: "n/a"}[result.chain_extended]
+
+
+def _verdict(result: Result | None) -> str:
+    if result is None:
+        return "-"
+    return "PASS" if result.passed else "FAIL: " + "; ".join(result.problems)
 
 
 def policy_tokenizer(cache: Path = Path("~/.cache/harnessrl/models/tiny-qwen2")) -> Any:

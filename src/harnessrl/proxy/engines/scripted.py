@@ -85,16 +85,7 @@ class ScriptedEngine(Stateless):
         self.calls += 1
         reply = self.policy(request)
         prompt = self.render_prompt(request)
-        ids = self.tokenizer.encode(reply.text, add_special_tokens=False)
-        if reply.eos:
-            ids.append(self.tokenizer.eos_token_id)
-        limit = request.sampling.max_tokens
-        if limit is not None:
-            ids = ids[:limit]
-        logprobs = list(reply.logprobs) if reply.logprobs is not None else [
-            default_logprob(i) for i in range(len(ids))]
-        if len(logprobs) != len(ids):
-            raise ValueError(f"the script states {len(logprobs)} logprobs for {len(ids)} tokens")
+        ids, logprobs = sampled(self.tokenizer, reply, request.sampling.max_tokens)
         return prompt, ids, logprobs, reply
 
     async def complete(self, request: ChatRequest, rollout: str | None = None
@@ -126,6 +117,22 @@ class ScriptedEngine(Stateless):
                 yield Chunk(tuple(deltas), (ids[position],), (logprobs[position],))
         finish = _finish_reason(ids, request, self.tokenizer.eos_token_id, parser)
         yield Finished(finish, Usage(len(prompt), len(ids)))
+
+
+def sampled(tokenizer: Any, reply: Reply, max_tokens: int | None = None
+            ) -> tuple[list[int], list[float]]:
+    """The ids a model that wrote `reply` sampled (its text tokenized, then EOS if it
+    stops), cut at `max_tokens`, and their logprobs."""
+    ids = tokenizer.encode(reply.text, add_special_tokens=False)
+    if reply.eos:
+        ids.append(tokenizer.eos_token_id)
+    if max_tokens is not None:
+        ids = ids[:max_tokens]
+    logprobs = list(reply.logprobs) if reply.logprobs is not None else [
+        default_logprob(i) for i in range(len(ids))]
+    if len(logprobs) != len(ids):
+        raise ValueError(f"the script states {len(logprobs)} logprobs for {len(ids)} tokens")
+    return ids, logprobs
 
 
 def _finish_reason(ids: list[int], request: ChatRequest, eos: int, parser: HermesParser
