@@ -18,6 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harnessrl.proxy.engines.scripted import Reply, detokenize, sampled
+from harnessrl.proxy.engines.scripted_completions import Sample, ScriptedCompletions
 from harnessrl.proxy.engines.token.engine import TokenEngine
 from harnessrl.proxy.engines.token.render import Rendered, Renderer
 from harnessrl.proxy.engines.token.toolformats import Qwen3CoderParser, make_parser, typed
@@ -622,61 +624,51 @@ def test_real_harness_history_keeps_its_ids(vllm_url, tiny_model, tmp_path) -> N
 
 
 # ------------------------------------------------------------------ the wire, faked
-class FakeCompletions:
-    """vLLM's `/v1/completions` for token prompts, in its own shapes: it answers with
-    `reply` (text pieces and ids) and echoes the prompt ids, unless told otherwise."""
+class FakeCompletions(ScriptedCompletions):
+    """The scripted completions server answering `reply` to every request (its
+    `fallback`: this engine sends no scripted reply), with faults on demand."""
 
-    def __init__(self, pieces: list[tuple[str, int]]) -> None:
-        self.pieces = pieces
+    def __init__(self, tokenizer, reply: str) -> None:
+        super().__init__(tokenizer, model="tiny", max_model_len=1000, fallback=Reply(reply))
         self.mode = "ok"  # ok | error400 | cut | other_prompt
-        self.bodies: list[dict] = []
+        ids, _ = sampled(tokenizer, Reply(reply))
+        self.pieces = list(zip(detokenize(tokenizer, ids), ids, strict=True))
 
-    def app(self):
-        from starlette.applications import Starlette
-        from starlette.responses import JSONResponse, StreamingResponse
-        from starlette.routing import Route
+    def sample(self, prompt, reply, max_tokens, stop_ids) -> Sample:
+        if self.mode == "other_prompt":
+            prompt = prompt[1:]
+        return super().sample(prompt, reply, max_tokens, stop_ids)
 
-        async def models(_request):
-            return JSONResponse({"data": [{"id": "tiny", "max_model_len": 1000}]})
+    async def _completions(self, request):
+        if self.mode != "error400":
+            return await super()._completions(request)
+        # every prompt is too long for the model, after the engine read its length
+        limit, self.max_model_len = self.max_model_len, 1
+        try:
+            return await super()._completions(request)
+        finally:
+            self.max_model_len = limit
 
-        async def completions(request):
-            body = await request.json()
-            self.bodies.append(body)
-            if self.mode == "error400":
-                return JSONResponse({"error": {"message": "prompt too long"}}, 400)
-            prompt = body["prompt"] if self.mode != "other_prompt" else body["prompt"][1:]
-            if body["stream"]:
-                return StreamingResponse(self._stream(prompt), media_type="text/event-stream")
-            return JSONResponse({"choices": [{
-                "text": "".join(t for t, _ in self.pieces), "finish_reason": "stop",
-                "token_ids": [i for _, i in self.pieces], "prompt_token_ids": prompt,
-                "logprobs": {"token_logprobs": [-0.5] * len(self.pieces)}}],
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(self.pieces)}})
-
-        return Starlette(routes=[Route("/v1/models", models),
-                                 Route("/v1/completions", completions, methods=["POST"])])
-
-    async def _stream(self, prompt):
-        for n, (text, token) in enumerate(self.pieces):
+    async def stream_events(self, sample):
+        events = super().stream_events(sample)
+        async for n, event in _enumerate(events):
             if self.mode == "cut" and n == 3:
                 return
-            last = n == len(self.pieces) - 1
-            choice = {"text": text, "token_ids": [token], "finish_reason": "stop" if last else None,
-                      "prompt_token_ids": prompt if n == 0 else None,
-                      "logprobs": {"token_logprobs": [-0.5]}}
-            yield f"data: {json.dumps({'choices': [choice]})}\n\n".encode()
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(self.pieces)}
-        yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n".encode()
+            yield event
+
+
+async def _enumerate(items):
+    n = 0
+    async for item in items:
+        yield n, item
+        n += 1
 
 
 @pytest.fixture(scope="module")
 def fake(tokenizer):
     from harnessrl.proxy.serve import in_thread
 
-    ids = [*tokenizer.encode(f"Sure.\n{HERMES_CALL}", add_special_tokens=False),
-           tokenizer.eos_token_id]
-    server = FakeCompletions([(tokenizer.decode([i], skip_special_tokens=True), i)
-                              for i in ids])
+    server = FakeCompletions(tokenizer, f"Sure.\n{HERMES_CALL}")
     with in_thread(server.app()) as (url, _):
         server.url = url
         yield server
@@ -724,7 +716,7 @@ def test_engine_faults(fake, tiny_model) -> None:
     from harnessrl.errors import EngineError, InvalidRequest
     from harnessrl.proxy.accumulate import accumulate
 
-    with pytest.raises(InvalidRequest, match="prompt too long"):
+    with pytest.raises(InvalidRequest, match="maximum context length"):
         _events(fake, tiny_model, stream=False, mode="error400")
     with pytest.raises(EngineError, match="before a finish_reason"):
         _events(fake, tiny_model, stream=True, mode="cut")

@@ -116,7 +116,7 @@ class ScriptedCompletions:
         sample = self.sample(prompt, reply, body.get("max_tokens"),
                              body.get("stop_token_ids") or [self.tokenizer.eos_token_id])
         if body.get("stream"):
-            return StreamingResponse(self._stream(sample), media_type="text/event-stream")
+            return StreamingResponse(self.stream_events(sample), media_type="text/event-stream")
         return JSONResponse(self._whole(sample))
 
     def _whole(self, sample: Sample) -> dict[str, Any]:
@@ -126,7 +126,8 @@ class ScriptedCompletions:
         return {"id": "cmpl-scripted", "object": "text_completion", "model": self.model,
                 "choices": [choice], "usage": _usage(sample)}
 
-    async def _stream(self, sample: Sample) -> AsyncIterator[bytes]:
+    async def stream_events(self, sample: Sample) -> AsyncIterator[bytes]:
+        """A streamed answer's SSE events, one sampled id per chunk."""
         head = {"id": "cmpl-scripted", "object": "text_completion", "model": self.model}
         last = len(sample.ids) - 1
         for n, (token, piece, logprob) in enumerate(zip(sample.ids, sample.pieces,
