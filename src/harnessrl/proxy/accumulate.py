@@ -62,7 +62,11 @@ class Accumulator:
         if chunk.logprobs is not None:
             self._chunks_with_logprobs += 1
             self._logprobs.extend(chunk.logprobs)
-        for delta in chunk.deltas:
+        deltas = chunk.deltas
+        if len(deltas) == 1 and self._run_kind is Text and type(deltas[0]) is TextDelta:
+            self._run.append(deltas[0].text)  # a token of the open text run
+            return
+        for delta in deltas:
             kind = _RUN_KIND.get(type(delta))
             if kind is not None:
                 self._append(kind, delta.text)  # type: ignore[union-attr]

@@ -100,6 +100,11 @@ class _Call:
             self.left = True
             self.gate.leave()
 
+    async def leave_async(self) -> None:
+        """`leave` as a background task: Starlette runs a plain function in a worker
+        thread, a thread hop per streamed call for a few lines of bookkeeping."""
+        self.leave()
+
 
 class Proxy:
     def __init__(self, engine: Engine, sessions: Sessions, config: ProxyConfig | None = None):
@@ -288,7 +293,7 @@ class Proxy:
         return StreamingResponse(self._stream(call, encoder, events, first),
                                  media_type=encoder.media_type,
                                  headers={"Cache-Control": "no-cache"},
-                                 background=BackgroundTask(call.leave))
+                                 background=BackgroundTask(call.leave_async))
 
     async def _stream(self, call: _Call, encoder: StreamEncoder,
                       rest: AsyncGenerator[EngineEvent, None],

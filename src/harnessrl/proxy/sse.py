@@ -58,6 +58,8 @@ class SSEDecoder:
         if (self._buffer or self._pending_cr or self._data or self._event is not None
                 or not chunk.endswith(b"\n\n") or b"\r" in chunk):
             return [event.data for event in self.feed(chunk)]
+        if chunk.startswith(b"data: ") and chunk.find(b"\n", 6) == len(chunk) - 2:
+            return [chunk[6:-2]]  # one `data:` event, the common read: no split
         out: list[bytes | str] = []
         for block in chunk[:-2].split(b"\n\n"):
             if block.startswith(b"data: ") and b"\n" not in block:

@@ -156,6 +156,11 @@ class StreamEncoder:
         return self._event("message_start", message=message) + self._event("ping")
 
     def feed(self, event: EngineEvent) -> bytes:
+        if type(event) is Chunk and len(event.deltas) == 1 and self._open == _TEXT_BLOCK:
+            delta = event.deltas[0]  # a token of the open text block: the common chunk
+            if type(delta) is TextDelta and delta.text:
+                self._output_ids += len(event.token_ids or ())
+                return self._text_head + _encode(delta.text) + b"}}\n\n"
         if isinstance(event, Started):
             return self._start(event.prompt_ids)
         out = b"" if self._started else self._start(None)

@@ -412,6 +412,15 @@ class StreamEncoder:
         return [_function_call(ToolCall(*self._calls.pop(i))) for i in done]
 
     def feed(self, event: EngineEvent) -> bytes:
+        if type(event) is Chunk and len(event.deltas) == 1 and type(event.deltas[0]) is TextDelta:
+            text = event.deltas[0].text  # a token of text: `_parts_frame([{"text": text}])`
+            if text:
+                data = _PARTS_HEAD + b'{"text":' + _encode(text) + b"}" + self._tail
+                if self._sse:
+                    return b"data: " + data + b"\n\n"
+                out = (b"[" if self._first else b",\r\n") + data
+                self._first = False
+                return out
         if isinstance(event, Chunk):
             parts: list[dict[str, Any]] = []
             for delta in event.deltas:

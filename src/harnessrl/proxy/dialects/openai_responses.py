@@ -168,6 +168,11 @@ class StreamEncoder:
         return {"item_id": _item_id(kind, self._ctx, index), "output_index": index}
 
     def feed(self, event: EngineEvent) -> bytes:
+        if type(event) is Chunk and len(event.deltas) == 1 and self._open == "msg":
+            delta = event.deltas[0]  # a token of the open message's text: the common chunk
+            if type(delta) is TextDelta and delta.text:
+                self._pieces.append(delta.text)
+                return self._text_delta(delta.text)
         if isinstance(event, Started):
             start = _response(self._ctx, "in_progress", [])
             return (self._event("response.created", response=start)

@@ -95,6 +95,13 @@ def decode(raw: bytes | str, what: str) -> Body:
 
 def decode_chunk(raw: bytes | str) -> StreamBody:
     """A chat completion chunk; an error body is an error."""
+    try:  # the common chunk, with no calls between: one is decoded per token
+        body = _decode_chunk(raw)
+    except msgspec.DecodeError:
+        pass
+    else:
+        if body.error is None:
+            return body
     try:
         return _checked(_decoded(_decode_chunk, raw, "a chunk"))
     except EngineError:

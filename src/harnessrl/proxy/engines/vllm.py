@@ -166,8 +166,11 @@ def _joined(first: tuple[Any, ...] | None, then: tuple[Any, ...] | None
 def _tokens(choice: Choice | StreamChoice
             ) -> tuple[tuple[int, ...] | None, tuple[float, ...] | None]:
     content = choice.logprobs.content if choice.logprobs is not None else None
-    logprobs = None if content is None else tuple([c.logprob for c in content])
-    return choice.token_ids, logprobs
+    if content is None:
+        return choice.token_ids, None
+    if len(content) == 1:  # a stream chunk's one token
+        return choice.token_ids, (content[0].logprob,)
+    return choice.token_ids, tuple([c.logprob for c in content])
 
 
 def _deltas(message: Message | None) -> list[Delta]:
@@ -212,6 +215,14 @@ class _StreamParser:
         if data == b"[DONE]" or data == "[DONE]":
             return []
         body = decode_chunk(data)
+        if self._started and body.usage is None and len(body.choices) == 1:
+            choice = body.choices[0]  # a token of text, the common chunk: its event directly
+            delta = choice.delta
+            if (choice.finish_reason is None and delta is not None and delta.content
+                    and delta.tool_calls is None and not delta.reasoning_content
+                    and not delta.reasoning):
+                ids, logprobs = _tokens(choice)
+                return [Chunk((TextDelta(delta.content),), ids, logprobs)]
         events: list[EngineEvent] = []
         if not self._started:
             self._started = True

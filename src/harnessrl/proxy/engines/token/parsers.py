@@ -46,8 +46,13 @@ class HermesParser:
         return self._calls
 
     def feed(self, piece: str) -> list[Delta]:
-        self._pending += piece
         out: list[Delta] = []
+        if not self._pending and "<" not in piece:
+            # The common token: every marker starts with "<", so none begins in it and
+            # `_step` would emit it whole; skip the marker search (once per token).
+            self._emit(piece, out)
+            return out
+        self._pending += piece
         while self._pending:
             if not self._step(out):
                 break
