@@ -89,13 +89,20 @@ def report(results: list[dict], args: argparse.Namespace) -> str:
     lines = [f"# Sync vs async GRPO ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
              "", f"Command: `python bench/async_training.py --steps {args.steps} --inflight "
              f"{args.inflight} --harnesses {args.harnesses} --tasks {args.tasks}`; model "
-             f"{args.model}, max_tokens {args.max_tokens}, {os.cpu_count()} cores.", "",
+             f"{args.model}, max_tokens {args.max_tokens}, {os.cpu_count()} cores, load average "
+             f"(1 min) {os.getloadavg()[0]:.1f} at the end.", "",
              "| trainer | steps | wall s | s per step (after the first) | steps/h | "
              "rollouts/h | trainer idle share |", "|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['trainer']} | {r['steps']} | {r['wall']:.0f} | {r['step_s']:.1f}"
                      f" | {3600 / r['step_s']:.0f} | {3600 * r['rollouts'] / r['wall']:.0f} | "
                      f"{'-' if r['idle'] is None else format(r['idle'], '.0%')} |")
+    by = {r["trainer"]: r for r in results}
+    if {"sync", "async"} <= by.keys():
+        ratio = by["sync"]["step_s"] / by["async"]["step_s"]
+        verdict = "PASS" if ratio >= 1.5 else "FAIL"
+        lines += ["", f"Async takes {ratio:.2f}x the sync steps per hour (target 1.5x with 4+ "
+                  f"rollouts in flight): {verdict}."]
     lines += ["", "| trainer | harness | scored rollouts | rows per rollout (all chains) | "
               "sampled tokens trained / captured, all chains | main chain only |",
               "|---|---|---|---|---|---|"]
