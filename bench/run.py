@@ -63,10 +63,37 @@ def proxy_rows(module: ModuleType, argv: list[str]) -> list[Row]:
             for mode in ("json", "sse"):
                 if row := _proxy_row(module, cells, workload, dialect, mode):
                     rows.append(row)
+    for workload, cells in (("engine delay 0", report.floor), ("5 ms/token", report.cells)):
+        rows += _cpu_rows(module, cells, workload)
     checks = {(c.target, c.where): c for c in module.checks(report)}
     rows += [Row(f"{c.target}: {c.where}", f"{c.measured:,.2f} {c.unit}", c.detail, "",
                  c.verdict) for c in checks.values() if "memory" in c.target
              or "idle rollout" in c.target]
+    return rows
+
+
+def _cpu_rows(module: ModuleType, cells: list[Any], workload: str) -> list[Row]:
+    """Proxy CPU per streamed token and per non-streamed call, per dialect (proxy_bench's
+    figure: the proxy process's CPU over the cell's calls, 10 ms ticks, idle included)."""
+    tokens = module.ENGINE_TOKENS
+    rows = []
+    for dialect in module.dialects_of(cells):
+        for mode, unit, target in (("sse", "µs/token", 15.0), ("json", "ms/call", 1.5)):
+            found = [c for c in (module.find(cells, mode, conc, dialect) for conc in (1, 16))
+                     if c]
+            if not found:
+                continue
+            per = {c.conc: c.cpu_ms * 1000 / tokens if mode == "sse" else c.cpu_ms
+                   for c in found}
+            shown = ", ".join(f"c={k} {v:.1f}" if mode == "sse" else f"c={k} {v:.2f}"
+                              for k, v in per.items())
+            direct = ", ".join(f"c={c.conc} {c.ms('direct', 'total', 50):.1f}" for c in found)
+            what = "streamed token" if mode == "sse" else "non-streamed call"
+            rows.append(Row(f"proxy CPU per {what}, {dialect} ({tokens}-token replies, "
+                            f"{workload}): {unit}", shown,
+                            f"the engine called directly: p50 total {direct} ms per call",
+                            f"≤ {target:g}",
+                            "PASS" if per.get(1, math.inf) <= target else "FAIL"))
     return rows
 
 
@@ -113,6 +140,14 @@ SECTIONS: tuple[Section, ...] = (
             note="the real app driven by raw ASGI calls, the engine's answer replayed from "
                  "recorded vLLM SSE bytes (one read per token): what the proxy's own code "
                  "costs, without uvicorn, aiohttp's socket reads and the kernel"),
+    Section("workers", "req/s at saturation, instant engine: `serve --workers N` against one "
+            "worker (same run)", "workers", ("--seconds", "8", "--warmup", "2"),
+            ("--seconds", "20"),
+            note="raw HTTP/1.1 keep-alive clients (32 connections, one rollout each) in the "
+                 "bench's own process, an instant engine (load_server.py's) in every worker; "
+                 "the client and "
+                 "every other process on the machine share its cores, so the load average "
+                 "is printed beside each figure"),
     Section("samples", "sample building (vs reading the same turns)", "sample_build",
             ("--turns", "10000"), ("--turns", "10000")),
     Section("rollouts", "rollout overhead (vs the agent's own time)", "rollout_overhead",
