@@ -141,7 +141,7 @@ def harnessrl_argv() -> list[str]:
 def start_proxy(engine_url: str, work: Path, name: str) -> tuple[Service, str]:
     port, run_dir = free_port(), work / f"run-{name}"
     argv = [*harnessrl_argv(), "serve", "--engine-url", engine_url, "--run-dir", str(run_dir),
-            "--port", str(port)]
+            "--port", str(port), "--workers", "1"]  # one process: its CPU is the figure
     proxy = Service(f"proxy ({name})", argv, work / f"proxy-{name}.log")
     url = f"http://127.0.0.1:{port}"
 

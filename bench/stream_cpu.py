@@ -96,6 +96,8 @@ class Side:
         port, run_dir = po.free_port(), work / f"run-{self.name}"
         argv = [sys.executable, "-m", "harnessrl.cli", "serve", "--engine-url", engine_url,
                 "--run-dir", str(run_dir), "--port", str(port)]
+        if "--workers" in (self.src / "harnessrl" / "cli.py").read_text():
+            argv += ["--workers", "1"]  # one process: its CPU is the figure
         log = work / f"proxy-{self.name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,

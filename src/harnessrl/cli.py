@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -329,6 +330,10 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-calls", type=_at_least_one, metavar="N",
                    help="every rollout's step cap (POST /rollouts may set its own): the call "
                         "after N is refused in the harness's dialect, and recorded")
+    p.add_argument("--workers", type=_at_least_one, default=len(os.sched_getaffinity(0)),
+                   metavar="N",
+                   help="proxy processes sharing the port, each rollout served by one "
+                        "(default: the machine's cores); 1: a single process")
     p.set_defaults(func=_serve)
 
 
@@ -359,12 +364,50 @@ def _serve(args: argparse.Namespace) -> int:
     # uvicorn re-raises SIGTERM after its shutdown; as SystemExit it unwinds through the
     # `with` below, so a managed vLLM is stopped instead of orphaned.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    if args.workers > 1:
+        return _serve_workers(args)
     from harnessrl.proxy.engines.build import built
     from harnessrl.proxy.serve import run
 
     with built(engine_spec(args), status=_announce) as engine:
         run(_run_proxy(args, engine.engine))
     return 0
+
+
+def _serve_workers(args: argparse.Namespace) -> int:
+    """`serve --workers N`: vLLM (if this command starts it) once, here; N proxy processes
+    on the port, each with its own engine client (proxy/workers.py)."""
+    import dataclasses
+
+    from harnessrl.proxy.engines.build import server_for
+    from harnessrl.proxy.store import TraceReader
+    from harnessrl.proxy.workers import Plan, supervise
+
+    spec = engine_spec(args)
+    server = server_for(spec) if spec.managed else None
+    try:
+        if server is not None:
+            print(f"starting vLLM for {spec.model} ...", file=sys.stderr)
+            spec = dataclasses.replace(spec, url=server.start())
+        args.run_dir.mkdir(parents=True, exist_ok=True)
+        TraceReader(args.run_dir).close()  # the schema brought up to date once, not N times
+        plan = Plan.make(args.host, args.port, args.workers)
+        print(f"harnessrl proxy on http://{args.host}:{args.port}, {plan.n} workers (their "
+              f"own ports {', '.join(map(str, plan.private))}; store: "
+              f"{args.run_dir / 'trace.db'})", file=sys.stderr, flush=True)
+        return supervise(plan, _proxy_worker, (args, spec))
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _proxy_worker(plan: Any, index: int, args: argparse.Namespace, spec: Any) -> None:
+    """One worker's process (spawned by `supervise`)."""
+    from harnessrl.proxy.engines.build import make
+    from harnessrl.proxy.relay import serve_worker
+    from harnessrl.proxy.serve import run
+
+    run(serve_worker(build_proxy(args, make(spec)), plan, index))
 
 
 def _announce(message: str) -> contextlib.AbstractContextManager[None]:

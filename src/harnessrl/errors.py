@@ -78,6 +78,12 @@ class EngineUnavailable(HarnessRLError):
     status = 503
 
 
+class WorkerUnavailable(EngineUnavailable):
+    """`serve --workers N`: the proxy worker that holds the rollout does not answer (it
+    died and is being restarted). Its kind is the engine's: to the client, the service
+    is unavailable for now."""
+
+
 class EngineTimeout(HarnessRLError):
     kind = "timeout"
     status = 504

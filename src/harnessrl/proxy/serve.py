@@ -5,6 +5,7 @@ benchmarks, tests)."""
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -59,14 +60,16 @@ def running(engine: Engine, run_dir: Path, *, host: str = "127.0.0.1", port: int
 
 async def serve(proxy: Proxy, host: str, port: int, *,
                 wrap: Callable[[Any], Any] = lambda app: app,
-                on_server: Callable[[uvicorn.Server], None] = lambda _s: None) -> None:
+                on_server: Callable[[uvicorn.Server], None] = lambda _s: None,
+                sockets: list[socket.socket] | None = None) -> None:
     """Serve `proxy` on this event loop until the server exits, then close its store.
-    `wrap` wraps the ASGI app (a benchmark's probe); `on_server` sees the server (to stop
-    it from a signal handler)."""
+    `wrap` wraps the ASGI app (a benchmark's probe, a worker's relay); `on_server` sees
+    the server (to stop it from a signal handler); `sockets`, if given, are listened on
+    instead of `host`:`port` (`serve --workers`: the shared port and the worker's own)."""
     server = uvicorn.Server(config(wrap(proxy.app()), host, port))
     on_server(server)
     with proxy.store:
-        await server.serve()
+        await server.serve(sockets=sockets)
 
 
 def config(app: Any, host: str, port: int) -> uvicorn.Config:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -67,6 +68,8 @@ class Sessions:
         self.default_unset = unset_sampling
         self.default_max_model_calls = max_model_calls
         self._open: dict[str, OpenRollout] = {}
+        # `serve --workers N` sets one that makes only keys its worker owns
+        self.key_factory: Callable[[], str] = new_key
 
     async def create(self, *, sampling: Sampling | None = None,
                      unset_sampling: tuple[str, ...] | None = None,
@@ -74,7 +77,7 @@ class Sessions:
                      max_model_calls: int | None = None) -> Rollout:
         """A new rollout; None for a setting means the server's default."""
         record = Rollout(
-            key=new_key(), created=time.time(),
+            key=self.key_factory(), created=time.time(),
             sampling=sampling if sampling is not None else self.default_sampling,
             unset_sampling=tuple(sorted(
                 self.default_unset if unset_sampling is None else unset_sampling)),

@@ -1,0 +1,317 @@
+"""One worker's front (`serve --workers N`, see proxy/workers.py): the requests this worker
+must not serve itself go elsewhere, before the proxy's app sees them.
+
+- A model call (any dialect route) or `DELETE /rollouts/<key>` for a rollout another
+  worker owns is relayed to the owner's private port: request and answer bytes unchanged,
+  the answer streamed as it comes, the owner's connection closed when the client leaves
+  (so the owner records the call as cancelled, as it does for a direct client).
+- `POST /weights/hold` and `/weights/release` on the shared port go to every worker: the
+  gate holds them all, and a hold that fails on one is released on the others. On a
+  private port they act on that worker alone (the fan-out's own requests).
+- `POST /rollouts` on the shared port answers with base URLs at this worker's private port.
+
+Everything else (reads of the shared store, health, the root probes) is served here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import aiohttp
+import msgspec
+import yarl
+from starlette.requests import Request
+from starlette.routing import Route, Router
+from starlette.types import ASGIApp as App
+from starlette.types import Receive, Scope, Send
+
+from harnessrl.errors import HarnessRLError, TooLarge, WorkerUnavailable
+from harnessrl.proxy.boundary import as_error, error_response, request_key
+from harnessrl.proxy.dialects import Endpoint, endpoints, openai_chat
+from harnessrl.proxy.dialects.base import Dialect
+from harnessrl.proxy.workers import Plan, owner
+
+Answer = tuple[int, bytes]
+
+# Headers that describe one hop, not the message: each side writes its own.
+_REQUEST_HOP = frozenset({"host", "connection", "keep-alive", "transfer-encoding",
+                          "content-length", "te", "upgrade", "proxy-connection"})
+_ANSWER_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"date",
+                         b"server"})
+_JSON = [(b"content-type", b"application/json")]
+
+
+class Front:
+    """The ASGI app one worker serves on both its sockets, around the proxy's app."""
+
+    def __init__(self, app: App, plan: Plan, index: int, max_body_bytes: int) -> None:
+        self.app, self.plan, self.index = app, plan, index
+        self.max_body_bytes = max_body_bytes
+        self._session: aiohttp.ClientSession | None = None
+        by_path: dict[str, dict[str, Endpoint | None]] = {}
+        for endpoint in endpoints():
+            for path in (f"/r/{{key}}{endpoint.path}", endpoint.path):
+                by_path.setdefault(path, {})[endpoint.method] = endpoint
+        by_path["/rollouts/{key}"] = {"DELETE": None}
+        routes = [Route(path, _ByKey(self, methods), methods=None)
+                  for path, methods in by_path.items()]
+        routes += [Route(f"/weights/{action}", _Weights(self, action), methods=None)
+                   for action in ("hold", "release")]
+        routes.append(Route("/rollouts", _Create(self), methods=None))
+        self.router = Router(routes=routes, default=app, redirect_slashes=False)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # the lifespan: the proxy's own
+            await self.app(scope, receive, send)
+        else:
+            await self.router(scope, receive, send)
+
+    def public(self, scope: Scope) -> bool:
+        server = scope.get("server")
+        return server is not None and server[1] == self.plan.port
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:  # made on the serving loop
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0), auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0))
+        return self._session
+
+    def url(self, worker: int, scope: Scope) -> yarl.URL:
+        path = scope.get("raw_path") or scope["path"].encode()
+        query = b"?" + scope["query_string"] if scope.get("query_string") else b""
+        return yarl.URL(f"http://{_hostport(self.plan.host, self.plan.private[worker])}"
+                        f"{(path + query).decode('latin-1')}", encoded=True)
+
+    def unavailable(self, worker: int, exc: BaseException) -> WorkerUnavailable:
+        return WorkerUnavailable(
+            f"proxy worker {worker} of {self.plan.n} (port {self.plan.private[worker]}) does "
+            f"not answer ({type(exc).__name__}: {exc}); `harnessrl serve` restarts it, and "
+            "the rollouts it holds resume from the store")
+
+    # ---------------------------------------------------------------- relaying
+    async def relay(self, worker: int, scope: Scope, receive: Receive, send: Send,
+                    dialect: Dialect) -> None:
+        body = await _body(receive, self.max_body_bytes)
+        if isinstance(body, HarnessRLError):
+            return await _send_error(send, dialect, body)
+        if body is None:
+            return  # the client left before it finished sending
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
+                   if k.decode("latin-1") not in _REQUEST_HOP]
+        try:
+            answer = await self.session.request(
+                scope["method"], self.url(worker, scope), headers=headers, data=body,
+                allow_redirects=False, skip_auto_headers=("User-Agent", "Accept-Encoding",
+                                                          "Content-Type"))
+        except (aiohttp.ClientConnectionError, OSError) as exc:
+            return await _send_error(send, dialect, self.unavailable(worker, exc))
+        with contextlib.closing(answer):
+            await _pass_on(answer, receive, send)
+
+    async def post_all(self, path: str, body: bytes, scope: Scope
+                       ) -> list[Answer | BaseException]:
+        return await asyncio.gather(*(self.post_one(i, path, body, _auth(scope))
+                                      for i in range(self.plan.n)), return_exceptions=True)
+
+    async def post_one(self, worker: int, path: str, body: bytes,
+                    headers: list[tuple[str, str]]) -> Answer:
+        url = f"http://{_hostport(self.plan.host, self.plan.private[worker])}{path}"
+        try:
+            async with self.session.post(url, data=body, headers=headers) as answer:
+                return answer.status, await answer.read()
+        except (aiohttp.ClientConnectionError, OSError) as exc:
+            raise self.unavailable(worker, exc) from None
+
+
+class _ByKey:
+    """A route whose request names a rollout: served here if this worker owns it (or it
+    names none this server could own), relayed to the owner otherwise."""
+
+    def __init__(self, front: Front, methods: dict[str, Endpoint | None]) -> None:
+        self.front, self.methods = front, methods
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method = scope["method"]
+        if method not in self.methods:
+            return await self.front.app(scope, receive, send)
+        endpoint = self.methods[method]
+        request = Request(scope)
+        key = request_key(request)
+        worker = owner(key, self.front.plan.n) if key and key.startswith("hrl-") else None
+        if worker is None or worker == self.front.index:
+            return await self.front.app(scope, receive, send)
+        dialect = openai_chat.DIALECT if endpoint is None else endpoint.pick(request.headers)[0]
+        await self.front.relay(worker, scope, receive, send, dialect)
+
+
+class _Create:
+    """`POST /rollouts` on the shared port: base URLs at this worker's own port."""
+
+    def __init__(self, front: Front) -> None:
+        self.front = front
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] == "POST" and self.front.public(scope):
+            port = self.front.plan.private[self.front.index]
+            scope = dict(scope, headers=_with_port(scope["headers"], port))
+        await self.front.app(scope, receive, send)
+
+
+class _Weights:
+    """`POST /weights/<action>` on the shared port: to every worker."""
+
+    def __init__(self, front: Front, action: str) -> None:
+        self.front, self.action = front, action
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "POST" or not self.front.public(scope):
+            return await self.front.app(scope, receive, send)
+        body = await _body(receive, self.front.max_body_bytes)
+        if isinstance(body, HarnessRLError):
+            return await _send_error(send, openai_chat.DIALECT, body)
+        if body is None:
+            return
+        path = scope["path"]
+        answers = await self.front.post_all(path, body, scope)
+        failed = next((a for a in answers if not isinstance(a, tuple) or a[0] != 200), None)
+        if failed is not None and self.action == "hold":
+            # Every worker or none: the ones that did hold are opened again.
+            held = [i for i, a in enumerate(answers) if isinstance(a, tuple) and a[0] == 200]
+            await asyncio.gather(*(self.front.post_one(i, "/weights/release", b"{}", _auth(scope))
+                                   for i in held), return_exceptions=True)
+        if isinstance(failed, Exception):
+            return await _send_error(send, openai_chat.DIALECT, as_error(failed))
+        if isinstance(failed, BaseException):
+            raise failed
+        if failed is not None:
+            return await _send(send, failed[0], failed[1])
+        await _send(send, 200, _combined(self.action, [a for a in answers
+                                                       if isinstance(a, tuple)]))
+
+
+def _combined(action: str, answers: list[Answer]) -> bytes:
+    bodies = [msgspec.json.decode(body) for _, body in answers]
+    if action == "hold":
+        merged: dict[str, object] = {"held": True,
+                                     "waiting": sum(b.get("waiting", 0) for b in bodies)}
+    else:
+        merged = {"held": False, "weight_version": bodies[0].get("weight_version")}
+    return msgspec.json.encode({**merged, "workers": len(bodies)})
+
+
+# -------------------------------------------------------------------- ASGI plumbing
+def _auth(scope: Scope) -> list[tuple[str, str]]:
+    """The admin token the fan-out passes on to every worker."""
+    return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
+            if k == b"authorization"]
+
+
+async def _body(receive: Receive, limit: int) -> bytes | HarnessRLError | None:
+    """The whole request body (None if the client left first), within `limit`."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return TooLarge(f"the body is larger than this proxy's limit of {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _pass_on(answer: aiohttp.ClientResponse, receive: Receive, send: Send) -> None:
+    """The owner's answer to the client as it arrives; stops (closing the owner's
+    connection) when the client disconnects."""
+    headers = [(k.lower(), v) for k, v in answer.raw_headers if k.lower() not in _ANSWER_HOP]
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+
+    async def pump() -> None:
+        async for chunk in answer.content.iter_any():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    pumping = asyncio.ensure_future(pump())
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({pumping, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not pumping.done():
+            pumping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pumping
+    if pumping.done() and not pumping.cancelled() and (exc := pumping.exception()):
+        raise exc  # the owner's answer broke off: the client's connection is cut too
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _send(send: Send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": _JSON})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_error(send: Send, dialect: Dialect, err: HarnessRLError) -> None:
+    response = error_response(dialect, err)
+    await send({"type": "http.response.start", "status": response.status_code,
+                "headers": response.raw_headers})
+    await send({"type": "http.response.body", "body": bytes(response.body)})
+
+
+def _hostport(host: str, port: int) -> str:
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _with_port(headers: list[tuple[bytes, bytes]], port: int) -> list[tuple[bytes, bytes]]:
+    """The request's headers with its Host's port replaced: the URLs the proxy answers
+    with are built from it."""
+    out = []
+    for name, value in headers:
+        if name == b"host":
+            host = value.decode("latin-1")
+            name_part = host[:host.index("]") + 1] if host.startswith("[") else \
+                host.rsplit(":", 1)[0]
+            value = f"{name_part}:{port}".encode("latin-1")
+        out.append((name, value))
+    return out
+
+
+async def serve_worker(proxy: Any, plan: Plan, index: int) -> None:
+    """Worker `index` of `plan`: the proxy on the shared port and on its own, its new
+    rollout keys ones it owns."""
+    from harnessrl.proxy.serve import serve
+    from harnessrl.proxy.workers import listen, owned_key
+
+    proxy.sessions.key_factory = lambda: owned_key(index, plan.n)
+    sockets = [listen(plan.host, plan.port, reuse_port=True),
+               listen(plan.host, plan.private[index], reuse_port=False)]
+    fronts: list[Front] = []
+
+    def wrap(app: Any) -> Front:
+        fronts.append(Front(app, plan, index, proxy.config.max_body_bytes))
+        return fronts[0]
+
+    try:
+        await serve(proxy, plan.host, plan.port, wrap=wrap, sockets=sockets)
+    finally:
+        for front in fronts:
+            await front.close()
