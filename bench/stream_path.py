@@ -81,10 +81,16 @@ def vllm_answer(prompt_ids: int = 4000, tokens: int = TOKENS) -> bytes:
 class _Content:
     def __init__(self, reads: list[bytes]) -> None:
         self._reads = reads
+        self._at = 0
 
     async def iter_any(self) -> AsyncIterator[bytes]:
         for piece in self._reads:
             yield piece
+
+    async def readany(self) -> bytes:
+        """aiohttp's: what arrived, one read at a time; b"" at the end of the body."""
+        self._at += 1
+        return self._reads[self._at - 1] if self._at <= len(self._reads) else b""
 
     async def read(self) -> bytes:
         return b"".join(self._reads)
