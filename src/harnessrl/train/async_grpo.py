@@ -237,7 +237,7 @@ class HarnessRolloutWorker:
             if self.rollouts.engine not in sync.engines:
                 sync.engines.append(self.rollouts.engine)
             # The cold sync ran before this engine was known: it serves what vLLM says.
-            self.rollouts.engine.weight_version = sync.served_version()
+            sync.stamp(sync.agreed_version())
         self._thread = threading.Thread(target=self._main, name="harnessrl-rollouts",
                                         daemon=True)
         self._thread.start()

@@ -18,8 +18,8 @@ from typing import Any
 
 from rich.console import Console
 
-from harnessrl.proxy.engines.build import Built
 from harnessrl.train.config import TrainConfig, shaping_of
+from harnessrl.train.engines import PolicyEngines
 
 METRICS_FILE = "metrics.jsonl"
 _SHARES = ("rows_per_rollout", "tokens_trained_share", "tokens_main_chain_share")
@@ -106,7 +106,7 @@ def _callback(path: Path, sync: Any, console: Console, steps: list[dict[str, Any
                    logs: dict[str, Any] | None = None, **_: Any) -> None:
             if not logs or "train_runtime" in logs:
                 return
-            line = step_line(int(state.global_step), logs, sync.served_version())
+            line = step_line(int(state.global_step), logs, sync.agreed_version())
             steps.append(line)
             with path.open("a") as f:
                 f.write(json.dumps(line) + "\n")
@@ -118,7 +118,7 @@ def _callback(path: Path, sync: Any, console: Console, steps: list[dict[str, Any
 
 
 def train_async(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_dir: Path,
-                engine: Built, run_dir: Path, console: Console,
+                engines: PolicyEngines, run_dir: Path, console: Console,
                 on_step: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
     from datasets import Dataset
     from transformers import AutoTokenizer
@@ -129,18 +129,17 @@ def train_async(config: TrainConfig, tasks: list[Any], harnesses: list[Any], mod
     from harnessrl.train.async_weights import FileWeightTransfer, install_cpu_support
     from harnessrl.train.loop import _quiet, sampling_of
     from harnessrl.train.trl import HarnessRollouts
-    from harnessrl.train.weights import VLLMWeightSync
 
-    assert engine.url is not None
     hf_logging.disable_progress_bar()
     _quiet_second_interval_callback()
     install_cpu_support()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    args = async_config(config, run_dir, engine.url)  # refuses bad keys before any start
-    sync = VLLMWeightSync(engine.url, run_dir / "weights", allow_tied=config.model.allow_tied)
+    args = async_config(config, run_dir, engines.url)  # refuses bad keys before any start
+    # every server reloads (the proxy's gate held) before the new version is released
+    sync = engines.weight_sync(run_dir / "weights", allow_tied=config.model.allow_tied)
     transfer = FileWeightTransfer(sync, model_dir)
     rollouts = HarnessRollouts(
-        tasks=tasks, harnesses=harnesses, engine=engine.engine, run_dir=run_dir,
+        tasks=tasks, harnesses=harnesses, engine=engines.engine, run_dir=run_dir,
         pad_token_id=tokenizer.pad_token_id, sampling=sampling_of(config),
         shaping=shaping_of(config.shaping), mix=config.rollout.mix, settings=config.rollout)
     g = config.grpo

@@ -26,6 +26,7 @@ the same bottom-right causal alignment. And its MFU probe asks CUDA for the devi
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,14 @@ class RemoteGate:
         self._post("/weights/hold", {"timeout": timeout})
 
     def release(self) -> None:
-        self._post("/weights/release", {"version": self.sync.served_version()})
+        """Release the proxy's gate even when the servers disagree on their version (a
+        failed sync): the proxy keeps the version it had, and the disagreement is raised."""
+        try:
+            version = self.sync.agreed_version()
+        except WeightSyncError:
+            self._post("/weights/release", {"version": None})
+            raise
+        self._post("/weights/release", {"version": version})
 
     def _post(self, path: str, body: dict[str, Any]) -> None:
         """A proxy that refuses the connection is not serving (yet: TRL syncs the initial
@@ -131,7 +139,7 @@ class FileWeightTransfer:
     def init_weight_transfer(self) -> None:
         from transformers import AutoConfig
 
-        self.sync.served_version()  # reachable, and in dev mode (raises WeightSyncError)
+        self.sync.agreed_version()  # all reachable, in dev mode (raises WeightSyncError)
         self._config = AutoConfig.from_pretrained(self.model_dir)
 
     def pause(self) -> None:
@@ -151,20 +159,31 @@ class FileWeightTransfer:
     def send_weights(self, iterator: Any) -> None:
         try:
             tensors = {name: t.detach().to("cpu").contiguous() for name, t in iterator}
+            # save once; every server reloads before the version is announced (weights.py)
             self.sync.push(_Checkpoint(tensors, self._config), version_name(self.version + 1))
             self.version += 1  # TRL bumps its own right after `resume`
         except BaseException:
-            self.resume()  # TRL does not resume after a failed send; never leave calls held
+            # TRL does not resume after a failed send; never leave calls held, and raise
+            # the send's error, not a release's
+            with contextlib.suppress(Exception):
+                self.resume()
             raise
 
     def resume(self) -> None:
+        """Release every gate (the first error, if any, is raised after all of them)."""
         import time
 
+        errors: list[Exception] = []
         for gate in self.gates:
-            gate.release()
+            try:
+                gate.release()
+            except Exception as error:
+                errors.append(error)
         if self._held_at is not None:
             self.seconds.append(time.monotonic() - self._held_at)
             self._held_at = None
+        if errors:
+            raise errors[0]
 
     def destroy(self) -> None:
         self.gates.clear()

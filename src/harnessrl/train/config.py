@@ -27,6 +27,13 @@ class ModelConfig(_Section):
 
 class EngineConfig(_Section):
     url: str | None = None  # a running vLLM in dev mode; None: start one for the model
+    # Several running vLLM servers in dev mode, all serving the model (instead of `url`):
+    # each rollout goes to one by a stable hash of its key; every weight sync reaches all
+    # of them before the version is announced. They read the saved weights from the run
+    # directory, so it must be the same path on every server's machine.
+    urls: list[str] = []
+    # vLLM servers to start here for the model when neither `url` nor `urls` is given
+    servers: Annotated[int, msgspec.Meta(ge=1)] = 1
     # chat: vLLM renders the template; token: the proxy renders it with the model's own
     # tokenizer and reuses each rollout's earlier ids (chains extend where history is kept)
     mode: Literal["chat", "token"] = "chat"
@@ -40,6 +47,42 @@ class EngineConfig(_Section):
     # Neutral top_p/top_k/min_p/penalties on every call, so the tokens come from the very
     # distribution the trainer differentiates (harnesses often ask for top_p < 1).
     on_policy: bool = True
+
+    def __post_init__(self) -> None:
+        if self.url is not None and self.urls:
+            raise ValueError("engine.url and engine.urls: give one (urls lists every server)")
+        if self.servers > 1 and (self.url is not None or self.urls):
+            raise ValueError(f"engine.servers = {self.servers} starts vLLM servers here; "
+                             "with engine.url/urls they are already running (drop one)")
+        named = [self.url] if self.url is not None else self.urls
+        roots = [_engine_root(u, "engine.url" if self.url is not None else "engine.urls")
+                 for u in named]
+        if twice := sorted({r for r in roots if roots.count(r) > 1}):
+            raise ValueError(f"engine.urls: {twice} listed more than once")
+
+    @property
+    def roots(self) -> list[str]:
+        """The running servers' roots (no trailing /v1); empty: started here."""
+        named = [self.url] if self.url is not None else self.urls
+        return [_engine_root(u, "engine.urls") for u in named]
+
+
+def _engine_root(url: str, field: str) -> str:
+    """vLLM's root URL from `http://host:port[/v1][/]`; an error naming `field` if it is
+    not one."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  # raises on a port that is not a number
+    except ValueError as error:
+        raise ValueError(f"{field}: {url!r} is not a URL ({error})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{field}: {url!r} is not an http(s)://host:port URL of a vLLM "
+                         "server")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{field}: {url!r}: a server's root takes no query or fragment")
+    return url.rstrip("/").removesuffix("/v1").rstrip("/")
 
 
 class RolloutConfig(RolloutSettings, frozen=True):
@@ -92,6 +135,12 @@ class TrainConfig(_Section):
     shaping: ShapingConfig = msgspec.field(default_factory=ShapingConfig)
     # [cluster]: the rollouts run across a Ray cluster (extra harnessrl[ray]); absent: here
     cluster: ClusterSettings | None = None
+
+    def __post_init__(self) -> None:
+        several = len(self.engine.roots) > 1 or self.engine.servers > 1
+        if several and self.grpo.trl.get("use_vllm"):
+            raise ValueError("grpo.trl.use_vllm: TRL's own vLLM sync reaches one server; "
+                             "with several (engine.urls/servers) harnessrl syncs them by file")
 
 
 class ConfigError(ValueError):

@@ -1,7 +1,8 @@
 """`harnessrl train`: GRPO steps end to end from one config.
 
 vLLM serves the policy (started here unless the config names a running one); the capture
-proxy sits in front of it; each step TRL asks `HarnessRollouts` for a batch (real
+proxy sits in front of it (several servers: `engine.urls` or `engine.servers`, see
+`train.engines`); each step TRL asks `HarnessRollouts` for a batch (real
 harnesses on tasks, scored by the tasks' verifiers), takes an optimizer step on the exact
 captured tokens, and the weights go back to vLLM by file with a new version name that
 every later turn records. Per step, one line of `metrics.jsonl` in the run directory:
@@ -23,9 +24,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from harnessrl.proxy.engines.build import Built, EngineSpec, built
 from harnessrl.rollout.chains import ChainStats
 from harnessrl.train.config import TrainConfig, shaping_of
+from harnessrl.train.engines import PolicyEngines, policy_engines
 from harnessrl.train.trl import Batch, RolloutRecord
 
 METRICS_FILE = "metrics.jsonl"
@@ -86,7 +87,7 @@ class StepLog:
         batch = self.rollouts.batches[-1] if self.rollouts.batches else None
         sync = self.rollouts.sync
         line = {"step": step, **(batch_metrics(batch) if batch else {}),
-                "weight_version": None if sync is None else sync.served_version(),
+                "weight_version": None if sync is None else sync.agreed_version(),
                 "sync_seconds": None if sync is None or not sync.seconds
                 else round(sync.seconds[-1], 3),
                 "trl": {k: v for k, v in logs.items() if isinstance(v, int | float)}}
@@ -142,15 +143,6 @@ def resolve_model(spec: str, console: Console) -> Path:
     return path
 
 
-def engine_spec(config: TrainConfig, model_dir: Path, run_dir: Path) -> EngineSpec:
-    """The policy's engine: vLLM at the config's URL, or started here for the model."""
-    e = config.engine
-    return EngineSpec(kind=e.mode, url=e.url.rstrip("/").removesuffix("/v1") if e.url else None,
-                      model=str(model_dir), tokenizer=str(model_dir), served_name="policy",
-                      dtype=e.dtype, max_model_len=e.max_model_len,
-                      vllm_args=tuple(vllm_args(config)), vllm_log=run_dir / "vllm.log")
-
-
 def train(config: TrainConfig, *, console: Console | None = None,
           on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Run `config.grpo.steps` GRPO steps end to end; one metrics dict per step."""
@@ -175,16 +167,13 @@ def train(config: TrainConfig, *, console: Console | None = None,
 
         check_config(config)
     model_dir = resolve_model(config.model.path, console)
-    spec = engine_spec(config, model_dir, run_dir)
-    with built(spec, status=lambda _m: console.status("starting vLLM (20-40 s on a CPU)")
-               ) as engine:
-        assert engine.url is not None  # chat or token mode: always a vLLM
+    with policy_engines(config, model_dir, run_dir, status=console.status) as engines:
         run = train_async if asynchronous else _train
-        return run(config, tasks, harnesses, model_dir, engine, run_dir, console, on_step)
+        return run(config, tasks, harnesses, model_dir, engines, run_dir, console, on_step)
 
 
 def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_dir: Path,
-           engine: Built, run_dir: Path, console: Console,
+           engines: PolicyEngines, run_dir: Path, console: Console,
            on_step: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
     import torch
     from datasets import Dataset
@@ -193,22 +182,20 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
     from trl import GRPOTrainer
 
     from harnessrl.train.trl import HarnessRollouts, harness_reward
-    from harnessrl.train.weights import VLLMWeightSync
 
     hf_logging.disable_progress_bar()  # loading and saving bars would tear the live view
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    assert engine.url is not None
-    sync = VLLMWeightSync(engine.url, run_dir / "weights", allow_tied=config.model.allow_tied)
+    sync = engines.weight_sync(run_dir / "weights", allow_tied=config.model.allow_tied)
     progress = _progress()
     task_id = progress.add_task("rollouts", total=None, step=0)
     rollouts = HarnessRollouts(
-        tasks=tasks, harnesses=harnesses, engine=engine.engine,
+        tasks=tasks, harnesses=harnesses, engine=engines.engine,
         run_dir=run_dir,
         pad_token_id=tokenizer.pad_token_id, sync=sync, sampling=sampling_of(config),
         shaping=shaping_of(config.shaping), mix=config.rollout.mix, settings=config.rollout,
         on_outcome=lambda _o: progress.advance(task_id), cluster=config.cluster,
-        engine_factory=_node_engines(config, model_dir, run_dir, engine.url))
+        engine_factory=_node_engines(config, engines))
     log = StepLog(run_dir / METRICS_FILE, rollouts, progress.console, on_step)
     with rollouts, progress:
         trainer = GRPOTrainer(
@@ -223,19 +210,16 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
     return log.steps
 
 
-def _node_engines(config: TrainConfig, model_dir: Path, run_dir: Path, url: str
-                  ) -> Callable[[], Any] | None:
-    """[cluster]: what each Ray node builds for its proxy shard: an engine calling the
-    vLLM started (or named) here, by URL."""
+def _node_engines(config: TrainConfig, engines: PolicyEngines) -> Callable[[], Any] | None:
+    """[cluster]: what each Ray node builds for its proxy shard: an engine per vLLM started
+    (or named) here, by URL (several are routed on the node)."""
     if config.cluster is None:
         return None
-    import dataclasses
     import functools
 
     from harnessrl.rollout.cluster_run import engines_from
 
-    spec = dataclasses.replace(engine_spec(config, model_dir, run_dir), url=url)
-    return functools.partial(engines_from, [spec])
+    return functools.partial(engines_from, engines.specs)
 
 
 def sampling_of(config: TrainConfig) -> Any:
@@ -247,15 +231,6 @@ def sampling_of(config: TrainConfig) -> Any:
     if not e.on_policy:
         return Sampling(max_tokens=e.max_tokens, temperature=e.temperature)
     return on_policy_sampling(e.temperature, e.max_tokens)
-
-
-def vllm_args(config: TrainConfig) -> list[str]:
-    """vLLM returns raw logprobs (before temperature) by default; at another temperature
-    the processed ones are what the sampler drew from and what TRL computes."""
-    args = list(config.engine.extra_args)
-    if config.engine.temperature != 1.0 and "--logprobs-mode" not in args:
-        args += ["--logprobs-mode", "processed_logprobs"]
-    return args
 
 
 def _quiet(trainer: Any) -> None:

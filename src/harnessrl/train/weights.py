@@ -50,7 +50,9 @@ class VLLMWeightSync:
     each turn; they are set only once vLLM confirms it serves the new version. With
     several vLLM servers sampling the same policy (`more_urls`, e.g. the engines a cluster's
     shards route to), every one of them reloads and confirms the version before any
-    engine is told: no turn is stamped with a version some server does not serve yet.
+    engine is told: no turn is stamped with a version some server does not serve yet. A
+    server that fails is an error naming its URL; after it the engines stamp no version
+    (some servers may hold the new weights), never a name part of them do not serve.
     """
 
     base_url: str
@@ -71,11 +73,16 @@ class VLLMWeightSync:
         self._check_untied(model)
         self.save_dir.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(self.save_dir, safe_serialization=True)
-        for url in self.urls:  # one saved copy, read by every server (a shared path)
-            self._post("/collective_rpc", {"method": "reload_weights",
-                                           "kwargs": {"weights_path": str(self.save_dir)}},
-                       url)
-            self._post("/reset_prefix_cache", None, url)
+        reloaded: list[str] = []
+        try:
+            for url in self.urls:  # one saved copy, read by every server (a shared path)
+                self._post("/collective_rpc", {"method": "reload_weights",
+                                               "kwargs": {"weights_path": str(self.save_dir)}},
+                           url)
+                self._post("/reset_prefix_cache", None, url)
+                reloaded.append(url)
+        except WeightSyncError as error:
+            raise self._partial(error, reloaded, version) from None
         self.announce(version)
         self.seconds.append(time.monotonic() - started)
         return self.seconds[-1]
@@ -83,19 +90,55 @@ class VLLMWeightSync:
     def announce(self, version: str) -> None:
         """Name the weights every server now serves (each confirms it), then have the proxy
         stamp that name."""
-        for url in self.urls:
-            self._post("/update_weight_version", {"new_version": version}, url)
-            served = self.served_version(url)
-            if served != version:
-                raise WeightSyncError(f"vLLM at {url} reports weight version {served!r} after "
-                                      f"setting {version!r}")
+        named: list[str] = []
+        try:
+            for url in self.urls:
+                self._post("/update_weight_version", {"new_version": version}, url)
+                served = self.served_version(url)
+                if served != version:
+                    raise WeightSyncError(f"vLLM at {url} reports weight version {served!r} "
+                                          f"after setting {version!r}")
+                named.append(url)
+        except WeightSyncError as error:
+            raise self._partial(error, named, version) from None
+        self.stamp(version)
+
+    def stamp(self, version: str | None) -> None:
+        """The version the proxy's engines record on every turn from now on."""
         for engine in self.engines:
-            engine.weight_version = version
+            setter = getattr(engine, "set_weight_version", None)  # several engines routed
+            if callable(setter):
+                setter(version)
+            else:
+                engine.weight_version = version
+
+    def _partial(self, error: WeightSyncError, done: list[str], version: str
+                 ) -> WeightSyncError:
+        """A sync that failed part-way: with several servers some may already serve the new
+        weights under the old name, so from here on the proxy stamps no version (a turn
+        with an unknown version is not trained as on-policy) and the error says where."""
+        if len(self.urls) == 1:
+            return error
+        self.stamp(None)
+        return WeightSyncError(
+            f"weight sync of {version!r} to {len(self.urls)} vLLM servers failed: {error}; "
+            f"done before it: {', '.join(done) or 'none'}; not announced, and turns record "
+            "no weight version until a sync succeeds")
+
+    def agreed_version(self) -> str | None:
+        """The version every server reports; an error naming them when they differ."""
+        versions = {url: self.served_version(url) for url in self.urls}
+        if len(set(versions.values())) > 1:
+            raise WeightSyncError("the vLLM servers serve different weight versions: "
+                                  + ", ".join(f"{u} {v!r}" for u, v in versions.items()))
+        return versions[self.base_url]
 
     def served_version(self, url: str | None = None) -> str | None:
+        url = url or self.base_url
         status, text = self._call("GET", "/weight_info", None, url)
         if status != 200:
-            raise WeightSyncError(f"GET /weight_info failed with HTTP {status}: {text[:300]}")
+            raise WeightSyncError(f"GET /weight_info at {url} failed with HTTP {status}: "
+                                  f"{text[:300]}")
         value = json.loads(text).get("weight_version")
         return None if value is None else str(value)
 
@@ -104,9 +147,8 @@ class VLLMWeightSync:
         if status != 200:
             hint = (" (is vLLM running with VLLM_SERVER_DEV_MODE=1?)"
                     if status in (403, 404) else "")
-            where = f" at {url}" if url and url != self.base_url else ""
-            raise WeightSyncError(f"POST {path}{where} failed with HTTP {status}{hint}: "
-                                  f"{text[:300]}")
+            raise WeightSyncError(f"POST {path} at {url or self.base_url} failed with HTTP "
+                                  f"{status}{hint}: {text[:300]}")
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None,
               url: str | None = None) -> tuple[int, str]:
@@ -122,7 +164,8 @@ class VLLMWeightSync:
         except urllib.error.HTTPError as error:
             return error.code, error.read().decode(errors="replace")
         except OSError as error:
-            raise WeightSyncError(f"{method} {path}: vLLM is unreachable: {error}") from error
+            raise WeightSyncError(f"{method} {path}: vLLM at {url or self.base_url} is "
+                                  f"unreachable: {error}") from error
 
     def _check_untied(self, model: Any) -> None:
         config = getattr(model, "config", None)

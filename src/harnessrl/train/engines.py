@@ -1,0 +1,114 @@
+"""The policy's vLLM servers for `harnessrl train`: one, or several sampling the same
+weights (issue 17).
+
+Several servers are named in the config (`engine.urls`, running in dev mode) or started
+here (`engine.servers = N`, each on its own port with its own log). The proxy sees them as
+one engine (`rollout.cluster_engines.RoutedEngine`: a rollout's calls go to one server by
+a stable hash of its key, health-checked, moved when its server is down), and the weight
+sync (`weights.VLLMWeightSync`) saves once and reloads every server before any turn is
+stamped with the new version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harnessrl.proxy.engines.base import Engine
+from harnessrl.proxy.engines.build import EngineSpec, Status, make, server_for
+from harnessrl.proxy.engines.vllm_server import free_port
+from harnessrl.rollout.cluster_engines import routed
+from harnessrl.train.config import TrainConfig
+from harnessrl.train.weights import VLLMWeightSync
+
+
+@dataclass(frozen=True)
+class PolicyEngines:
+    """The proxy's engine over every server, and each server's root URL and spec."""
+
+    engine: Engine
+    urls: list[str]
+    specs: list[EngineSpec]
+
+    @property
+    def url(self) -> str:
+        """The first server (TRL's own client talks to one)."""
+        return self.urls[0]
+
+    def weight_sync(self, save_dir: Path, *, allow_tied: bool = False) -> VLLMWeightSync:
+        """A sync that reaches every server before the version is announced."""
+        return VLLMWeightSync(self.urls[0], save_dir, allow_tied=allow_tied,
+                              more_urls=list(self.urls[1:]))
+
+
+def engine_spec(config: TrainConfig, model_dir: Path, run_dir: Path) -> EngineSpec:
+    """The policy's engine, without a URL: vLLM started here for the model."""
+    e = config.engine
+    return EngineSpec(kind=e.mode, model=str(model_dir), tokenizer=str(model_dir),
+                      served_name="policy", dtype=e.dtype, max_model_len=e.max_model_len,
+                      vllm_args=tuple(vllm_args(config)), vllm_log=run_dir / "vllm.log")
+
+
+def vllm_args(config: TrainConfig) -> list[str]:
+    """vLLM returns raw logprobs (before temperature) by default; at another temperature
+    the processed ones are what the sampler drew from and what TRL computes."""
+    args = list(config.engine.extra_args)
+    if config.engine.temperature != 1.0 and "--logprobs-mode" not in args:
+        args += ["--logprobs-mode", "processed_logprobs"]
+    return args
+
+
+@contextlib.contextmanager
+def policy_engines(config: TrainConfig, model_dir: Path, run_dir: Path, *,
+                   status: Status | None = None,
+                   server: Callable[[EngineSpec], Any] = server_for
+                   ) -> Iterator[PolicyEngines]:
+    """The servers the config names, or `engine.servers` started here (stopped after the
+    block); `server` builds a server to start from a spec (`VLLMServer` by default)."""
+    spec = engine_spec(config, model_dir, run_dir)
+    with contextlib.ExitStack() as stack:
+        roots = config.engine.roots
+        if not roots:
+            shown = status(f"starting {_servers(config.engine.servers)} for {model_dir.name}"
+                           " (20-40 s each on a CPU)") if status else contextlib.nullcontext()
+            with shown:
+                roots = start_servers(spec, config.engine.servers, stack, server)
+        specs = [dataclasses.replace(spec, url=root) for root in roots]
+        yield PolicyEngines(routed([make(s) for s in specs]), roots, specs)
+
+
+def start_servers(spec: EngineSpec, count: int, stack: contextlib.ExitStack,
+                  server: Callable[[EngineSpec], Any] = server_for) -> list[str]:
+    """Start `count` servers for `spec` at once, each on its own port and log (`vllm.log`
+    for one, `vllm-<i>.log` for several); each is stopped when `stack` closes, also when
+    another fails to start."""
+    servers = []
+    ports: set[int] = set()
+    for index in range(count):
+        log = spec.vllm_log
+        if count > 1 and log is not None:
+            log = log.with_name(f"{log.stem}-{index}{log.suffix}")
+        one = server(dataclasses.replace(spec, vllm_log=log))
+        one.port = _distinct_port(one.host, ports)
+        stack.callback(one.stop)
+        servers.append(one)
+    if count == 1:
+        return [servers[0].start()]
+    with ThreadPoolExecutor(count, thread_name_prefix="vllm-start") as pool:
+        return list(pool.map(lambda s: s.start(), servers))
+
+
+def _distinct_port(host: str, taken: set[int]) -> int:
+    while (port := free_port(host)) in taken:
+        continue
+    taken.add(port)
+    return port
+
+
+def _servers(count: int) -> str:
+    return "vLLM" if count == 1 else f"{count} vLLM servers"
