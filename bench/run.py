@@ -140,6 +140,14 @@ SECTIONS: tuple[Section, ...] = (
             note="the real app driven by raw ASGI calls, the engine's answer replayed from "
                  "recorded vLLM SSE bytes (one read per token): what the proxy's own code "
                  "costs, without uvicorn, aiohttp's socket reads and the kernel"),
+    Section("workers", "req/s at saturation, instant engine: `serve --workers N` against one "
+            "worker (same run)", "workers", ("--seconds", "8", "--warmup", "2"),
+            ("--seconds", "20"),
+            note="raw HTTP/1.1 keep-alive clients (32 connections, one rollout each) in the "
+                 "bench's own process, an instant engine (load_server.py's) in every worker; "
+                 "the client and "
+                 "every other process on the machine share its cores, so the load average "
+                 "is printed beside each figure"),
     Section("samples", "sample building (vs reading the same turns)", "sample_build",
             ("--turns", "10000"), ("--turns", "10000")),
     Section("rollouts", "rollout overhead (vs the agent's own time)", "rollout_overhead",
