@@ -150,7 +150,7 @@ def start_proxy(run_dir: Path, tiny_model: Path, script: Path, port: int) -> sub
     cmd = [sys.executable, "-m", "harnessrl.cli", "serve", "--scripted", str(tiny_model),
            "--script", str(script), "--run-dir", str(run_dir), "--port", str(port)]
     process = subprocess.Popen(cmd, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 240  # `serve` starts a worker per core
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:

@@ -225,6 +225,8 @@ def test_a_killed_worker_answers_503_then_resumes_from_the_store(tmp_path, tiny_
         assert failed.value.status_code == 503
         assert "proxy worker 1 of 2" in failed.value.message
         after_0 = talk(served.url, keys[0], httpx2.Client(timeout=60))
+        # the shared port is not healthy while a worker is missing
+        assert httpx.get(f"{served.url}/health").status_code == 503
 
         wait_up(f"http://127.0.0.1:{served.private[1]}")
         after_1 = talk(served.url, keys[1], httpx2.Client(timeout=60))

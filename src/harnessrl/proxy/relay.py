@@ -60,6 +60,7 @@ class Front:
         routes += [Route(f"/weights/{action}", _Weights(self, action), methods=None)
                    for action in ("hold", "release")]
         routes.append(Route("/rollouts", _Create(self), methods=None))
+        routes.append(Route("/health", _Health(self), methods=None))
         self.router = Router(routes=routes, default=app, redirect_slashes=False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -121,6 +122,11 @@ class Front:
         return await asyncio.gather(*(self.post_one(i, path, body, _auth(scope))
                                       for i in range(self.plan.n)), return_exceptions=True)
 
+    async def get_one(self, worker: int, path: str) -> Answer:
+        url = f"http://{_hostport(self.plan.host, self.plan.private[worker])}{path}"
+        async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as answer:
+            return answer.status, await answer.read()
+
     async def post_one(self, worker: int, path: str, body: bytes,
                     headers: list[tuple[str, str]]) -> Answer:
         url = f"http://{_hostport(self.plan.host, self.plan.private[worker])}{path}"
@@ -163,6 +169,27 @@ class _Create:
             port = self.front.plan.private[self.front.index]
             scope = dict(scope, headers=_with_port(scope["headers"], port))
         await self.front.app(scope, receive, send)
+
+
+class _Health:
+    """`GET /health` on the shared port: ok only once every worker answers on its own port
+    (a call for a rollout of one still starting would get a 503)."""
+
+    def __init__(self, front: Front) -> None:
+        self.front = front
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "GET" or not self.front.public(scope):
+            return await self.front.app(scope, receive, send)
+        others = [i for i in range(self.front.plan.n) if i != self.front.index]
+        answers = await asyncio.gather(*(self.front.get_one(i, "/health") for i in others),
+                                       return_exceptions=True)
+        down = [i for i, a in zip(others, answers, strict=True)
+                if not isinstance(a, tuple) or a[0] != 200]
+        if not down:
+            return await self.front.app(scope, receive, send)
+        await _send(send, 503, msgspec.json.encode(
+            {"status": "starting", "workers": self.front.plan.n, "not_answering": down}))
 
 
 class _Weights:
