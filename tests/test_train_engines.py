@@ -14,7 +14,6 @@ import contextlib
 import json
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -243,13 +242,15 @@ class ScriptedServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> str:
+    def launch(self) -> None:
+        self.launched = threading.current_thread()
+
+    def wait_healthy(self) -> None:
         began = time.monotonic()
         time.sleep(0.3)
         if self.fail:
             raise RuntimeError(f"vLLM exited with code 1 while starting; see {self.spec.vllm_log}")
         ScriptedServer.started.append((self.url, began, time.monotonic()))
-        return self.url
 
     def stop(self) -> None:
         ScriptedServer.stopped.append(self.url)
@@ -257,12 +258,13 @@ class ScriptedServer:
 
 def test_servers_started_here_run_at_once_on_their_own_ports_and_logs(tmp_path: Path) -> None:
     ScriptedServer.started, ScriptedServer.stopped = [], []
-    specs = []
+    specs, made = [], []
     config = _load(tmp_path, "[engine]\nservers = 2\n")
 
     def server(spec):
         specs.append(spec)
-        return ScriptedServer(spec)
+        made.append(ScriptedServer(spec))
+        return made[-1]
 
     with policy_engines(config, tmp_path, tmp_path / "run", server=server) as engines:
         assert len(set(engines.urls)) == 2
@@ -273,7 +275,9 @@ def test_servers_started_here_run_at_once_on_their_own_ports_and_logs(tmp_path: 
     assert sorted(ScriptedServer.stopped) == sorted(engines.urls)
     assert [s.vllm_log.name for s in specs] == ["vllm-0.log", "vllm-1.log"]
     (_, began_a, ended_a), (_, began_b, ended_b) = ScriptedServer.started
-    assert began_b < ended_a and began_a < ended_b  # started together, not one by one
+    assert began_b < ended_a and began_a < ended_b  # waited for together, not one by one
+    # launched from the caller's thread: a child dies with the thread that started it
+    assert {s.launched for s in made} == {threading.current_thread()}
 
 
 def test_a_server_that_fails_to_start_stops_the_others(tmp_path: Path) -> None:
@@ -339,10 +343,10 @@ def test_one_grpo_step_reloads_two_real_vllm_servers(vllm_tiny, tiny_model, tmp_
     # earlier module did)
     with contextlib.ExitStack() as stack:
         stack.callback(second.stop)
-        starting = ThreadPoolExecutor(1).submit(second.start)
+        second.launch()  # from this thread, which outlives it (see VLLMServer.launch)
         import trl  # noqa: F401
 
-        starting.result()
+        second.wait_healthy()
         before = _next_token_logprobs(second.url, probe)  # the initial weights
         config = _load(tmp_path, f"""
 run_dir = "{tmp_path / 'run'}"

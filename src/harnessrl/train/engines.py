@@ -99,8 +99,13 @@ def start_servers(spec: EngineSpec, count: int, stack: contextlib.ExitStack,
         servers.append(one)
     if count == 1:
         return [servers[0].start()]
+    # Launched from this thread (a child dies with the thread that started it), then
+    # waited for at once.
+    for one in servers:
+        one.launch()
     with ThreadPoolExecutor(count, thread_name_prefix="vllm-start") as pool:
-        return list(pool.map(lambda s: s.start(), servers))
+        list(pool.map(lambda s: s.wait_healthy(), servers))
+    return [one.url for one in servers]
 
 
 def _distinct_port(host: str, taken: set[int]) -> int:

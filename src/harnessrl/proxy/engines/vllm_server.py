@@ -89,14 +89,20 @@ class VLLMServer:
         return env
 
     def start(self) -> str:
+        self.launch()
+        self.wait_healthy()
+        return self.url
+
+    def launch(self) -> None:
+        """Start the process without waiting for it to serve. The calling thread is its
+        parent for Linux: the child is signalled when that thread ends (see
+        `_die_with_parent`), so launch from a thread that outlives the server."""
         if self.port is None:
             self.port = free_port(self.host)
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(self.command(), env=self.environment(), stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True,
                                         preexec_fn=_die_with_parent)
-        self.wait_healthy()
-        return self.url
 
     def wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
