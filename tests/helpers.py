@@ -4,6 +4,7 @@ dialect, and a broken token-mode backend. Fixtures stay in conftest.py."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -67,6 +68,22 @@ class ServedProxy:
         resp = httpx.post(f"{self.url}/rollouts", json=options)
         resp.raise_for_status()
         return resp.json()
+
+
+def engine_events(engine, request, *, stream: bool) -> list:
+    """Every event one engine call gives, streamed or whole, the engine started and closed
+    around it."""
+
+    async def run() -> list:
+        await engine.start()
+        try:
+            if stream:
+                return [e async for e in engine.stream(request, "k")]
+            return await engine.complete(request, "k")
+        finally:
+            await engine.close()
+
+    return asyncio.run(run())
 
 
 def make_proxy(engine, run_dir: Path, **config):

@@ -5,7 +5,6 @@ conformance check sees it when a backend drops one (no harness runs here)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from harnessrl.proxy.engines.token.engine import TokenEngine
 from harnessrl.proxy.serve import in_thread, running
 from harnessrl.rollout.conformance import Result, _check_trace
 from harnessrl.types import ChatRequest, Message, Sampling, Text, Tool
-from tests.helpers import DropsAToken
+from tests.helpers import DropsAToken, engine_events
 
 BASH = {"type": "object", "properties": {"command": {"type": "string"}},
         "required": ["command"]}
@@ -35,18 +34,9 @@ def _engine_events(tokenizer, server: ScriptedCompletions, policy, *, stream: bo
                           tools=(Tool("bash", None, BASH),),
                           sampling=Sampling(max_tokens=max_tokens))
 
-    async def run() -> list:
-        engine = TokenEngine(url, tokenizer, extra_body=server.extra_body(policy))
-        await engine.start()
-        try:
-            if stream:
-                return [e async for e in engine.stream(request, "k")]
-            return await engine.complete(request, "k")
-        finally:
-            await engine.close()
-
     with in_thread(server.app()) as (url, _):
-        events = asyncio.run(run())
+        engine = TokenEngine(url, tokenizer, extra_body=server.extra_body(policy))
+        events = engine_events(engine, request, stream=stream)
     return events, server.bodies
 
 

@@ -37,7 +37,7 @@ from harnessrl.types import (
     ToolCallDelta,
     ToolResult,
 )
-from tests.helpers import CACHE, ServedProxy, make_proxy
+from tests.helpers import CACHE, ServedProxy, engine_events, make_proxy
 
 HARNESS_TOOLS = Path("~/.cache/harnessrl/tools").expanduser()
 
@@ -681,17 +681,7 @@ def _events(fake, tiny_model, *, stream: bool, mode: str = "ok") -> list:
     tools = (Tool("write_file", None, TOOLS[0]["function"]["parameters"]),)
     request = ChatRequest(model="tiny", messages=(_user("hi"),), tools=tools)
 
-    async def run() -> list:
-        engine = TokenEngine(fake.url, str(tiny_model))
-        await engine.start()
-        try:
-            if stream:
-                return [e async for e in engine.stream(request, "k")]
-            return await engine.complete(request, "k")
-        finally:
-            await engine.close()
-
-    events = asyncio.run(run())
+    events = engine_events(TokenEngine(fake.url, str(tiny_model)), request, stream=stream)
     assert isinstance(events[0], Started) and isinstance(events[-1], Finished)
     assert all(isinstance(e, Chunk) for e in events[1:-1])
     return events
