@@ -86,6 +86,7 @@ def request(dialect: str, stream: bool, nonce: int) -> tuple[str, dict[str, Any]
 class Side:
     name: str
     src: Path
+    floor: bool = False  # bench/floor_relay.py instead of a harnessrl proxy
     proxy: po.Service | None = None
     url: str = ""
     key: str = ""
@@ -96,7 +97,10 @@ class Side:
         port, run_dir = po.free_port(), work / f"run-{self.name}"
         argv = [sys.executable, "-m", "harnessrl.cli", "serve", "--engine-url", engine_url,
                 "--run-dir", str(run_dir), "--port", str(port)]
-        if "--workers" in (self.src / "harnessrl" / "cli.py").read_text():
+        if self.floor:
+            argv = [sys.executable, str(HERE / "floor_relay.py"), "--port", str(port),
+                    "--engine-url", engine_url]
+        elif "--workers" in (self.src / "harnessrl" / "cli.py").read_text():
             argv += ["--workers", "1"]  # one process: its CPU is the figure
         log = work / f"proxy-{self.name}.log"
         with log.open("wb") as out:
@@ -193,15 +197,26 @@ DIALECTS = ("chat", "responses", "anthropic", "gemini")
 
 
 def figures(sides: Sequence[Side]) -> list[dict[str, Any]]:
-    this, base = sides
+    this, base, *floor = sides
     out = []
     for (dialect, mode), values in this.cpu_ns.items():
         ref = base.cpu_ns[(dialect, mode)]
         mine, theirs = statistics.median(values), statistics.median(ref)
-        out.append({"dialect": dialect, "mode": mode, "this_us": mine / 1e3,
-                    "base_us": theirs / 1e3, "ratio": mine / theirs,
-                    "blocks": [v / 1e3 for v in values], "base_blocks": [v / 1e3 for v in ref]})
+        found = {"dialect": dialect, "mode": mode, "this_us": mine / 1e3,
+                 "base_us": theirs / 1e3, "ratio": mine / theirs,
+                 "blocks": [v / 1e3 for v in values], "base_blocks": [v / 1e3 for v in ref]}
+        if floor:
+            found["floor_us"] = statistics.median(floor[0].cpu_ns[(dialect, mode)]) / 1e3
+        out.append(found)
     return out
+
+
+def floor_note(f: dict[str, Any], streamed: bool) -> str:
+    """The byte-copying relay's figure beside ours, when it ran."""
+    if "floor_us" not in f:
+        return ""
+    value = f"{f['floor_us'] / TOKENS:.1f} µs" if streamed else f"{f['floor_us'] / 1e3:.2f} ms"
+    return f"; a relay that only copies bytes: {value}"
 
 
 def rows_from(found: list[dict[str, Any]], baseline: str) -> list[Row]:
@@ -212,14 +227,14 @@ def rows_from(found: list[dict[str, Any]], baseline: str) -> list[Row]:
             verdict = verdict_of(per_token <= 15)
             rows.append(Row(f"proxy CPU per streamed token, {f['dialect']}",
                             f"{per_token:.1f} µs ({f['this_us'] / 1e3:.2f} ms/reply)",
-                            f"{base_token:.1f} µs at {baseline}; ratio {f['ratio']:.2f}",
-                            "≤ 15 µs", verdict))
+                            f"{base_token:.1f} µs at {baseline}; ratio {f['ratio']:.2f}"
+                            + floor_note(f, True), "≤ 15 µs", verdict))
         else:
             verdict = verdict_of(f["this_us"] <= 1500)
             rows.append(Row(f"proxy CPU per non-streamed 4k-token call, {f['dialect']}",
                             f"{f['this_us'] / 1e3:.2f} ms",
                             f"{f['base_us'] / 1e3:.2f} ms at {baseline}; ratio "
-                            f"{f['ratio']:.2f}", "≤ 1.5 ms", verdict))
+                            f"{f['ratio']:.2f}" + floor_note(f, False), "≤ 1.5 ms", verdict))
     return rows
 
 
@@ -234,6 +249,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     "(non-streamed: 4x)")
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="2 blocks of 3 calls")
+    ap.add_argument("--no-floor", dest="floor", action="store_false",
+                    help="leave out the byte-copying relay (bench/floor_relay.py)")
     ap.add_argument("--json", type=Path, help="write the raw figures here")
     ap.add_argument("--tools-dir", type=Path,
                     default=Path(os.environ.get("HARNESSRL_BENCH_TOOLS", po.DEFAULT_TOOLS)))
@@ -249,6 +266,8 @@ def measure(argv: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], st
         work = Path(tmp)
         sides = [Side("this", ROOT / "src"), Side(args.baseline, baseline_src(args.baseline,
                                                                               work))]
+        if args.floor:
+            sides.append(Side("floor", ROOT / "src", floor=True))
         engine, engine_url = po.start_engine(args.tools_dir, work)
         try:
             for side in sides:
@@ -274,13 +293,14 @@ def rows(argv: Sequence[str] | None = None) -> list[Row]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     found, baseline = measure(argv)
-    print(f"| dialect | mode | this µs/call | {baseline} µs/call | ratio | per token (sse) |")
-    print("|---|---|---|---|---|---|")
+    print(f"| dialect | mode | this µs/call | {baseline} µs/call | ratio | floor µs/call "
+          "| per token (sse) |")
+    print("|---|---|---|---|---|---|---|")
     for f in found:
         tok = f"{f['this_us'] / TOKENS:.1f} vs {f['base_us'] / TOKENS:.1f}" \
             if f["mode"] == "sse" else ""
         print(f"| {f['dialect']} | {f['mode']} | {f['this_us']:.0f} | {f['base_us']:.0f} | "
-              f"{f['ratio']:.2f} | {tok} |")
+              f"{f['ratio']:.2f} | {f.get('floor_us', float('nan')):.0f} | {tok} |")
     print("blocks (µs/call):", json.dumps({f"{f['dialect']}/{f['mode']}":
                                            [f["blocks"], f["base_blocks"]] for f in found}))
     return 0

@@ -18,10 +18,10 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any
 
-import aiohttp
 import msgspec
 
 from harnessrl.errors import EngineError, EngineTimeout, EngineUnavailable, InvalidRequest
+from harnessrl.proxy.engines.http1 import Client, Response, TransportError
 from harnessrl.proxy.sse import SSEDecoder
 
 FIRST_BYTE_TIMEOUT = 30.0
@@ -37,50 +37,47 @@ class Upstream:
                  first_byte_timeout: float = FIRST_BYTE_TIMEOUT) -> None:
         self.base_url = base_url
         self.first_byte_timeout = first_byte_timeout
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=connect_timeout, sock_read=read_timeout)
+        self._timeouts = {"connect_timeout": connect_timeout, "read_timeout": read_timeout}
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        self._session: aiohttp.ClientSession | None = None
+        self._client: Client | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, headers=self._headers)
+        self._client = Client(headers=self._headers, **self._timeouts)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        if self._client is not None:
+            await self._client.close()
 
     @property
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
+    def _http(self) -> Client:
+        if self._client is None:
             raise RuntimeError("the engine's start() was not awaited")
-        return self._session
+        return self._client
 
     # ---------------------------------------------------------------- JSON
     async def get(self, url: str, action: str) -> dict[str, Any]:
         """The JSON object at `url`; anything else is an error."""
         with self.failures(action):
-            async with self._http.get(url) as resp:
+            async with await self._http.request("GET", url) as resp:
                 return await json_or_error(resp)
 
     async def get_if_ok(self, url: str) -> dict[str, Any] | None:
         """The JSON object at `url` if it answers 200 with one; None on any failure."""
         try:
-            async with self._http.get(url) as resp:
+            async with await self._http.request("GET", url) as resp:
                 if resp.status == 200:
-                    body = await resp.json()
+                    body = loose(await resp.read())
                     return body if isinstance(body, dict) else None
-        except (aiohttp.ClientError, ValueError, TimeoutError):
+        except (TransportError, TimeoutError):
             pass
         return None
 
     async def post(self, url: str, payload: bytes, action: str) -> dict[str, Any]:
         """A quick call's JSON answer (no health checks while it is awaited)."""
         with self.failures(action):
-            async with self._http.post(url, data=payload) as resp:
+            async with await self._http.request("POST", url, payload) as resp:
                 return await json_or_error(resp)
 
     # ---------------------------------------------------------------- model calls
@@ -101,7 +98,7 @@ class Upstream:
                 if resp.status != 200:
                     await json_or_error(resp)
                 decoder = SSEDecoder()
-                read = resp.content.readany  # `iter_any` without its iterator (see below)
+                read = resp.readany
                 while piece := await read():
                     yield [sse.data for sse in decoder.feed(piece)]
                 yield [sse.data for sse in decoder.finish()]
@@ -115,29 +112,26 @@ class Upstream:
                 if resp.status != 200:
                     await json_or_error(resp)
                 decoder = SSEDecoder()
-                feed, read = decoder.feed_data, resp.content.readany
-                # `iter_any` without its iterator: one coroutine less per read. An empty
-                # read is the end of the body, as it is for `iter_any`.
-                while piece := await read():
+                feed, read = decoder.feed_data, resp.readany
+                while piece := await read():  # b"" is the end of the body
                     yield feed(piece)
                 yield [sse.data for sse in decoder.finish()]
 
     @contextlib.contextmanager
     def failures(self, action: str) -> Iterator[None]:
-        """Transport failures as our errors. aiohttp's read timeout is both a ClientError
-        and a TimeoutError: it is a timeout."""
+        """Transport failures as our errors."""
         try:
             yield
         except TimeoutError as exc:
             raise EngineTimeout(f"the engine did not {action} in time") from exc
-        except aiohttp.ClientError as exc:
+        except TransportError as exc:
             raise EngineUnavailable(
                 f"the engine at {self.base_url} is unreachable or broke off: {exc}") from exc
 
     @contextlib.asynccontextmanager
-    async def _begun(self, url: str, payload: bytes) -> AsyncIterator[aiohttp.ClientResponse]:
+    async def _begun(self, url: str, payload: bytes) -> AsyncIterator[Response]:
         """The engine's response to a call, once it has begun (status and headers)."""
-        sending = asyncio.ensure_future(self._http.post(url, data=payload))
+        sending = asyncio.ensure_future(self._http.request("POST", url, payload))
         try:
             while not sending.done():
                 done, _ = await asyncio.wait({sending}, timeout=self.first_byte_timeout)
@@ -156,15 +150,15 @@ class Upstream:
     async def _alive(self) -> bool:
         """Whether the engine answers `GET /health` (any answer below 500: an endpoint
         without the route is up too)."""
-        timeout = aiohttp.ClientTimeout(total=min(self.first_byte_timeout, PROBE_MAX))
         try:
-            async with self._http.get(f"{self.base_url}/health", timeout=timeout) as resp:
-                return resp.status < 500
-        except (aiohttp.ClientError, TimeoutError):
+            async with asyncio.timeout(min(self.first_byte_timeout, PROBE_MAX)):
+                async with await self._http.request("GET", f"{self.base_url}/health") as resp:
+                    return resp.status < 500
+        except (TransportError, TimeoutError):
             return False
 
 
-async def json_or_error(resp: aiohttp.ClientResponse) -> dict[str, Any]:
+async def json_or_error(resp: Response) -> dict[str, Any]:
     raw = await resp.read()
     body = loose(raw)
     if resp.status >= 400 or not isinstance(body, dict):

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""The floor under any capture proxy on this machine: a relay that copies bytes and does
+nothing else. Not part of harnessrl; `stream_cpu.py` runs it beside the proxies.
+
+It speaks just enough of the proxy's surface for the benchmark: `GET /health`,
+`POST /rollouts` (a fixed key) and any `POST /r/<key>/...`, whose body it reads and drops
+before sending the engine one fixed streamed (or not) chat request and copying the engine's
+answer back as it arrives, one write per read, with no parsing of the answer: no SSE split,
+no JSON, no capture, no store. Whatever CPU it spends per streamed token is what the kernel,
+the event loop and one HTTP parser per side cost; a proxy's own work is what it spends
+above this.
+
+    python bench/floor_relay.py --port 9000 --engine-url http://127.0.0.1:8000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+import httptools
+import uvloop
+
+from harnessrl.proxy.engines.http1 import Client
+
+REQUEST = {"model": "bench-model", "max_tokens": 256,
+           "messages": [{"role": "user", "content": "x"}]}
+
+
+class Downstream(asyncio.Protocol):
+    """One client connection: requests parsed with httptools, answers chunked."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.url = b""
+        self.body: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        url, body = self.url, b"".join(self.body)
+        self.url, self.body = b"", []
+        asyncio.get_running_loop().create_task(self.answer(url, body))
+
+    async def answer(self, url: bytes, body: bytes) -> None:
+        assert self.transport is not None
+        write = self.transport.write
+        if url == b"/health":
+            write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            return
+        if url == b"/rollouts":
+            key = b'{"key":"floor"}'
+            write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                  + str(len(key)).encode() + b"\r\n\r\n" + key)
+            return
+        stream = b'"stream": true' in body or b'"stream":true' in body or b"stream" in url
+        payload = json.dumps({**REQUEST, "stream": stream}).encode()
+        resp = await self.relay.client.request("POST", self.relay.engine, payload)
+        async with resp:
+            kind = resp.headers.get("content-type", "application/json")
+            write(f"HTTP/1.1 {resp.status} OK\r\ncontent-type: {kind}\r\n"
+                  "transfer-encoding: chunked\r\n\r\n".encode())
+            while piece := await resp.readany():
+                write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            write(b"0\r\n\r\n")
+
+
+class Relay:
+    def __init__(self, engine_url: str) -> None:
+        self.engine = engine_url.rstrip("/") + "/v1/chat/completions"
+        self.client = Client()
+
+
+async def serve(port: int, engine_url: str) -> None:
+    relay = Relay(engine_url)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: Downstream(relay), "127.0.0.1", port)
+    print(f"READY {port}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="A relay that copies bytes: the floor.")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--engine-url", required=True)
+    args = ap.parse_args()
+    uvloop.run(serve(args.port, args.engine_url))
+
+
+if __name__ == "__main__":
+    main()

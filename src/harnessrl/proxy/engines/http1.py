@@ -1,0 +1,319 @@
+"""A small HTTP/1.1 client for engine calls: asyncio protocols, httptools' response parser
+and keep-alive connections per origin.
+
+Why not aiohttp, which this replaced on the engine side: a streamed call gets one socket
+read per token from an engine no faster than the proxy, and aiohttp's read path (its
+StreamReader, a read timeout re-armed on every read, flow-control bookkeeping) cost 40-50 µs
+of CPU per read on this machine, about as much as the rest of the proxy's work on a token
+(bench/stream.md). Here a read is one parser feed and, when the caller waits, one future.
+
+Limits on waiting: `connect_timeout` for the TCP (and TLS) connection; `read_timeout` for
+any silence once the request is sent (one timer per call, moved on only when it fires, not
+per read). A connection taken from the pool that the server has closed meanwhile (its
+keep-alive timer is often shorter than ours) is retried once on a new one, when nothing of
+the answer had arrived: the server never read that request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections import deque
+from types import TracebackType
+from urllib.parse import urlsplit
+
+import httptools
+
+HIGH_WATER = 1 << 20  # bytes of unread body before the socket is paused
+Origin = tuple[str, str, int]  # scheme, host, port
+
+
+class TransportError(Exception):
+    """The connection could not be made, or broke off before the answer was whole."""
+
+
+class Response:
+    """One answer: status and headers once it has begun, then its body as it arrives.
+    `release()` (or leaving `async with`) gives a finished connection back to the pool
+    and closes an unfinished one, which tells the engine to stop."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn: Connection | None = conn
+        self.status = conn.status
+        self.headers = conn.headers
+
+    async def readany(self) -> bytes:
+        """What has arrived of the body since the last read (waiting for some); b"" at its
+        end, which also releases the connection."""
+        conn = self._conn
+        if conn is None:
+            return b""
+        if not conn.chunks and not conn.complete:
+            await conn.wait()
+        piece = conn.take()
+        if not piece:
+            self.release()
+        return piece
+
+    async def read(self) -> bytes:
+        parts = []
+        while piece := await self.readany():
+            parts.append(piece)
+        return b"".join(parts)
+
+    def release(self) -> None:
+        if self._conn is not None:
+            self._conn.finish()
+            self._conn = None  # the connection may already serve another call
+
+    async def __aenter__(self) -> Response:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self.release()
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive connection; one request on it at a time."""
+
+    def __init__(self, client: Client, origin: Origin) -> None:
+        self.client, self.origin = client, origin
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reused = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.begun = False  # status and headers are in
+        self.keep_alive = False  # known once the headers are in; httptools forgets it after
+        self.complete = False
+        self.received = False  # any byte of the answer
+        self.error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._silence = 0.0
+        self._last = 0.0
+
+    # ---------------------------------------------------------------- the caller's side
+    def send(self, head: bytes, body: bytes, silence: float) -> None:
+        self._reset()
+        self._silence, self._last = silence, self.loop.time()
+        self._timer = self.loop.call_at(self._last + silence, self._check_silence)
+        assert self.transport is not None
+        self.transport.write(head + body if len(body) < 65536 else head)
+        if len(body) >= 65536:
+            self.transport.write(body)  # no copy of a large prompt into the head
+
+    async def wait(self) -> None:
+        """Until something happens: body bytes, the end, or a failure (raised)."""
+        if self.error is None:
+            self._waiter = self.loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        if self.error is not None:
+            raise self.error
+
+    def take(self) -> bytes:
+        chunks = self.chunks
+        if not chunks:
+            if self.error is not None:
+                raise self.error
+            return b""
+        piece = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self.chunks, self.size = [], 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return piece
+
+    def finish(self) -> None:
+        self._stop_timer()
+        if self.complete and self.keep_alive and self.error is None and not self.closed:
+            self.client.give_back(self)
+        else:
+            self.abort()
+
+    def abort(self) -> None:
+        self.closed = True
+        self._stop_timer()
+        if self.transport is not None:
+            self.transport.abort()
+
+    # ---------------------------------------------------------------- asyncio's side
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.received = True
+        self._last = self.loop.time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(TransportError(f"the engine's answer is not valid HTTP: {exc}"))
+            self.abort()
+
+    def eof_received(self) -> bool:
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._stop_timer()
+        self.client.forget(self)
+        if not self.complete:
+            reason = f": {exc}" if exc else ""
+            self._fail(TransportError(f"the connection was closed before the answer was "
+                                      f"whole{reason}"))
+
+    # ---------------------------------------------------------------- httptools' callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
+        self.begun = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.size += len(body)
+        if self.size > HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._stop_timer()
+        self._wake()
+
+    # ---------------------------------------------------------------- inside
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _check_silence(self) -> None:
+        due = self._last + self._silence
+        if self.loop.time() < due:
+            self._timer = self.loop.call_at(due, self._check_silence)
+            return
+        self._timer = None
+        self._fail(TimeoutError(f"no answer for {self._silence:g} s"))
+        self.abort()
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class Client:
+    """Keep-alive HTTP/1.1 to any number of origins; `headers` go on every request."""
+
+    def __init__(self, *, connect_timeout: float = 10.0, read_timeout: float = 600.0,
+                 headers: dict[str, str] | None = None) -> None:
+        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
+        self._extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        self._idle: dict[Origin, deque[Connection]] = {}
+        self._open: set[Connection] = set()
+        self._ssl: ssl.SSLContext | None = None
+
+    async def request(self, method: str, url: str, body: bytes = b"", *,
+                      read_timeout: float | None = None) -> Response:
+        """The answer once it has begun (status and headers in)."""
+        origin, authority, target = split(url)
+        head = (f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\n"
+                f"{self._extra}Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
+        silence = self.read_timeout if read_timeout is None else read_timeout
+        conn = await self._connection(origin)
+        try:
+            return await self._exchange(conn, head, body, silence)
+        except TransportError:
+            if not conn.reused or conn.received:
+                raise
+        conn = await self._connection(origin, fresh=True)  # the server had closed it
+        return await self._exchange(conn, head, body, silence)
+
+    async def close(self) -> None:
+        for conn in list(self._open):
+            conn.abort()
+        self._open.clear()
+        self._idle.clear()
+
+    def give_back(self, conn: Connection) -> None:
+        conn.reused = True
+        self._idle.setdefault(conn.origin, deque()).append(conn)
+
+    def forget(self, conn: Connection) -> None:
+        """A closed connection leaves the pool."""
+        self._open.discard(conn)
+        idle = self._idle.get(conn.origin)
+        if idle is not None and conn in idle:
+            idle.remove(conn)
+
+    async def _exchange(self, conn: Connection, head: bytes, body: bytes,
+                        silence: float) -> Response:
+        try:
+            conn.send(head, body, silence)
+            while not conn.begun:
+                await conn.wait()
+        except BaseException:
+            conn.abort()
+            raise
+        return Response(conn)
+
+    async def _connection(self, origin: Origin, *, fresh: bool = False) -> Connection:
+        idle = self._idle.get(origin)
+        while idle and not fresh:
+            conn = idle.pop()  # the most recently used: the least likely to be closed
+            if not conn.closed:
+                return conn
+        scheme, host, port = origin
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: Connection(self, origin), host, port,
+                    ssl=self._tls() if scheme == "https" else None)
+        except TimeoutError as exc:
+            raise TimeoutError(f"no connection to {host}:{port} within "
+                               f"{self.connect_timeout:g} s") from exc
+        except OSError as exc:
+            raise TransportError(f"cannot connect to {host}:{port}: {exc}") from exc
+        self._open.add(conn)
+        return conn
+
+    def _tls(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
+
+
+def split(url: str) -> tuple[Origin, str, str]:
+    """(scheme, host, port), the authority (the Host header) and the request target of an
+    absolute http(s) URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    authority = parts.netloc.rpartition("@")[2]
+    return (parts.scheme, parts.hostname, port), authority, target

@@ -1,0 +1,236 @@
+"""The engine-side HTTP/1.1 client (`proxy/engines/http1.py`) against a raw loopback server
+that answers each request the way a test tells it to: whole, chunked a piece at a time,
+silent, cut off, or closing a kept-alive connection."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from harnessrl.proxy.engines.http1 import HIGH_WATER, Client, TransportError, split
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes], Awaitable[bool]]
+
+
+class Server:
+    """Reads each request (head and Content-Length body) and hands it to `handler`, which
+    answers and says whether to keep the connection open."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.closed = asyncio.Event()  # a connection ended (from the client's side or ours)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                body = await reader.readexactly(length)
+                self.requests.append(head + body)
+                if not await self.handler(reader, writer, body):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+            self.closed.set()
+
+
+def whole(body: bytes, status: int = 200) -> Handler:
+    async def handler(_r: asyncio.StreamReader, w: asyncio.StreamWriter, _b: bytes) -> bool:
+        w.write(b"HTTP/1.1 %d X\r\nContent-Length: %d\r\n\r\n%s" % (status, len(body), body))
+        await w.drain()
+        return True
+    return handler
+
+
+def chunked(pieces: list[bytes], gap: float = 0.0, end: bool = True) -> Handler:
+    async def handler(_r: asyncio.StreamReader, w: asyncio.StreamWriter, _b: bytes) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for piece in pieces:
+            w.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await w.drain()
+            await asyncio.sleep(gap)
+        if end:
+            w.write(b"0\r\n\r\n")
+            await w.drain()
+        return end
+    return handler
+
+
+async def test_a_whole_answer_and_the_connection_kept_alive() -> None:
+    server = Server(whole(b'{"ok": true}'))
+    async with server as url:
+        client = Client()
+        for _ in range(3):
+            async with await client.request("POST", f"{url}/v1/x?a=1", b'{"q": 1}') as resp:
+                assert resp.status == 200
+                assert await resp.read() == b'{"ok": true}'
+        await client.close()
+    assert server.connections == 1  # one kept-alive connection for all three
+    head = server.requests[0]
+    assert head.startswith(b"POST /v1/x?a=1 HTTP/1.1\r\n")
+    assert b"Content-Length: 8\r\n" in head and head.endswith(b'{"q": 1}')
+
+
+async def test_a_chunked_answer_comes_as_it_arrives_and_whole() -> None:
+    pieces = [b"data: %d\n\n" % i for i in range(20)]
+    async with Server(chunked(pieces, gap=0.002)) as url:
+        client = Client()
+        got = []
+        async with await client.request("POST", url + "/s") as resp:
+            while piece := await resp.readany():
+                got.append(piece)
+        await client.close()
+    assert b"".join(got) == b"".join(pieces)
+    assert len(got) > 5  # read as it came, not only at the end
+
+
+async def test_headers_are_read_and_a_status_is_passed_on() -> None:
+    async with Server(whole(b"no", status=503)) as url:
+        client = Client(headers={"Authorization": "Bearer k"})
+        async with await client.request("GET", url + "/health") as resp:
+            assert resp.status == 503
+            assert resp.headers["content-length"] == "2"
+        await client.close()
+
+
+async def test_a_kept_alive_connection_the_server_closed_is_retried_once() -> None:
+    """The race a keep-alive timer makes: the request goes out on a connection the server
+    is closing, which it never reads. Nothing of an answer came, so a new connection gets
+    it; a first request on a new connection that fails the same way is not retried."""
+    answered: list[int] = []
+
+    def closing_on_the_second_request_of_a_connection() -> Handler:
+        seen: dict[int, int] = {}
+
+        async def handler(_r: asyncio.StreamReader, w: asyncio.StreamWriter, _b: bytes) -> bool:
+            n = seen[id(w)] = seen.get(id(w), 0) + 1
+            if n == 2:
+                return False  # closes without a byte of answer
+            answered.append(id(w))
+            w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await w.drain()
+            return True
+        return handler
+
+    server = Server(closing_on_the_second_request_of_a_connection())
+    async with server as url:
+        client = Client()
+        for _ in range(3):
+            assert await (await client.request("GET", url)).read() == b"ok"
+        await client.close()
+    # Calls 2 and 3 each went out on a kept-alive connection that closed, then on a new one.
+    assert len(answered) == 3 and len(server.requests) == 5 and server.connections == 3
+
+    async def never(_r: asyncio.StreamReader, _w: asyncio.StreamWriter, _b: bytes) -> bool:
+        return False
+
+    server = Server(never)
+    async with server as url:
+        with pytest.raises(TransportError):
+            await Client().request("GET", url)
+    assert server.connections == 1
+
+
+async def test_an_answer_cut_off_midway_is_a_transport_error() -> None:
+    async with Server(chunked([b"data: 1\n\n"], end=False)) as url:
+        client = Client()
+        resp = await client.request("POST", url)
+        assert await resp.readany() == b"data: 1\n\n"
+        with pytest.raises(TransportError, match="before the answer was whole"):
+            await resp.readany()
+        await client.close()
+
+
+async def test_silence_longer_than_the_read_timeout_is_a_timeout() -> None:
+    async def silent(_r: asyncio.StreamReader, _w: asyncio.StreamWriter, _b: bytes) -> bool:
+        await asyncio.sleep(5)
+        return False
+
+    async with Server(silent) as url:
+        client = Client(read_timeout=0.3)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(TimeoutError):
+            await client.request("POST", url)
+        assert loop.time() - start < 2
+        await client.close()
+
+
+async def test_a_slow_stream_that_keeps_sending_is_not_timed_out() -> None:
+    pieces = [b"x"] * 8
+    async with Server(chunked(pieces, gap=0.1)) as url:  # 0.8 s in all, 0.1 s gaps
+        client = Client(read_timeout=0.35)
+        assert await (await client.request("POST", url)).read() == b"x" * 8
+        await client.close()
+
+
+async def test_nothing_listening_is_a_transport_error() -> None:
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    with pytest.raises(TransportError, match="cannot connect"):
+        await Client().request("GET", f"http://127.0.0.1:{port}/")
+
+
+async def test_releasing_an_unfinished_answer_closes_its_connection() -> None:
+    """Closing tells the engine to stop sampling; the next call gets a new connection."""
+    server = Server(chunked([b"a"] * 50, gap=0.01))
+    async with server as url:
+        client = Client()
+        async with await client.request("POST", url) as resp:
+            assert await resp.readany()
+        await asyncio.wait_for(server.closed.wait(), 5)
+        assert await (await client.request("POST", url)).read() == b"a" * 50
+        await client.close()
+    assert server.connections == 2
+
+
+async def test_an_unread_body_pauses_the_socket_and_nothing_is_lost() -> None:
+    pieces = [bytes([65 + i % 26]) * 65536 for i in range(3 * HIGH_WATER // 65536)]
+    async with Server(chunked(pieces)) as url:
+        client = Client()
+        resp = await client.request("POST", url)
+        await asyncio.sleep(0.3)  # the server sends everything it can meanwhile
+        conn = resp._conn
+        assert conn is not None and conn.size <= HIGH_WATER + 2 * 65536  # paused near the mark
+        assert await resp.read() == b"".join(pieces)
+        await client.close()
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("http://127.0.0.1:8000/v1/chat?x=1", (("http", "127.0.0.1", 8000), "127.0.0.1:8000",
+                                           "/v1/chat?x=1")),
+    ("https://api.example.test", (("https", "api.example.test", 443), "api.example.test", "/")),
+    ("http://[::1]:9/h", (("http", "::1", 9), "[::1]:9", "/h")),
+])
+def test_split(url: str, expected: tuple[object, ...]) -> None:
+    assert split(url) == expected
+
+
+def test_split_refuses_what_is_not_http() -> None:
+    with pytest.raises(ValueError, match="not an http"):
+        split("ftp://host/x")
