@@ -8,9 +8,10 @@ before sending the engine one fixed streamed (or not) chat request and copying t
 answer back as it arrives, one write per read, with no parsing of the answer: no SSE split,
 no JSON, no capture, no store. Whatever CPU it spends per streamed token is what the kernel,
 the event loop and one HTTP parser per side cost; a proxy's own work is what it spends
-above this.
+above this. `--server uvicorn` does the same as a bare ASGI app under uvicorn (httptools,
+uvloop), as the proxy is served: the difference is uvicorn's own share.
 
-    python bench/floor_relay.py --port 9000 --engine-url http://127.0.0.1:8000
+    python bench/floor_relay.py --port 9000 --engine-url http://127.0.0.1:8000 [--server uvicorn]
 """
 
 from __future__ import annotations
@@ -18,11 +19,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import httptools
+import uvicorn
 import uvloop
 
-from harnessrl.proxy.engines.http1 import Client
+from harnessrl.proxy.engines.http1 import Client, Response
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 REQUEST = {"model": "bench-model", "max_tokens": 256,
            "messages": [{"role": "user", "content": "x"}]}
@@ -66,9 +74,7 @@ class Downstream(asyncio.Protocol):
             write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
                   + str(len(key)).encode() + b"\r\n\r\n" + key)
             return
-        stream = b'"stream": true' in body or b'"stream":true' in body or b"stream" in url
-        payload = json.dumps({**REQUEST, "stream": stream}).encode()
-        resp = await self.relay.client.request("POST", self.relay.engine, payload)
+        resp = await self.relay.call(url, body)
         async with resp:
             kind = resp.headers.get("content-type", "application/json")
             write(f"HTTP/1.1 {resp.status} OK\r\ncontent-type: {kind}\r\n"
@@ -83,9 +89,43 @@ class Relay:
         self.engine = engine_url.rstrip("/") + "/v1/chat/completions"
         self.client = Client()
 
+    async def call(self, url: bytes, body: bytes) -> Response:
+        """The engine's answer to the fixed request, streamed if the caller's was."""
+        stream = b'"stream": true' in body or b'"stream":true' in body or b"stream" in url
+        payload = json.dumps({**REQUEST, "stream": stream}).encode()
+        return await self.client.request("POST", self.engine, payload)
 
-async def serve(port: int, engine_url: str) -> None:
+    async def asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The same relay as a bare ASGI app."""
+        if scope["type"] != "http":
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        path = scope["path"].encode()
+        if path in (b"/health", b"/rollouts"):
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": b'{"key":"floor"}'})
+            return
+        async with await self.call(path, body) as resp:
+            kind = resp.headers.get("content-type", "application/json").encode()
+            await send({"type": "http.response.start", "status": resp.status,
+                        "headers": [(b"content-type", kind)]})
+            while piece := await resp.readany():
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def serve(port: int, engine_url: str, kind: str) -> None:
     relay = Relay(engine_url)
+    if kind == "uvicorn":
+        config = uvicorn.Config(relay.asgi, host="127.0.0.1", port=port, log_level="warning",
+                                http="httptools", loop="none", lifespan="off",
+                                interface="asgi3")
+        await uvicorn.Server(config).serve()
+        return
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: Downstream(relay), "127.0.0.1", port)
     print(f"READY {port}", flush=True)
@@ -97,8 +137,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="A relay that copies bytes: the floor.")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--engine-url", required=True)
+    ap.add_argument("--server", choices=["raw", "uvicorn"], default="raw")
     args = ap.parse_args()
-    uvloop.run(serve(args.port, args.engine_url))
+    uvloop.run(serve(args.port, args.engine_url, args.server))
 
 
 if __name__ == "__main__":

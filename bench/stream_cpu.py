@@ -15,6 +15,10 @@ read from the proxy's `/proc/<pid>/task/*/schedstat` (ns, all threads), so the m
 other load hits both sides alike. The ratio column (this / baseline) is the figure to
 trust on a loaded box; the absolute µs move with the load.
 
+Beside them, unless `--floors ''`: bench/floor_relay.py, relays that only copy the engine's
+bytes (raw asyncio, and a bare ASGI app under uvicorn), on the same calls: the floor any
+proxy on this machine stands on (kernel, event loop, HTTP parsing), and uvicorn's share.
+
 Workload: a ~4,000-token prompt, 200-token replies at 2 ms per token (streamed), or at
 0 ms (non-streamed: the per-call fixed cost). CPU per token is the proxy's CPU per
 streamed reply divided by the reply's tokens (gross: the call's fixed cost included).
@@ -86,7 +90,7 @@ def request(dialect: str, stream: bool, nonce: int) -> tuple[str, dict[str, Any]
 class Side:
     name: str
     src: Path
-    floor: bool = False  # bench/floor_relay.py instead of a harnessrl proxy
+    floor: str = ""  # bench/floor_relay.py --server <floor> instead of a harnessrl proxy
     proxy: po.Service | None = None
     url: str = ""
     key: str = ""
@@ -99,7 +103,7 @@ class Side:
                 "--run-dir", str(run_dir), "--port", str(port)]
         if self.floor:
             argv = [sys.executable, str(HERE / "floor_relay.py"), "--port", str(port),
-                    "--engine-url", engine_url]
+                    "--engine-url", engine_url, "--server", self.floor]
         elif "--workers" in (self.src / "harnessrl" / "cli.py").read_text():
             argv += ["--workers", "1"]  # one process: its CPU is the figure
         log = work / f"proxy-{self.name}.log"
@@ -197,7 +201,7 @@ DIALECTS = ("chat", "responses", "anthropic", "gemini")
 
 
 def figures(sides: Sequence[Side]) -> list[dict[str, Any]]:
-    this, base, *floor = sides
+    this, base, *floors = sides
     out = []
     for (dialect, mode), values in this.cpu_ns.items():
         ref = base.cpu_ns[(dialect, mode)]
@@ -205,18 +209,19 @@ def figures(sides: Sequence[Side]) -> list[dict[str, Any]]:
         found = {"dialect": dialect, "mode": mode, "this_us": mine / 1e3,
                  "base_us": theirs / 1e3, "ratio": mine / theirs,
                  "blocks": [v / 1e3 for v in values], "base_blocks": [v / 1e3 for v in ref]}
-        if floor:
-            found["floor_us"] = statistics.median(floor[0].cpu_ns[(dialect, mode)]) / 1e3
+        found["floors_us"] = {side.floor: statistics.median(side.cpu_ns[(dialect, mode)]) / 1e3
+                              for side in floors}
         out.append(found)
     return out
 
 
 def floor_note(f: dict[str, Any], streamed: bool) -> str:
-    """The byte-copying relay's figure beside ours, when it ran."""
-    if "floor_us" not in f:
+    """The byte-copying relays' figures beside ours, when they ran."""
+    if not f["floors_us"]:
         return ""
-    value = f"{f['floor_us'] / TOKENS:.1f} µs" if streamed else f"{f['floor_us'] / 1e3:.2f} ms"
-    return f"; a relay that only copies bytes: {value}"
+    values = [f"{name} {us / TOKENS:.1f} µs" if streamed else f"{name} {us / 1e3:.2f} ms"
+              for name, us in f["floors_us"].items()]
+    return "; relays that only copy bytes (the floor): " + ", ".join(values)
 
 
 def rows_from(found: list[dict[str, Any]], baseline: str) -> list[Row]:
@@ -249,8 +254,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     "(non-streamed: 4x)")
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="2 blocks of 3 calls")
-    ap.add_argument("--no-floor", dest="floor", action="store_false",
-                    help="leave out the byte-copying relay (bench/floor_relay.py)")
+    ap.add_argument("--floors", default="raw,uvicorn",
+                    help="byte-copying relays to run beside the proxies (bench/floor_relay.py "
+                         "--server), '' for none")
     ap.add_argument("--json", type=Path, help="write the raw figures here")
     ap.add_argument("--tools-dir", type=Path,
                     default=Path(os.environ.get("HARNESSRL_BENCH_TOOLS", po.DEFAULT_TOOLS)))
@@ -266,8 +272,8 @@ def measure(argv: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], st
         work = Path(tmp)
         sides = [Side("this", ROOT / "src"), Side(args.baseline, baseline_src(args.baseline,
                                                                               work))]
-        if args.floor:
-            sides.append(Side("floor", ROOT / "src", floor=True))
+        sides += [Side(f"floor-{kind}", ROOT / "src", floor=kind)
+                  for kind in filter(None, args.floors.split(","))]
         engine, engine_url = po.start_engine(args.tools_dir, work)
         try:
             for side in sides:
@@ -293,14 +299,15 @@ def rows(argv: Sequence[str] | None = None) -> list[Row]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     found, baseline = measure(argv)
-    print(f"| dialect | mode | this µs/call | {baseline} µs/call | ratio | floor µs/call "
+    print(f"| dialect | mode | this µs/call | {baseline} µs/call | ratio | floors µs/call "
           "| per token (sse) |")
     print("|---|---|---|---|---|---|---|")
     for f in found:
         tok = f"{f['this_us'] / TOKENS:.1f} vs {f['base_us'] / TOKENS:.1f}" \
             if f["mode"] == "sse" else ""
+        floors = ", ".join(f"{k} {v:.0f}" for k, v in f["floors_us"].items())
         print(f"| {f['dialect']} | {f['mode']} | {f['this_us']:.0f} | {f['base_us']:.0f} | "
-              f"{f['ratio']:.2f} | {f.get('floor_us', float('nan')):.0f} | {tok} |")
+              f"{f['ratio']:.2f} | {floors} | {tok} |")
     print("blocks (µs/call):", json.dumps({f"{f['dialect']}/{f['mode']}":
                                            [f["blocks"], f["base_blocks"]] for f in found}))
     return 0
