@@ -15,9 +15,12 @@ read from the proxy's `/proc/<pid>/task/*/schedstat` (ns, all threads), so the m
 other load hits both sides alike. The ratio column (this / baseline) is the figure to
 trust on a loaded box; the absolute µs move with the load.
 
-Beside them, unless `--floors ''`: bench/floor_relay.py, relays that only copy the engine's
-bytes (raw asyncio, and a bare ASGI app under uvicorn), on the same calls: the floor any
-proxy on this machine stands on (kernel, event loop, HTTP parsing), and uvicorn's share.
+Beside them, on the same calls: unless `--floors ''`, bench/floor_relay.py, relays that
+only copy the engine's bytes (raw asyncio, and a bare ASGI app under uvicorn), the floor any
+proxy on this machine stands on (kernel, event loop, HTTP parsing) and uvicorn's share; and
+unless `--reference none`, the reference proxy (openenv 0.10.0's capture server, in a venv
+of its own built once in the cache), which asks its engine for the whole reply and replays
+it as one event (so its CPU per streamed reply is a call's, not a stream's).
 
 Workload: a ~4,000-token prompt, 200-token replies at 2 ms per token (streamed), or at
 0 ms (non-streamed: the per-call fixed cost). CPU per token is the proxy's CPU per
@@ -91,6 +94,7 @@ class Side:
     name: str
     src: Path
     floor: str = ""  # bench/floor_relay.py --server <floor> instead of a harnessrl proxy
+    reference: Path | None = None  # the reference proxy's venv instead of a harnessrl proxy
     proxy: po.Service | None = None
     url: str = ""
     key: str = ""
@@ -104,6 +108,11 @@ class Side:
         if self.floor:
             argv = [sys.executable, str(HERE / "floor_relay.py"), "--port", str(port),
                     "--engine-url", engine_url, "--server", self.floor]
+        elif self.reference is not None:  # its own venv: nothing of ours on its path
+            env.pop("PYTHONPATH")
+            argv = [str(self.reference / "bin" / "python"), "-m",
+                    "openenv.core.harness.capture.server", "--llm-url", engine_url,
+                    "--model", "bench-model", "--port", str(port), "--capture-level", "tokens"]
         elif "--workers" in (self.src / "harnessrl" / "cli.py").read_text():
             argv += ["--workers", "1"]  # one process: its CPU is the figure
         log = work / f"proxy-{self.name}.log"
@@ -121,6 +130,23 @@ class Side:
             self.proxy.stop()
 
 
+REFERENCE = "openenv==0.10.0"
+
+
+def reference_venv() -> Path:
+    """A venv holding only the reference proxy, as its own dependency list installs it
+    (plain uvicorn, no uvloop or httptools), built once under the cache."""
+    cache = Path(os.environ.get("HARNESSRL_CACHE", Path.home() / ".cache" / "harnessrl"))
+    venv = cache / f"bench-reference-{REFERENCE.replace('==', '-')}"
+    if not (venv / ".complete").exists():
+        print(f"installing {REFERENCE} into {venv} (once)", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                        REFERENCE], check=True)
+        (venv / ".complete").touch()
+    return venv
+
+
 def baseline_src(rev: str, work: Path) -> Path:
     """The baseline's `src/` from `git archive` (the repository is only read)."""
     archive = work / "baseline.tar"
@@ -133,6 +159,9 @@ def baseline_src(rev: str, work: Path) -> Path:
 
 # ------------------------------------------------------------------ client
 async def new_key(http: aiohttp.ClientSession, side: Side) -> str:
+    if side.reference is not None:  # its sessions: the key is the caller's API key
+        async with http.post(f"{side.url}/sessions", json={}) as resp:
+            return (await resp.json())["session_id"]
     async with http.post(f"{side.url}/rollouts", data=b"{}") as resp:
         return (await resp.json())["key"]
 
@@ -141,9 +170,13 @@ async def one_call(http: aiohttp.ClientSession, side: Side, dialect: str, stream
                    nonce: int) -> int:
     path, body = request(dialect, stream, nonce)
     url = f"{side.url}/r/{side.key}{path}"
+    headers = {"content-type": "application/json"}
+    if side.reference is not None:
+        url = f"{side.url}{path}"
+        headers |= {"authorization": f"Bearer {side.key}", "x-api-key": side.key,
+                    "x-goog-api-key": side.key}
     got = 0
-    async with http.post(url, data=json.dumps(body).encode(),
-                         headers={"content-type": "application/json"}) as resp:
+    async with http.post(url, data=json.dumps(body).encode(), headers=headers) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{side.name} {dialect}: HTTP {resp.status} "
                                f"{(await resp.read())[:300]!r}")
@@ -201,7 +234,9 @@ DIALECTS = ("chat", "responses", "anthropic", "gemini")
 
 
 def figures(sides: Sequence[Side]) -> list[dict[str, Any]]:
-    this, base, *floors = sides
+    this, base = sides[:2]
+    floors = [side for side in sides if side.floor]
+    reference = next((side for side in sides if side.reference is not None), None)
     out = []
     for (dialect, mode), values in this.cpu_ns.items():
         ref = base.cpu_ns[(dialect, mode)]
@@ -211,17 +246,25 @@ def figures(sides: Sequence[Side]) -> list[dict[str, Any]]:
                  "blocks": [v / 1e3 for v in values], "base_blocks": [v / 1e3 for v in ref]}
         found["floors_us"] = {side.floor: statistics.median(side.cpu_ns[(dialect, mode)]) / 1e3
                               for side in floors}
+        if reference is not None:
+            found["reference_us"] = statistics.median(reference.cpu_ns[(dialect, mode)]) / 1e3
         out.append(found)
     return out
 
 
-def floor_note(f: dict[str, Any], streamed: bool) -> str:
-    """The byte-copying relays' figures beside ours, when they ran."""
-    if not f["floors_us"]:
-        return ""
-    values = [f"{name} {us / TOKENS:.1f} µs" if streamed else f"{name} {us / 1e3:.2f} ms"
-              for name, us in f["floors_us"].items()]
-    return "; relays that only copy bytes (the floor): " + ", ".join(values)
+def others_note(f: dict[str, Any], streamed: bool) -> str:
+    """The floors' and the reference proxy's figures beside ours, when they ran."""
+    def value(us: float) -> str:
+        return f"{us / TOKENS:.1f} µs" if streamed else f"{us / 1e3:.2f} ms"
+
+    note = ""
+    if f["floors_us"]:
+        note += "; relays that only copy bytes (the floor): " + ", ".join(
+            f"{name} {value(us)}" for name, us in f["floors_us"].items())
+    if "reference_us" in f:
+        note += (f"; reference proxy {value(f['reference_us'])} (this / reference "
+                 f"{f['this_us'] / f['reference_us']:.2f})")
+    return note
 
 
 def rows_from(found: list[dict[str, Any]], baseline: str) -> list[Row]:
@@ -233,13 +276,13 @@ def rows_from(found: list[dict[str, Any]], baseline: str) -> list[Row]:
             rows.append(Row(f"proxy CPU per streamed token, {f['dialect']}",
                             f"{per_token:.1f} µs ({f['this_us'] / 1e3:.2f} ms/reply)",
                             f"{base_token:.1f} µs at {baseline}; ratio {f['ratio']:.2f}"
-                            + floor_note(f, True), "≤ 15 µs", verdict))
+                            + others_note(f, True), "≤ 15 µs", verdict))
         else:
             verdict = verdict_of(f["this_us"] <= 1500)
             rows.append(Row(f"proxy CPU per non-streamed 4k-token call, {f['dialect']}",
                             f"{f['this_us'] / 1e3:.2f} ms",
                             f"{f['base_us'] / 1e3:.2f} ms at {baseline}; ratio "
-                            f"{f['ratio']:.2f}" + floor_note(f, False), "≤ 1.5 ms", verdict))
+                            f"{f['ratio']:.2f}" + others_note(f, False), "≤ 1.5 ms", verdict))
     return rows
 
 
@@ -254,6 +297,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     "(non-streamed: 4x)")
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="2 blocks of 3 calls")
+    ap.add_argument("--reference", default="auto",
+                    help="venv of the reference proxy (openenv==0.10.0's capture server); "
+                         "'auto' builds one once in the cache, 'none' leaves it out")
     ap.add_argument("--floors", default="raw,uvicorn",
                     help="byte-copying relays to run beside the proxies (bench/floor_relay.py "
                          "--server), '' for none")
@@ -274,6 +320,9 @@ def measure(argv: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], st
                                                                               work))]
         sides += [Side(f"floor-{kind}", ROOT / "src", floor=kind)
                   for kind in filter(None, args.floors.split(","))]
+        if args.reference != "none":
+            venv = reference_venv() if args.reference == "auto" else Path(args.reference)
+            sides.append(Side("reference", ROOT / "src", reference=venv))
         engine, engine_url = po.start_engine(args.tools_dir, work)
         try:
             for side in sides:
@@ -299,13 +348,16 @@ def rows(argv: Sequence[str] | None = None) -> list[Row]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     found, baseline = measure(argv)
-    print(f"| dialect | mode | this µs/call | {baseline} µs/call | ratio | floors µs/call "
+    print(f"| dialect | mode | this µs/call | {baseline} µs/call | ratio | others µs/call "
           "| per token (sse) |")
     print("|---|---|---|---|---|---|---|")
     for f in found:
         tok = f"{f['this_us'] / TOKENS:.1f} vs {f['base_us'] / TOKENS:.1f}" \
             if f["mode"] == "sse" else ""
-        floors = ", ".join(f"{k} {v:.0f}" for k, v in f["floors_us"].items())
+        others = [f"{k} {v:.0f}" for k, v in f["floors_us"].items()]
+        if "reference_us" in f:
+            others.append(f"reference {f['reference_us']:.0f}")
+        floors = ", ".join(others)
         print(f"| {f['dialect']} | {f['mode']} | {f['this_us']:.0f} | {f['base_us']:.0f} | "
               f"{f['ratio']:.2f} | {floors} | {tok} |")
     print("blocks (µs/call):", json.dumps({f"{f['dialect']}/{f['mode']}":

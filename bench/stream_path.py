@@ -3,7 +3,7 @@
 (Starlette routing, the dialect, the vLLM engine's stream parser, the accumulator, the
 store) driven in-process by raw ASGI calls, with the engine's HTTP answer replaced by
 recorded vLLM SSE bytes (one read per token, as a 2 ms/token engine arrives). What is left
-out is what the proxy does not own: uvicorn, aiohttp's socket reads, the kernel.
+out is what the proxy does not own here: uvicorn, the socket reads, the kernel.
 
     .venv/bin/python bench/stream_path.py                      # this checkout vs 9b86db5
     .venv/bin/python bench/stream_path.py --baseline HEAD~2 --rounds 5
@@ -100,10 +100,14 @@ class _Answer:
     status = 200
 
     def __init__(self, reads: list[bytes]) -> None:
-        self.content = _Content(reads)
+        self.content = _Content(reads)  # how an aiohttp answer reads (baselines before 048132d)
+        self.readany = self.content.readany  # how an http1.Response does
 
     async def read(self) -> bytes:
         return await self.content.read()
+
+    def release(self) -> None:
+        pass
 
 
 async def asgi_call(app: Any, path: str, query: bytes, body: bytes) -> int:
