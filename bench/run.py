@@ -127,19 +127,25 @@ SECTIONS: tuple[Section, ...] = (
             "its SDK's own cost; on 2 shared cores c=16 rows vary by tens of ms run to run",
             ("bench/proxy.md", "bench/proxy.md")),
     Section("stream_cpu", "proxy CPU per streamed token and per call (vs the proxy before "
-            "issue 19, same run)", "stream_cpu",
+            "issue 19, two byte-copying relays and the reference proxy, same run)",
+            "stream_cpu",
             ("--blocks", "4", "--calls", "4"), ("--blocks", "8", "--calls", "6"),
-            note="two proxies side by side on one fake vLLM (2 ms/token streamed, 0 ms "
-                 "non-streamed), requests alternating between them in blocks; CPU from "
-                 "/proc schedstat. On 2 cores shared with other work the absolute µs move "
-                 "by 2x between runs; the ratio is the figure"),
+            note="this proxy, the one before issue 19, two relays that only copy the engine's "
+                 "bytes (bench/floor_relay.py: raw asyncio, and a bare ASGI app under "
+                 "uvicorn: the floor under any proxy here) and the reference proxy "
+                 "(openenv 0.10.0's capture server, its own venv) side by side on one fake "
+                 "vLLM (2 ms/token streamed, 0 ms non-streamed), requests alternating "
+                 "between them in blocks; CPU from /proc schedstat. The reference asks for "
+                 "the whole reply and replays it as one event, so its streamed figure is a "
+                 "call's, not a stream's. On 2 shared cores the absolute µs move by 2x "
+                 "between runs; the ratios are the figures"),
     Section("stream_path", "the proxy's own CPU per streamed token, no sockets (vs the proxy "
             "before issue 19, same run)", "stream_path",
             ("--calls", "5", "--rounds", "2", "--repeats", "2"),
             ("--calls", "10", "--rounds", "3", "--repeats", "3"),
             note="the real app driven by raw ASGI calls, the engine's answer replayed from "
                  "recorded vLLM SSE bytes (one read per token): what the proxy's own code "
-                 "costs, without uvicorn, aiohttp's socket reads and the kernel"),
+                 "costs, without uvicorn, the socket reads and the kernel"),
     Section("workers", "req/s at saturation, instant engine: `serve --workers N` against one "
             "worker (same run)", "workers", ("--seconds", "8", "--warmup", "2"),
             ("--seconds", "20"),
