@@ -49,8 +49,9 @@ def config_for(run: str, args: argparse.Namespace, run_dir: Path, url: str) -> T
         "rollout": {"harnesses": [args.harness], "tasks": args.tasks,
                     "concurrency": args.inflight, "retries": 0, "hide_host": False,
                     "agent_timeout": args.agent_timeout},
-        "grpo": {"trainer": args.trainer, "steps": args.steps, "num_generations": 2,
-                 "tasks_per_step": 2, "max_inflight": args.inflight, "max_staleness": 1,
+        "grpo": {"trainer": args.trainer, "steps": args.steps,
+                 "num_generations": args.generations, "tasks_per_step": args.tasks_per_step,
+                 "max_inflight": args.inflight, "max_staleness": 1,
                  "learning_rate": args.lr, "seed": args.seed},
         "shaping": {"custom": [args.term] if run == "shaped" else []},
     }
@@ -177,6 +178,8 @@ def main() -> None:
     parser.add_argument("--mode", default="token", choices=["token", "chat"])
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--inflight", type=int, default=4)
+    parser.add_argument("--generations", type=int, default=2, help="rollouts per GRPO group")
+    parser.add_argument("--tasks-per-step", type=int, default=2)
     parser.add_argument("--agent-timeout", type=float, default=120)
     parser.add_argument("--harness", default="mini-swe-agent")
     parser.add_argument("--eval-harness", default="aider")
