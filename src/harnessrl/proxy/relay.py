@@ -19,9 +19,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-import aiohttp
 import msgspec
-import yarl
 from starlette.requests import Request
 from starlette.routing import Route, Router
 from starlette.types import ASGIApp as App
@@ -31,6 +29,7 @@ from harnessrl.errors import HarnessRLError, TooLarge, WorkerUnavailable
 from harnessrl.proxy.boundary import as_error, error_response, request_key
 from harnessrl.proxy.dialects import Endpoint, endpoints, openai_chat
 from harnessrl.proxy.dialects.base import Dialect
+from harnessrl.proxy.engines.http1 import Client, Response, TransportError
 from harnessrl.proxy.workers import Plan, owner
 
 Answer = tuple[int, bytes]
@@ -49,7 +48,7 @@ class Front:
     def __init__(self, app: App, plan: Plan, index: int, max_body_bytes: int) -> None:
         self.app, self.plan, self.index = app, plan, index
         self.max_body_bytes = max_body_bytes
-        self._session: aiohttp.ClientSession | None = None
+        self._client: Client | None = None
         by_path: dict[str, dict[str, Endpoint | None]] = {}
         for endpoint in endpoints():
             for path in (f"/r/{{key}}{endpoint.path}", endpoint.path):
@@ -74,22 +73,22 @@ class Front:
         return server is not None and server[1] == self.plan.port
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        if self._client is not None:
+            await self._client.close()
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:  # made on the serving loop
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0), auto_decompress=False,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0))
-        return self._session
+    def client(self) -> Client:
+        if self._client is None:  # made on the serving loop
+            # A model call may be silent for as long as its generation takes: the owner
+            # worker bounds that, not this hop.
+            self._client = Client(connect_timeout=10.0, read_timeout=24 * 3600.0)
+        return self._client
 
-    def url(self, worker: int, scope: Scope) -> yarl.URL:
+    def url(self, worker: int, scope: Scope) -> str:
         path = scope.get("raw_path") or scope["path"].encode()
         query = b"?" + scope["query_string"] if scope.get("query_string") else b""
-        return yarl.URL(f"http://{_hostport(self.plan.host, self.plan.private[worker])}"
-                        f"{(path + query).decode('latin-1')}", encoded=True)
+        return (f"http://{_hostport(self.plan.host, self.plan.private[worker])}"
+                f"{(path + query).decode('latin-1')}")
 
     def unavailable(self, worker: int, exc: BaseException) -> WorkerUnavailable:
         return WorkerUnavailable(
@@ -108,13 +107,11 @@ class Front:
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
                    if k.decode("latin-1") not in _REQUEST_HOP]
         try:
-            answer = await self.session.request(
-                scope["method"], self.url(worker, scope), headers=headers, data=body,
-                allow_redirects=False, skip_auto_headers=("User-Agent", "Accept-Encoding",
-                                                          "Content-Type"))
-        except (aiohttp.ClientConnectionError, OSError) as exc:
+            answer = await self.client.request(scope["method"], self.url(worker, scope), body,
+                                               headers=headers)
+        except (TransportError, TimeoutError, OSError) as exc:
             return await _send_error(send, dialect, self.unavailable(worker, exc))
-        with contextlib.closing(answer):
+        async with answer:  # an answer cut short closes the owner's connection
             await _pass_on(answer, receive, send)
 
     async def post_all(self, path: str, body: bytes, scope: Scope
@@ -124,16 +121,17 @@ class Front:
 
     async def get_one(self, worker: int, path: str) -> Answer:
         url = f"http://{_hostport(self.plan.host, self.plan.private[worker])}{path}"
-        async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as answer:
-            return answer.status, await answer.read()
+        async with asyncio.timeout(5):
+            async with await self.client.request("GET", url) as answer:
+                return answer.status, await answer.read()
 
     async def post_one(self, worker: int, path: str, body: bytes,
                     headers: list[tuple[str, str]]) -> Answer:
         url = f"http://{_hostport(self.plan.host, self.plan.private[worker])}{path}"
         try:
-            async with self.session.post(url, data=body, headers=headers) as answer:
+            async with await self.client.request("POST", url, body, headers=headers) as answer:
                 return answer.status, await answer.read()
-        except (aiohttp.ClientConnectionError, OSError) as exc:
+        except (TransportError, OSError) as exc:
             raise self.unavailable(worker, exc) from None
 
 
@@ -258,14 +256,14 @@ async def _body(receive: Receive, limit: int) -> bytes | HarnessRLError | None:
             return b"".join(chunks)
 
 
-async def _pass_on(answer: aiohttp.ClientResponse, receive: Receive, send: Send) -> None:
+async def _pass_on(answer: Response, receive: Receive, send: Send) -> None:
     """The owner's answer to the client as it arrives; stops (closing the owner's
     connection) when the client disconnects."""
     headers = [(k.lower(), v) for k, v in answer.raw_headers if k.lower() not in _ANSWER_HOP]
     await send({"type": "http.response.start", "status": answer.status, "headers": headers})
 
     async def pump() -> None:
-        async for chunk in answer.content.iter_any():
+        while chunk := await answer.readany():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

@@ -40,7 +40,8 @@ class Response:
     def __init__(self, conn: Connection) -> None:
         self._conn: Connection | None = conn
         self.status = conn.status
-        self.headers = conn.headers
+        self.headers = conn.headers  # lower-cased names; the last of a repeated one
+        self.raw_headers = conn.raw_headers  # every (name, value) as it came
 
     async def readany(self) -> bytes:
         """What has arrived of the body since the last read (waiting for some); b"" at its
@@ -89,6 +90,7 @@ class Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.status = 0
         self.headers: dict[str, str] = {}
+        self.raw_headers: list[tuple[bytes, bytes]] = []
         self.chunks: list[bytes] = []
         self.size = 0
         self.begun = False  # status and headers are in
@@ -176,6 +178,7 @@ class Connection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- httptools' callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.raw_headers.append((name, value))
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
@@ -237,11 +240,14 @@ class Client:
         self._ssl: ssl.SSLContext | None = None
 
     async def request(self, method: str, url: str, body: bytes = b"", *,
+                      headers: list[tuple[str, str]] | None = None,
                       read_timeout: float | None = None) -> Response:
-        """The answer once it has begun (status and headers in)."""
+        """The answer once it has begun (status and headers in). `headers` go with this
+        request only, after the client's own; Host and Content-Length are written here."""
         origin, authority, target = split(url)
+        extra = self._extra + "".join(f"{k}: {v}\r\n" for k, v in headers or ())
         head = (f"{method} {target} HTTP/1.1\r\nHost: {authority}\r\n"
-                f"{self._extra}Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
+                f"{extra}Content-Length: {len(body)}\r\n\r\n").encode("latin-1")
         silence = self.read_timeout if read_timeout is None else read_timeout
         conn = await self._connection(origin)
         try:
