@@ -234,3 +234,19 @@ def test_split(url: str, expected: tuple[object, ...]) -> None:
 def test_split_refuses_what_is_not_http() -> None:
     with pytest.raises(ValueError, match="not an http"):
         split("ftp://host/x")
+
+
+def test_an_engine_url_the_client_cannot_use_is_refused_before_anything_starts() -> None:
+    import subprocess
+    import sys
+
+    from harnessrl.proxy.engines.upstream import Upstream
+
+    with pytest.raises(ValueError, match="'localhost:8000' is not an http"):
+        Upstream("localhost:8000")
+    done = subprocess.run([sys.executable, "-m", "harnessrl.cli", "serve", "--engine-url",
+                           "localhost:8000", "--workers", "1"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode != 0
+    assert "--engine-url 'localhost:8000' is not an http(s) URL" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -443,6 +443,9 @@ def engine_spec(args: argparse.Namespace) -> Any:
                           served_name=args.served_model_name, token_delay=args.token_delay)
     if args.engine_mode == "token" and not (args.tokenizer or args.model):
         raise SystemExit("--engine-mode token needs --tokenizer DIR (or --model)")
+    if args.engine_url and not args.engine_url.startswith(("http://", "https://")):
+        raise SystemExit(f"--engine-url {args.engine_url!r} is not an http(s) URL, e.g. "
+                         "http://127.0.0.1:8000")
     return EngineSpec(
         kind=args.engine_mode, url=args.engine_url, model=args.model, tokenizer=args.tokenizer,
         tool_call_parser=args.tool_call_parser,

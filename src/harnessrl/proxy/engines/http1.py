@@ -11,7 +11,9 @@ Limits on waiting: `connect_timeout` for the TCP (and TLS) connection; `read_tim
 any silence once the request is sent (one timer per call, moved on only when it fires, not
 per read). A connection taken from the pool that the server has closed meanwhile (its
 keep-alive timer is often shorter than ours) is retried once on a new one, when nothing of
-the answer had arrived: the server never read that request.
+the answer had arrived: almost always a server that closed it idle and never read the
+request. If it had read it and then dropped the connection, a model call is sampled anew;
+nothing of the first sample reached us, so nothing of it is recorded twice.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from harnessrl.errors import EngineError, EngineTimeout, EngineUnavailable, InvalidRequest
-from harnessrl.proxy.engines.http1 import Client, Response, TransportError
+from harnessrl.proxy.engines.http1 import Client, Response, TransportError, split
 from harnessrl.proxy.sse import SSEDecoder
 
 FIRST_BYTE_TIMEOUT = 30.0
@@ -35,6 +35,11 @@ class Upstream:
     def __init__(self, base_url: str, *, read_timeout: float = 600.0,
                  connect_timeout: float = 10.0, api_key: str | None = None,
                  first_byte_timeout: float = FIRST_BYTE_TIMEOUT) -> None:
+        try:  # at the boundary: a URL the client cannot use fails here, not on a first call
+            split(base_url)
+        except ValueError:
+            raise ValueError(f"the engine URL {base_url!r} is not an http(s) URL, e.g. "
+                             "http://127.0.0.1:8000") from None
         self.base_url = base_url
         self.first_byte_timeout = first_byte_timeout
         self._timeouts = {"connect_timeout": connect_timeout, "read_timeout": read_timeout}
