@@ -48,7 +48,8 @@ def config_for(run: str, args: argparse.Namespace, run_dir: Path, url: str) -> T
         "engine": {"url": url, "mode": args.mode, "max_tokens": args.max_tokens},
         "rollout": {"harnesses": [args.harness], "tasks": args.tasks,
                     "concurrency": args.inflight, "retries": 0, "hide_host": False,
-                    "agent_timeout": args.agent_timeout},
+                    "agent_timeout": args.agent_timeout,
+                    "max_model_calls": args.max_model_calls},
         "grpo": {"trainer": args.trainer, "steps": args.steps,
                  "num_generations": args.generations, "tasks_per_step": args.tasks_per_step,
                  "max_inflight": args.inflight, "max_staleness": 1,
@@ -89,6 +90,23 @@ def interval(values: list[float]) -> tuple[float, float]:
     return mean, half
 
 
+def difference(curves: dict[str, dict[int, list[float]]], last: int = 3) -> str:
+    """shaped - control over the rollouts of the last `last` weight versions both runs
+    sampled (after training had time to act), with a 95% interval (Welch's standard error):
+    the one figure that says whether the runs differ beyond their own noise."""
+    common = sorted(set(curves.get("shaped", {})) & set(curves.get("control", {})))[-last:]
+    pooled = {run: [v for s in common for v in curves[run][s]] for run in RUNS}
+    if not common or any(len(values) < 2 for values in pooled.values()):
+        return "Too few rollouts in the last versions to compare the runs."
+    (m1, v1, n1), (m0, v0, n0) = ((statistics.fmean(vs), statistics.variance(vs), len(vs))
+                                  for vs in (pooled["shaped"], pooled["control"]))
+    half = 1.96 * math.sqrt(v1 / n1 + v0 / n0)
+    verdict = ("outside" if abs(m1 - m0) > half else "inside")
+    return (f"Versions {common[0]}-{common[-1]} pooled: shaped {m1:.1f} ({n1} rollouts), "
+            f"control {m0:.1f} ({n0}); shaped - control = {m1 - m0:+.1f} ± {half:.1f} "
+            f"tokens per call (95%): the difference is {verdict} the noise.")
+
+
 def reset_weights(url: str, model_dir: Path) -> None:
     """vLLM back to the starting weights, so the control run starts where the shaped one did."""
     for path, body in (("/collective_rpc", {"method": "reload_weights",
@@ -109,7 +127,9 @@ def evaluate(label: str, args: argparse.Namespace, root: Path, url: str) -> dict
                     args.eval_harness, "--tasks", args.tasks, "-k", str(args.eval_samples),
                     "--engine-url", url, "--run-dir", str(run_dir), "--no-hide",
                     "--agent-timeout", str(args.agent_timeout),
-                    "--max-tokens", str(args.max_tokens)], check=True)
+                    "--max-tokens", str(args.max_tokens)]
+                   + (["--max-model-calls", str(args.max_model_calls)]
+                      if args.max_model_calls else []), check=True)
     values = [v for vs in per_version(run_dir).values() for v in vs]
     outcomes = [o for o in TraceReader(run_dir).outcomes() if o.status == "done"]
     mean, half = interval(values) if values else (float("nan"), 0.0)
@@ -158,6 +178,7 @@ def report(curves: dict[str, dict[int, list[float]]], evals: dict[str, dict[str,
             mean, half = interval(values)
             cells.append(f"{mean:.1f} ± {half:.1f} ({len(values)})")
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    lines += ["", difference(curves)]
     lines += ["", f"In `{args.eval_harness}` (not trained in), {args.eval_samples} rollouts "
               "per task:", "", "| weights | scored rollouts | solved | sampled tokens per "
               "call (mean ± 95%) |", "|---|---|---|---|"]
@@ -181,6 +202,9 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=2, help="rollouts per GRPO group")
     parser.add_argument("--tasks-per-step", type=int, default=2)
     parser.add_argument("--agent-timeout", type=float, default=120)
+    parser.add_argument("--max-model-calls", type=int, default=None,
+                        help="each rollout's step cap in the proxy (shorter rollouts, shorter "
+                        "training rows: more steps in the same time on a CPU)")
     parser.add_argument("--harness", default="mini-swe-agent")
     parser.add_argument("--eval-harness", default="aider")
     parser.add_argument("--eval-samples", type=int, default=2)
