@@ -95,10 +95,12 @@ class Side:
     src: Path
     floor: str = ""  # bench/floor_relay.py --server <floor> instead of a harnessrl proxy
     reference: Path | None = None  # the reference proxy's venv instead of a harnessrl proxy
+    pace_ms: float = 0.0  # this proxy with `serve --stream-interval-ms`
     proxy: po.Service | None = None
     url: str = ""
     key: str = ""
     cpu_ns: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # per call
+    wall_s: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # each call
 
     def start(self, engine_url: str, work: Path) -> None:
         env = {**os.environ, "PYTHONPATH": str(self.src)}
@@ -115,6 +117,8 @@ class Side:
                     "--model", "bench-model", "--port", str(port), "--capture-level", "tokens"]
         elif "--workers" in (self.src / "harnessrl" / "cli.py").read_text():
             argv += ["--workers", "1"]  # one process: its CPU is the figure
+        if self.pace_ms:
+            argv += ["--stream-interval-ms", str(self.pace_ms)]
         log = work / f"proxy-{self.name}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
@@ -196,7 +200,10 @@ async def block(http: aiohttp.ClientSession, side: Side, dialect: str, stream: b
         while left:
             left.pop()
             nonce[0] += 1
+            start = time.perf_counter()
             await one_call(http, side, dialect, stream, nonce[0])
+            side.wall_s.setdefault((dialect, "sse" if stream else "json"), []).append(
+                time.perf_counter() - start)
 
     before = po.cpu_ns(pid)
     await asyncio.gather(*(worker() for _ in range(conc)))
@@ -236,6 +243,7 @@ DIALECTS = ("chat", "responses", "anthropic", "gemini")
 def figures(sides: Sequence[Side]) -> list[dict[str, Any]]:
     this, base = sides[:2]
     floors = [side for side in sides if side.floor]
+    paced = [side for side in sides if side.pace_ms]
     reference = next((side for side in sides if side.reference is not None), None)
     out = []
     for (dialect, mode), values in this.cpu_ns.items():
@@ -248,6 +256,11 @@ def figures(sides: Sequence[Side]) -> list[dict[str, Any]]:
                               for side in floors}
         if reference is not None:
             found["reference_us"] = statistics.median(reference.cpu_ns[(dialect, mode)]) / 1e3
+        wall = statistics.median(this.wall_s[(dialect, mode)])
+        found["paced"] = [{"ms": side.pace_ms,
+                           "us": statistics.median(side.cpu_ns[(dialect, mode)]) / 1e3,
+                           "added_ms": (statistics.median(side.wall_s[(dialect, mode)])
+                                        - wall) * 1e3} for side in paced]
         out.append(found)
     return out
 
@@ -277,6 +290,13 @@ def rows_from(found: list[dict[str, Any]], baseline: str) -> list[Row]:
                             f"{per_token:.1f} µs ({f['this_us'] / 1e3:.2f} ms/reply)",
                             f"{base_token:.1f} µs at {baseline}; ratio {f['ratio']:.2f}"
                             + others_note(f, True), "≤ 15 µs", verdict))
+            rows += [Row(f"proxy CPU per streamed token, {f['dialect']}, reads paced at "
+                         f"{p['ms']:g} ms (serve --stream-interval-ms {p['ms']:g})",
+                         f"{p['us'] / TOKENS:.1f} µs ({p['us'] / 1e3:.2f} ms/reply)",
+                         f"unpaced {per_token:.1f} µs, ratio {p['us'] / f['this_us']:.2f}; "
+                         f"reply time p50 {p['added_ms']:+.1f} ms vs unpaced",
+                         "≤ 15 µs", verdict_of(p["us"] / TOKENS <= 15))
+                     for p in f["paced"]]
         else:
             verdict = verdict_of(f["this_us"] <= 1500)
             rows.append(Row(f"proxy CPU per non-streamed 4k-token call, {f['dialect']}",
@@ -303,6 +323,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--floors", default="raw,uvicorn",
                     help="byte-copying relays to run beside the proxies (bench/floor_relay.py "
                          "--server), '' for none")
+    ap.add_argument("--paced", default="20",
+                    help="stream intervals (ms, comma-separated) at which this proxy also "
+                         "runs (serve --stream-interval-ms), '' for none")
     ap.add_argument("--json", type=Path, help="write the raw figures here")
     ap.add_argument("--tools-dir", type=Path,
                     default=Path(os.environ.get("HARNESSRL_BENCH_TOOLS", po.DEFAULT_TOOLS)))
@@ -318,6 +341,8 @@ def measure(argv: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], st
         work = Path(tmp)
         sides = [Side("this", ROOT / "src"), Side(args.baseline, baseline_src(args.baseline,
                                                                               work))]
+        sides += [Side(f"this@{ms}ms", ROOT / "src", pace_ms=float(ms))
+                  for ms in filter(None, args.paced.split(","))]
         sides += [Side(f"floor-{kind}", ROOT / "src", floor=kind)
                   for kind in filter(None, args.floors.split(","))]
         if args.reference != "none":
@@ -354,7 +379,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for f in found:
         tok = f"{f['this_us'] / TOKENS:.1f} vs {f['base_us'] / TOKENS:.1f}" \
             if f["mode"] == "sse" else ""
-        others = [f"{k} {v:.0f}" for k, v in f["floors_us"].items()]
+        others = [f"paced {p['ms']:g} ms {p['us']:.0f}" for p in f["paced"]]
+        others += [f"{k} {v:.0f}" for k, v in f["floors_us"].items()]
         if "reference_us" in f:
             others.append(f"reference {f['reference_us']:.0f}")
         floors = ", ".join(others)

@@ -106,6 +106,9 @@ class _Answer:
     async def read(self) -> bytes:
         return await self.content.read()
 
+    def pace(self, interval: float) -> None:
+        """Its reads are already as the bench groups them."""
+
     def release(self) -> None:
         pass
 

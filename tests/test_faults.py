@@ -121,3 +121,30 @@ def test_engine_failure_not_streamed(served, fake, dialect: WireDialect, mode: s
 
     fake.mode = "ok"
     still_serves(served, dialect)
+
+
+# ------------------------------------------------------------------ paced reads
+@pytest.mark.parametrize("dialect", WIRE, ids=IDS)
+def test_a_paced_stream_is_captured_exactly_and_cut_offs_still_fail(
+        fake, tmp_path: Path, dialect: WireDialect) -> None:
+    """`stream_interval` (serve --stream-interval-ms) changes how often the engine's stream
+    is read, not what is captured: the same ids and logprobs, the reply whole, through the
+    dialect's own SDK; an engine killed mid-stream is still the dialect's error event."""
+    engine = VLLMEngine(fake.url, read_timeout=5, stream_interval=0.05)  # type: ignore[attr-defined]
+    with ServedProxy(make_proxy(engine, tmp_path / "run")).running() as served:
+        rollout = served.new_rollout()
+        served.key, served.root = rollout["key"], rollout["base_url"]  # type: ignore[attr-defined]
+        dialect.sdk(served, True)
+        resp = dialect.post(served, stream=True)
+        assert resp.status_code == 200 and b"Hel" in resp.content and b"lo" in resp.content
+        fake.mode = "cut"
+        cut = dialect.post(served, stream=True)
+        assert cut.content.rstrip().rsplit(b"\n\n", 1)[-1].startswith(dialect.last_event)
+        turns = served.store.turns(served.key)
+    assert [t.status for t in turns] == ["ok", "ok", "failed"]
+    for turn in turns[:2]:
+        tokens = turn.completion.tokens
+        assert list(tokens.prompt_ids) == PROMPT_IDS
+        assert list(tokens.completion_ids) == [t[1] for t in TOKENS]
+        assert list(tokens.logprobs) == [t[2] for t in TOKENS]
+    assert list(turns[2].completion.tokens.completion_ids) == SENT_BEFORE_CUT

@@ -5,6 +5,7 @@ silent, cut off, or closing a kept-alive connection."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -221,6 +222,63 @@ async def test_an_unread_body_pauses_the_socket_and_nothing_is_lost() -> None:
         await client.close()
 
 
+async def _paced_reads(pace: float, pieces: list[bytes], gap: float
+                      ) -> tuple[list[bytes], list[float]]:
+    """Each read of a streamed answer read at `pace`, and when it came (from the request)."""
+    async with Server(chunked(pieces, gap=gap)) as url:
+        client = Client()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        got, times = [], []
+        async with await client.request("POST", url) as resp:
+            resp.pace(pace)
+            while piece := await resp.readany():
+                got.append(piece)
+                times.append(loop.time() - start)
+        await client.close()
+    return got, times
+
+
+async def test_a_paced_stream_comes_in_fewer_reads_and_whole() -> None:
+    """Pieces sent 2 ms apart, read at most every 50 ms: the first at once, then several
+    per read; every byte in order, and the connection kept for the next call."""
+    pieces = [b"data: %d\n\n" % i for i in range(100)]
+    got, times = await _paced_reads(0.05, pieces, gap=0.002)
+    assert b"".join(got) == b"".join(pieces)
+    assert got[0] == pieces[0] and times[0] < 0.05  # the first token is not held
+    assert len(got) <= 12  # ~0.25 s of stream in 50 ms reads, not 100 reads
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert min(gaps) >= 0.045  # no read sooner than the pace (timer slack aside)
+
+
+async def test_an_unpaced_stream_is_read_as_it_arrives() -> None:
+    pieces = [b"data: %d\n\n" % i for i in range(30)]
+    got, _ = await _paced_reads(0.0, pieces, gap=0.01)
+    assert b"".join(got) == b"".join(pieces)
+    assert len(got) > 20  # read as it came
+
+
+async def test_a_paced_connection_is_reused_unpaced_and_aborts_cleanly() -> None:
+    """The pace is the call's: the kept-alive connection's next call is read as it comes;
+    an answer released while held closes its connection without a stray resume."""
+    server = Server(chunked([b"a"] * 20, gap=0.005))
+    async with server as url:
+        client = Client()
+        async with await client.request("POST", url) as resp:
+            resp.pace(0.03)
+            assert await resp.read() == b"a" * 20
+        async with await client.request("POST", url) as resp:
+            reads = 0
+            while await resp.readany():
+                reads += 1
+        assert reads > 10 and server.connections == 1
+        async with await client.request("POST", url) as resp:
+            resp.pace(0.5)
+            assert await resp.readany()  # now held for 0.5 s: leave it
+        await asyncio.wait_for(server.closed.wait(), 5)
+        await client.close()
+
+
 @pytest.mark.parametrize(("url", "expected"), [
     ("http://127.0.0.1:8000/v1/chat?x=1", (("http", "127.0.0.1", 8000), "127.0.0.1:8000",
                                            "/v1/chat?x=1")),
@@ -250,3 +308,16 @@ def test_an_engine_url_the_client_cannot_use_is_refused_before_anything_starts()
     assert done.returncode != 0
     assert "--engine-url 'localhost:8000' is not an http(s) URL" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("ms", ["-1", "1001", "soon"])
+def test_a_stream_interval_out_of_range_is_refused_with_the_flag_named(ms: str, capsys) -> None:
+    from harnessrl.cli import main
+    from harnessrl.proxy.engines.upstream import Upstream
+
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--engine-url", "http://127.0.0.1:9", "--stream-interval-ms", ms])
+    assert exited.value.code == 2
+    assert "--stream-interval-ms" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="stream_interval"):
+        Upstream("http://127.0.0.1:9", stream_interval=2.0)

@@ -316,6 +316,11 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-first-byte-timeout", type=float, default=30.0,
                    help="seconds the engine may stay silent before it begins to answer; "
                         "then it must answer GET /health (within 10 s) or the call fails")
+    p.add_argument("--stream-interval-ms", type=_interval_ms, default=0.0, metavar="MS",
+                   help="read a streamed answer from the engine at most once per MS "
+                        "milliseconds after its first token: the tokens of an interval go "
+                        "on together, for a fraction of the CPU per token, and the last one "
+                        "may wait up to MS (default 0: each as it arrives)")
     p.add_argument("--temperature", type=float, help="override the harness's temperature")
     p.add_argument("--top-p", type=float)
     p.add_argument("--top-k", type=int)
@@ -335,6 +340,16 @@ def _serve_parser(p: argparse.ArgumentParser) -> None:
                    help="proxy processes sharing the port, each rollout served by one "
                         "(default: the machine's cores); 1: a single process")
     p.set_defaults(func=_serve)
+
+
+def _interval_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"milliseconds from 0 to 1000, got {text!r}")
+    return value
 
 
 def _at_least_one(text: str) -> int:
@@ -434,7 +449,8 @@ def engine_spec(args: argparse.Namespace) -> Any:
     from harnessrl.proxy.engines.build import EngineSpec
 
     timeouts = {"read_timeout": args.engine_timeout,
-                "first_byte_timeout": args.engine_first_byte_timeout}
+                "first_byte_timeout": args.engine_first_byte_timeout,
+                "stream_interval": args.stream_interval_ms / 1000}
     if args.scripted:
         if args.script is None:
             raise SystemExit("--scripted needs --script FILE (a JSON list of replies)")

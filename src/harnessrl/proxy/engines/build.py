@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.upstream import FIRST_BYTE_TIMEOUT
@@ -36,6 +36,7 @@ class EngineSpec:
     chat_template: str | None = None
     read_timeout: float = 600.0
     first_byte_timeout: float = FIRST_BYTE_TIMEOUT
+    stream_interval: float = 0.0  # seconds between reads of a streamed answer (Upstream)
     # a vLLM started here
     served_name: str | None = None
     max_model_len: int | None = None
@@ -100,14 +101,24 @@ def make(spec: EngineSpec, url: str | None = None) -> Engine:
         from harnessrl.proxy.engines.openai_compat import OpenAICompatEngine
 
         return OpenAICompatEngine(url, model=spec.teacher_model, api_key=spec.api_key,
-                                  read_timeout=spec.read_timeout,
-                                  first_byte_timeout=spec.first_byte_timeout)
+                                  **_upstream(spec))
     if spec.kind == "token":
         return _token(spec, url)
     from harnessrl.proxy.engines.vllm import VLLMEngine
 
-    return VLLMEngine(url, read_timeout=spec.read_timeout,
-                      first_byte_timeout=spec.first_byte_timeout)
+    return VLLMEngine(url, **_upstream(spec))
+
+
+class _UpstreamArgs(TypedDict):
+    read_timeout: float
+    first_byte_timeout: float
+    stream_interval: float
+
+
+def _upstream(spec: EngineSpec) -> _UpstreamArgs:
+    """How a remote engine's calls wait and read (upstream.Upstream)."""
+    return {"read_timeout": spec.read_timeout, "first_byte_timeout": spec.first_byte_timeout,
+            "stream_interval": spec.stream_interval}
 
 
 def _token(spec: EngineSpec, url: str) -> Engine:
@@ -118,8 +129,7 @@ def _token(spec: EngineSpec, url: str) -> Engine:
         raise ValueError("token mode needs the model's tokenizer (a local directory)")
     parser = spec.tool_call_parser or tool_call_parser_for(tokenizer) or "hermes"
     return TokenEngine(url, tokenizer, tool_parser=parser, chat_template=spec.chat_template,
-                       read_timeout=spec.read_timeout,
-                       first_byte_timeout=spec.first_byte_timeout)
+                       **_upstream(spec))
 
 
 def _scripted(spec: EngineSpec) -> Engine:

@@ -44,12 +44,14 @@ class OpenAICompatEngine(Stateless):
 
     def __init__(self, api_base: str, *, model: str | None = None, api_key: str | None = None,
                  read_timeout: float = 600.0,
-                 first_byte_timeout: float = FIRST_BYTE_TIMEOUT) -> None:
+                 first_byte_timeout: float = FIRST_BYTE_TIMEOUT,
+                 stream_interval: float = 0.0) -> None:
         self.api_base = api_base.rstrip("/")
         self.model = model
         # Its health check is at the root, as vLLM's is.
         self.http = Upstream(self.api_base.removesuffix("/v1"), read_timeout=read_timeout,
-                             api_key=api_key, first_byte_timeout=first_byte_timeout)
+                             api_key=api_key, first_byte_timeout=first_byte_timeout,
+                             stream_interval=stream_interval)
 
     async def start(self) -> None:
         await self.http.start()

@@ -9,6 +9,12 @@ A streamed answer begins at once, so a silent engine is one that is stuck or gon
 non-streamed answer begins only when it is done, so there the check keeps a long
 generation going, and ends a call to an engine that no longer answers anything, within
 `first_byte_timeout` + `PROBE_MAX` seconds instead of the generation limit.
+
+`stream_interval` paces a streamed answer's reads (`Response.pace`): the first token is
+passed on at once, later ones at most once per interval, so an engine that streams one
+token every few milliseconds costs one socket read, parse and write per interval instead
+of per token. It is a trade of CPU for latency (the last token may wait up to one
+interval); 0, the default, passes every piece on as it arrives.
 """
 
 from __future__ import annotations
@@ -34,14 +40,18 @@ class Upstream:
 
     def __init__(self, base_url: str, *, read_timeout: float = 600.0,
                  connect_timeout: float = 10.0, api_key: str | None = None,
-                 first_byte_timeout: float = FIRST_BYTE_TIMEOUT) -> None:
+                 first_byte_timeout: float = FIRST_BYTE_TIMEOUT,
+                 stream_interval: float = 0.0) -> None:
         try:  # at the boundary: a URL the client cannot use fails here, not on a first call
             split(base_url)
         except ValueError:
             raise ValueError(f"the engine URL {base_url!r} is not an http(s) URL, e.g. "
                              "http://127.0.0.1:8000") from None
         self.base_url = base_url
+        if not 0 <= stream_interval <= 1:
+            raise ValueError(f"stream_interval {stream_interval!r}: seconds from 0 to 1")
         self.first_byte_timeout = first_byte_timeout
+        self.stream_interval = stream_interval
         self._timeouts = {"connect_timeout": connect_timeout, "read_timeout": read_timeout}
         self._headers = {"Content-Type": "application/json"}
         if api_key:
@@ -102,6 +112,7 @@ class Upstream:
             async with self._begun(url, payload) as resp:
                 if resp.status != 200:
                     await json_or_error(resp)
+                resp.pace(self.stream_interval)
                 decoder = SSEDecoder()
                 read = resp.readany
                 while piece := await read():
@@ -116,6 +127,7 @@ class Upstream:
             async with self._begun(url, payload) as resp:
                 if resp.status != 200:
                     await json_or_error(resp)
+                resp.pace(self.stream_interval)
                 decoder = SSEDecoder()
                 feed, read = decoder.feed_data, resp.readany
                 while piece := await read():  # b"" is the end of the body

@@ -56,13 +56,14 @@ class VLLMEngine(Stateless):
     def __init__(self, base_url: str, *, read_timeout: float = 600.0,
                  connect_timeout: float = 10.0, api_key: str | None = None,
                  first_byte_timeout: float = FIRST_BYTE_TIMEOUT,
-                 extra_body: ExtraBody | None = None) -> None:
+                 extra_body: ExtraBody | None = None, stream_interval: float = 0.0) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.weight_version: str | None = None
         self.extra_body = extra_body
         self.http = Upstream(self.base_url, read_timeout=read_timeout,
                              connect_timeout=connect_timeout, api_key=api_key,
-                             first_byte_timeout=first_byte_timeout)
+                             first_byte_timeout=first_byte_timeout,
+                             stream_interval=stream_interval)
 
     async def start(self) -> None:
         await self.http.start()

@@ -67,12 +67,14 @@ class TokenEngine:
                  read_timeout: float = 600.0, connect_timeout: float = 10.0,
                  api_key: str | None = None, memory: int = 4,
                  render_window: bool = True,
-                 first_byte_timeout: float = FIRST_BYTE_TIMEOUT) -> None:
+                 first_byte_timeout: float = FIRST_BYTE_TIMEOUT,
+                 stream_interval: float = 0.0) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.weight_version: str | None = None
         self.http = Upstream(self.base_url, read_timeout=read_timeout,
                              connect_timeout=connect_timeout, api_key=api_key,
-                             first_byte_timeout=first_byte_timeout)
+                             first_byte_timeout=first_byte_timeout,
+                             stream_interval=stream_interval)
         if isinstance(tokenizer, str):
             from transformers import AutoTokenizer
 
