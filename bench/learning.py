@@ -127,7 +127,8 @@ def evaluate(label: str, args: argparse.Namespace, root: Path, url: str) -> dict
                     args.eval_harness, "--tasks", args.tasks, "-k", str(args.eval_samples),
                     "--engine-url", url, "--run-dir", str(run_dir), "--no-hide",
                     "--agent-timeout", str(args.agent_timeout),
-                    "--max-tokens", str(args.max_tokens)]
+                    "--max-tokens", str(args.max_tokens),
+                    "--temperature", str(args.eval_temperature)]
                    + (["--max-model-calls", str(args.max_model_calls)]
                       if args.max_model_calls else []), check=True)
     values = [v for vs in per_version(run_dir).values() for v in vs]
@@ -208,6 +209,9 @@ def main() -> None:
     parser.add_argument("--harness", default="mini-swe-agent")
     parser.add_argument("--eval-harness", default="aider")
     parser.add_argument("--eval-samples", type=int, default=2)
+    parser.add_argument("--eval-temperature", type=float, default=1.0,
+                        help="sampling temperature in the second harness (training's; a "
+                        "harness's own, aider's 0 say, gives the same reply every time)")
     parser.add_argument("--tasks", default="bundled:create-hello-file,reverse-words")
     parser.add_argument("--out", type=Path, default=Path("bench/learning.md"))
     parser.add_argument("--plot", type=Path, default=Path("bench/learning.png"))
