@@ -321,3 +321,15 @@ def test_a_stream_interval_out_of_range_is_refused_with_the_flag_named(ms: str, 
     assert "--stream-interval-ms" in capsys.readouterr().err
     with pytest.raises(ValueError, match="stream_interval"):
         Upstream("http://127.0.0.1:9", stream_interval=2.0)
+
+
+async def test_a_pace_longer_than_the_read_timeout_is_not_the_engine_s_silence() -> None:
+    """The read timeout is the engine's silence: time the proxy holds a stream unread is
+    not counted against it."""
+    pieces = [b"data: %d\n\n" % i for i in range(20)]
+    async with Server(chunked(pieces, gap=0.02)) as url:
+        client = Client(read_timeout=0.3)
+        async with await client.request("POST", url) as resp:
+            resp.pace(0.5)
+            assert await resp.read() == b"".join(pieces)
+        await client.close()

@@ -147,6 +147,8 @@ class Connection(asyncio.Protocol):
         self.chunks, self.size = [], 0
         if self.pace and not self.complete and self._held is None:
             self._held = self.loop.call_later(self.pace, self._unhold)
+            # the engine's silence counts from when we look again, not from our own hold
+            self._last = self.loop.time() + self.pace
         self._flow()
         return piece
 
