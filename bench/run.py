@@ -129,8 +129,11 @@ SECTIONS: tuple[Section, ...] = (
     Section("stream_cpu", "proxy CPU per streamed token and per call (vs the proxy before "
             "issue 19, two byte-copying relays and the reference proxy, same run)",
             "stream_cpu",
-            ("--blocks", "4", "--calls", "4"), ("--blocks", "8", "--calls", "6"),
-            note="this proxy, the one before issue 19, two relays that only copy the engine's "
+            ("--blocks", "4", "--calls", "4", "--paced", "20,50"),
+            ("--blocks", "8", "--calls", "6", "--paced", "20,50"),
+            note="this proxy (as served by default, and with `--stream-interval-ms` 20 and "
+                 "50: the engine's stream read at most once per interval), the one before "
+                 "issue 19, two relays that only copy the engine's "
                  "bytes (bench/floor_relay.py: raw asyncio, and a bare ASGI app under "
                  "uvicorn: the floor under any proxy here) and the reference proxy "
                  "(openenv 0.10.0's capture server, its own venv) side by side on one fake "

@@ -3,11 +3,14 @@ recorded, and the proxy keeps serving."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from harnessrl.proxy.engines.vllm import VLLMEngine
 from harnessrl.proxy.serve import in_thread
@@ -182,3 +185,37 @@ def test_merge_chunks_keeps_every_id_and_logprob_in_order() -> None:
     merged = merge_chunks(events)
     assert merged == [Chunk((TextDelta("a"), TextDelta("b")), (1, 2, 3), (-0.1, -0.2, -0.3)),
                       Chunk((TextDelta("c"),), None, None), Finished("stop")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.text(max_size=3), st.booleans(), st.integers(0, 3)),
+    st.just(None)), max_size=40))
+def test_merge_chunks_joins_every_mergeable_run_and_loses_nothing(spec) -> None:
+    """Any mix of chunks with and without ids, and other events between them: the same
+    deltas, ids and logprobs in the same order, and no two adjacent chunks left that could
+    have been one."""
+    from harnessrl.proxy.engines.vllm import merge_chunks
+    from harnessrl.types import Chunk, Finished, TextDelta
+
+    events: list = []
+    for n, item in enumerate(spec):
+        if item is None:
+            events.append(Finished("stop"))
+            continue
+        text, with_ids, count = item
+        ids = tuple(range(n * 10, n * 10 + count)) if with_ids else None
+        events.append(Chunk((TextDelta(text),), ids, None if ids is None else
+                            tuple(-0.5 * i for i in ids)))
+    merged = merge_chunks(events)
+
+    def flat(evs: list, field: str) -> list:
+        return [x for e in evs if isinstance(e, Chunk) for x in getattr(e, field) or ()]
+
+    for field in ("deltas", "token_ids", "logprobs"):
+        assert flat(merged, field) == flat(events, field)
+    assert [e for e in merged if not isinstance(e, Chunk)] == \
+        [e for e in events if not isinstance(e, Chunk)]
+    for a, b in itertools.pairwise(merged):
+        assert not (isinstance(a, Chunk) and isinstance(b, Chunk)
+                    and (a.token_ids is None) == (b.token_ids is None))

@@ -3,7 +3,6 @@ check and its fallback, the tool-call formats (Hermes JSON, Qwen3-Coder XML, rea
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import itertools
@@ -415,17 +414,16 @@ def test_parser_names_and_token_mode_flags(tmp_path) -> None:
 
 
 def test_serve_builds_a_token_engine(tiny_model) -> None:
-    from harnessrl.cli import engine_spec
+    from harnessrl.cli import _parser, engine_spec
     from harnessrl.proxy.engines.build import make
 
-    args = argparse.Namespace(scripted=None, engine_mode="token", tokenizer=str(tiny_model),
-                              model=None, tool_call_parser=None, chat_template=None,
-                              engine_url="http://127.0.0.1:9", engine_timeout=5.0,
-                              engine_first_byte_timeout=5.0, served_model_name=None,
-                              max_model_len=None, dtype=None, vllm_arg=[], vllm_log=None)
+    args = _parser().parse_args(["serve", "--engine-mode", "token", "--tokenizer",
+                                 str(tiny_model), "--engine-url", "http://127.0.0.1:9",
+                                 "--engine-timeout", "5", "--stream-interval-ms", "20"])
     engine = make(engine_spec(args))
     assert engine.name == "vllm-token" and engine.tool_parser == "hermes"
     assert engine.stop_ids == [engine.renderer.tokenizer.eos_token_id]
+    assert engine.http.stream_interval == 0.02
 
 
 # ------------------------------------------------------------------ against real vLLM

@@ -142,26 +142,42 @@ async def chat_stream(http: Upstream, url: str, payload: bytes
 
 
 def merge_chunks(events: list[EngineEvent]) -> list[EngineEvent]:
-    """Adjacent chunks as one, when both carry ids and logprobs (or both lack them)."""
+    """Adjacent chunks as one, when both carry ids and logprobs (or both lack them). Each
+    run of such chunks is joined once (a read of a paced or busy stream holds hundreds)."""
     if len(events) < 2:
         return events
     merged: list[EngineEvent] = []
+    run: list[Chunk] = []
     for event in events:
-        last = merged[-1] if merged else None
-        if (isinstance(event, Chunk) and isinstance(last, Chunk)
-                and (last.token_ids is None) == (event.token_ids is None)
-                and (last.logprobs is None) == (event.logprobs is None)):
-            merged[-1] = Chunk(last.deltas + event.deltas,
-                               _joined(last.token_ids, event.token_ids),
-                               _joined(last.logprobs, event.logprobs))
-        else:
-            merged.append(event)
+        if type(event) is Chunk:
+            if run and not _mergeable(run[-1], event):
+                merged.append(_one_chunk(run))
+                run = []
+            run.append(event)
+            continue
+        if run:
+            merged.append(_one_chunk(run))
+            run = []
+        merged.append(event)
+    if run:
+        merged.append(_one_chunk(run))
     return merged
 
 
-def _joined(first: tuple[Any, ...] | None, then: tuple[Any, ...] | None
-            ) -> tuple[Any, ...] | None:
-    return None if first is None or then is None else first + then
+def _mergeable(last: Chunk, event: Chunk) -> bool:
+    return ((last.token_ids is None) == (event.token_ids is None)
+            and (last.logprobs is None) == (event.logprobs is None))
+
+
+def _one_chunk(run: list[Chunk]) -> Chunk:
+    if len(run) == 1:
+        return run[0]
+    first = run[0]
+    return Chunk(tuple([d for c in run for d in c.deltas]),
+                 None if first.token_ids is None else tuple(
+                     [i for c in run for i in c.token_ids or ()]),
+                 None if first.logprobs is None else tuple(
+                     [x for c in run for x in c.logprobs or ()]))
 
 
 def _tokens(choice: Choice | StreamChoice
