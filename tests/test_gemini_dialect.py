@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from harnessrl.errors import EngineUnavailable, InvalidRequest, NotFound
 from harnessrl.proxy import sse
-from harnessrl.proxy.dialects import gemini
+from harnessrl.proxy.dialects import gemini, gemini_request
 from harnessrl.proxy.dialects.base import ReplyContext
 from harnessrl.types import (
     Chunk,
@@ -68,7 +68,7 @@ def test_real_gemini_cli_requests_parse(path: Path) -> None:
     assert request.sampling.temperature == config["temperature"]
     assert request.sampling.top_k == config["topK"]
     assert request.extra["thinkingConfig"] == config["thinkingConfig"]
-    for key in set(body) - gemini._MAPPED:
+    for key in set(body) - gemini_request._MAPPED:
         assert request.extra[key] == body[key]
 
 
