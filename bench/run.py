@@ -132,7 +132,9 @@ SECTIONS: tuple[Section, ...] = (
             ("--blocks", "4", "--calls", "4", "--paced", "20,50"),
             ("--blocks", "8", "--calls", "6", "--paced", "20,50"),
             note="this proxy (as served by default, and with `--stream-interval-ms` 20 and "
-                 "50: the engine's stream read at most once per interval), the one before "
+                 "50: the engine's stream read at most once per interval; its 400 ms "
+                 "streams are a multiple of both, so the reply time barely grows here, "
+                 "where in general the last token waits up to the interval), the one before "
                  "issue 19, two relays that only copy the engine's "
                  "bytes (bench/floor_relay.py: raw asyncio, and a bare ASGI app under "
                  "uvicorn: the floor under any proxy here) and the reference proxy "
