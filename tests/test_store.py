@@ -21,7 +21,7 @@ import pytest
 
 from harnessrl.proxy.engines.vllm_server import free_port
 from harnessrl.proxy.rows import pack, unpack
-from harnessrl.proxy.store import TraceReader, TraceStore
+from harnessrl.proxy.store import TraceReader, TraceStore, WriterLock
 from harnessrl.train.export import export
 from harnessrl.types import Rollout
 from tests.helpers import make_turn
@@ -90,6 +90,29 @@ def test_queued_writes_share_a_commit(tmp_path: Path) -> None:
 
     asyncio.run(one_by_one())
     assert wal_commits(store.path) - before == grouped + 3
+    store.close()
+
+
+def test_writers_take_turns_on_the_lock_file_not_sqlites_busy_wait(tmp_path: Path) -> None:
+    """While another writer (another worker process, here this test) holds the store's
+    writer lock, queued turns are not committed; they are the moment it is released."""
+    store = TraceStore(tmp_path)
+    asyncio.run(store.put_rollout(Rollout("k", 0.0)))
+    other = WriterLock(store.path)
+    assert other.path == tmp_path / "trace.db-writer"
+
+    async def write() -> None:
+        with other:
+            pending = asyncio.gather(*(store.add_turn(make_turn("k", i)) for i in range(50)))
+            await asyncio.sleep(0.3)
+            with TraceReader(tmp_path, up_to_date=True) as reader:
+                assert reader.count_turns() == 0  # SQLite alone would have let them in
+            assert not pending.done()
+        await asyncio.wait_for(pending, 5)
+
+    asyncio.run(write())
+    other.close()
+    assert store.count_turns() == 50
     store.close()
 
 

@@ -13,6 +13,8 @@ byte for byte (`proxy/relay.py`), so a client that ignores the base URL still wo
 All workers write the run's one store (RUN_DIR/trace.db): SQLite in WAL mode takes one
 writer at a time across processes, and each worker's writer thread already commits what
 it has queued as one transaction, so N workers cost N small commits where one cost one.
+They take turns on the store's `WriterLock` (a `flock` the kernel hands over at once), not
+on SQLite's busy handler, whose sleeps left a second worker's core a third idle.
 One file keeps every reader (viewer, export, runner, trainer) as it is; turn indices
 cannot collide, since only a rollout's owner writes its turns.
 
