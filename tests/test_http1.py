@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 from collections.abc import Awaitable, Callable
 
 import pytest
+import uvloop
 
-from harnessrl.proxy.engines.http1 import HIGH_WATER, Client, TransportError, split
+from harnessrl.proxy.engines import http1
+from harnessrl.proxy.engines.http1 import HIGH_WATER, HOLD_LOWAT, Client, TransportError, split
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes], Awaitable[bool]]
 
@@ -239,6 +242,17 @@ async def _paced_reads(pace: float, pieces: list[bytes], gap: float
     return got, times
 
 
+@pytest.fixture(params=["lowat", "pause"])
+def hold(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each paced test runs with both ways of holding a socket: a raised SO_RCVLOWAT where
+    the kernel supports it (Linux 4.18+), paused reading where it does not."""
+    if request.param == "lowat" and not http1.lowat_holds():
+        pytest.skip("this kernel's SO_RCVLOWAT does not hold a socket")
+    monkeypatch.setattr(http1, "lowat_holds", lambda: request.param == "lowat")
+    return request.param
+
+
+@pytest.mark.usefixtures("hold")
 async def test_a_paced_stream_comes_in_fewer_reads_and_whole() -> None:
     """Pieces sent 2 ms apart, read at most every 50 ms: the first at once, then several
     per read; every byte in order, and the connection kept for the next call."""
@@ -258,6 +272,7 @@ async def test_an_unpaced_stream_is_read_as_it_arrives() -> None:
     assert len(got) > 20  # read as it came
 
 
+@pytest.mark.usefixtures("hold")
 async def test_a_paced_connection_is_reused_unpaced_and_aborts_cleanly() -> None:
     """The pace is the call's: the kept-alive connection's next call is read as it comes;
     an answer released while held closes its connection without a stray resume."""
@@ -277,6 +292,50 @@ async def test_a_paced_connection_is_reused_unpaced_and_aborts_cleanly() -> None
             assert await resp.readany()  # now held for 0.5 s: leave it
         await asyncio.wait_for(server.closed.wait(), 5)
         await client.close()
+
+
+async def _burst(_r: asyncio.StreamReader, w: asyncio.StreamWriter, _b: bytes) -> bool:
+    """One byte, then 50 ms later more than the hold's low-water mark and the end at once."""
+    w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n")
+    await w.drain()
+    await asyncio.sleep(0.05)
+    w.write(b"%x\r\n%s\r\n0\r\n\r\n" % (HOLD_LOWAT + 10, b"b" * (HOLD_LOWAT + 10)))
+    await w.drain()
+    return True
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_a_low_water_hold_keeps_reading_on_and_gives_the_mark_back(loop: str) -> None:
+    """Held by the low-water mark, the socket is never paused (pausing costs uvloop an extra
+    wake-up per hold) and more than the mark comes in at once; a connection given back to
+    the pool while its hold is pending has its mark back at 1, so the next answer is read."""
+    if not http1.lowat_holds():
+        pytest.skip("this kernel's SO_RCVLOWAT does not hold a socket")
+
+    async def main() -> None:
+        async with Server(_burst) as url:
+            client = Client()
+            async with await client.request("POST", url) as resp:
+                resp.pace(5.0)
+                assert await resp.readany() == b"a"
+                conn = resp._conn
+                assert conn is not None and conn.transport is not None
+                assert _lowat(conn) == HOLD_LOWAT and conn.transport.is_reading()
+                rest = await asyncio.wait_for(resp.read(), 2.0)  # not the 5 s hold
+            assert rest == b"b" * (HOLD_LOWAT + 10) and _lowat(conn) == 1
+            async with await client.request("POST", url) as resp:  # the same connection
+                assert resp._conn is conn
+                assert len(await asyncio.wait_for(resp.read(), 2.0)) == HOLD_LOWAT + 11
+            await client.close()
+
+    runner = asyncio.run if loop == "asyncio" else uvloop.run
+    await asyncio.to_thread(runner, main())
+
+
+def _lowat(conn: http1.Connection) -> int:
+    assert conn.transport is not None
+    return conn.transport.get_extra_info("socket").getsockopt(socket.SOL_SOCKET,
+                                                              socket.SO_RCVLOWAT)
 
 
 @pytest.mark.parametrize(("url", "expected"), [
@@ -323,6 +382,7 @@ def test_a_stream_interval_out_of_range_is_refused_with_the_flag_named(ms: str, 
         Upstream("http://127.0.0.1:9", stream_interval=2.0)
 
 
+@pytest.mark.usefixtures("hold")
 async def test_a_pace_longer_than_the_read_timeout_is_not_the_engine_s_silence() -> None:
     """The read timeout is the engine's silence: time the proxy holds a stream unread is
     not counted against it."""
