@@ -129,11 +129,11 @@ SECTIONS: tuple[Section, ...] = (
     Section("stream_cpu", "proxy CPU per streamed token and per call (vs the proxy before "
             "issue 19, two byte-copying relays and the reference proxy, same run)",
             "stream_cpu",
-            ("--blocks", "4", "--calls", "4", "--paced", "20,50"),
-            ("--blocks", "8", "--calls", "6", "--paced", "20,50"),
-            note="this proxy (as served by default, and with `--stream-interval-ms` 20 and "
-                 "50: the engine's stream read at most once per interval; its 400 ms "
-                 "streams are a multiple of both, so the reply time barely grows here, "
+            ("--blocks", "4", "--calls", "4", "--paced", "20,50,100"),
+            ("--blocks", "8", "--calls", "6", "--paced", "20,50,100"),
+            note="this proxy (as served by default, and with `--stream-interval-ms` 20, 50 "
+                 "and 100: the engine's stream read at most once per interval; its 400 ms "
+                 "streams are a multiple of each, so the reply time barely grows here, "
                  "where in general the last token waits up to the interval), the one before "
                  "issue 19, two relays that only copy the engine's "
                  "bytes (bench/floor_relay.py: raw asyncio, and a bare ASGI app under "
@@ -151,6 +151,12 @@ SECTIONS: tuple[Section, ...] = (
             note="the real app driven by raw ASGI calls, the engine's answer replayed from "
                  "recorded vLLM SSE bytes (one read per token): what the proxy's own code "
                  "costs, without uvicorn, the socket reads and the kernel"),
+    Section("call_stages", "where a non-streamed 4k-token call's CPU goes, stage by stage "
+            "(vs the whole call in-process, same run)", "call_stages", ("--repeats", "200"),
+            ("--repeats", "1000"),
+            note="each stage is the proxy's own function run on that call's real input; the "
+                 "store's commit is its writer thread's CPU per turn; the rest of the whole "
+                 "call (measured as stream_path does) is routing, ASGI and the event loop"),
     Section("workers", "req/s at saturation, instant engine: `serve --workers N` against one "
             "worker (same run)", "workers", ("--seconds", "8", "--warmup", "2"),
             ("--seconds", "20"),

@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Where a non-streamed call's proxy CPU goes, stage by stage, per dialect: the same ~4,000-
+token call `bench/stream_cpu.py` and `bench/stream_path.py` measure whole.
+
+Each stage is the proxy's own function on that call's real input, run `--repeats` times in
+this process (CPU time, after a warm-up); the store's commit is its writer thread's CPU per
+turn, awaited one turn at a time. The baseline is the whole call in-process (the real app
+driven by raw ASGI calls, as stream_path.py does): what the stages leave out of it is
+routing, the ASGI plumbing and the event loop.
+
+    .venv/bin/python bench/call_stages.py [--dialects chat,gemini] [--repeats 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from table import Row  # noqa: E402
+
+DIALECTS = {"chat": "openai_chat", "responses": "openai_responses", "anthropic": "anthropic",
+            "gemini": "gemini"}
+
+
+def _timed(fn: Callable[[], object], repeats: int) -> float:
+    """µs of CPU per run of `fn`."""
+    for _ in range(max(3, repeats // 10)):
+        fn()
+    t0 = time.process_time()
+    for _ in range(repeats):
+        fn()
+    return (time.process_time() - t0) / repeats * 1e6
+
+
+def stages(dialect_name: str, repeats: int) -> dict[str, float]:
+    """µs per call of each stage of one non-streamed call in `dialect_name`."""
+    import msgspec
+    from stream_cpu import request
+    from stream_path import vllm_answer
+
+    from harnessrl.proxy.accumulate import Accumulator
+    from harnessrl.proxy.boundary import decode_json
+    from harnessrl.proxy.dialects import DIALECTS as ALL
+    from harnessrl.proxy.dialects.base import ReplyContext
+    from harnessrl.proxy.engines.vllm import VLLMEngine, _events_from_completion
+    from harnessrl.proxy.history import check_arguments, check_tool_results, restore_arguments
+    from harnessrl.proxy.rows import turn_row
+    from harnessrl.types import Sampling, Timings, Turn
+
+    dialect = next(d for d in ALL if d.name == DIALECTS[dialect_name])
+    _path, body = request(dialect_name, False, 1)
+    raw = json.dumps(body).encode()
+    model = "bench-model" if dialect_name == "gemini" else None  # Gemini's is in its path
+    decoded = decode_json(raw)
+    parsed = dialect.parse_request(decoded, model=model, stream=False)
+    policy = Sampling(temperature=1.0)
+    used = parsed.sampling.override(policy, frozenset())
+    engine_request = msgspec.structs.replace(parsed, model="bench-model", sampling=used)
+    engine = VLLMEngine("http://127.0.0.1:9")
+    answer = vllm_answer()
+    events = _events_from_completion(answer)
+    ctx = ReplyContext("id-1", 1, "bench-model")
+
+    def reply() -> tuple[Accumulator, bytes]:
+        acc = Accumulator()
+        for event in events:
+            acc.feed(event)
+        return acc, dialect.render_completion(acc.completion(), ctx)
+
+    def history() -> None:
+        check_tool_results(parsed)
+        check_arguments(parsed, {})
+        restore_arguments(parsed, {})
+
+    acc, rendered = reply()
+    turn = Turn(rollout="k", index=0, dialect=dialect.name, status="ok",
+                timings=Timings(1.0, 2.0, 3.0), raw_request=raw, raw_response=rendered,
+                request=parsed, completion=acc.completion(), requested_sampling=parsed.sampling,
+                used_sampling=used, engine="vllm", model=acc.model, reply_id=ctx.id)
+    found = {
+        "read the request's JSON (boundary.decode_json)": _timed(lambda: decode_json(raw),
+                                                                 repeats),
+        "parse it into a ChatRequest (the dialect's parse_request)": _timed(
+            lambda: dialect.parse_request(decoded, model=model, stream=False), repeats),
+        "history checks (tool results, call arguments)": _timed(history, repeats),
+        "sampling policy (Sampling.override)": _timed(
+            lambda: parsed.sampling.override(policy, frozenset()), repeats),
+        "the engine's request body (VLLMEngine._payload)": _timed(
+            lambda: engine._payload(engine_request, stream=False), repeats),
+        "the engine's answer decoded into events (4,000 prompt ids, 200 tokens)": _timed(
+            lambda: _events_from_completion(answer), repeats),
+        "the reply accumulated and rendered in the dialect": _timed(reply, repeats),
+        "the turn packed into its row (rows.turn_row)": _timed(lambda: turn_row(turn),
+                                                              repeats),
+    }
+    found["the store's commit, packing excluded (writer thread)"] = (
+        asyncio.run(_commit_us(turn, repeats)) - found["the turn packed into its row "
+                                                      "(rows.turn_row)"])
+    found["the whole call in-process (baseline)"] = asyncio.run(_whole_us(dialect_name,
+                                                                          repeats))
+    return found
+
+
+async def _commit_us(turn: Any, repeats: int) -> float:
+    """The writer thread's CPU per turn, each awaited before the next (as at c=1)."""
+    import msgspec
+
+    from harnessrl.proxy.store import TraceStore
+    from harnessrl.types import Rollout
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store = TraceStore(Path(tmp))
+        await store.put_rollout(Rollout("k", 0.0))
+        turns = [msgspec.structs.replace(turn, index=i) for i in range(repeats + 20)]
+        for t in turns[:20]:
+            await store.add_turn(t)
+        tid = next(t for t in threading.enumerate() if t.name == "trace-writer").native_id
+
+        def cpu_ns() -> int:
+            return int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+
+        before = cpu_ns()
+        for t in turns[20:]:
+            await store.add_turn(t)
+        spent = cpu_ns() - before
+        store.close()
+    return spent / repeats / 1e3
+
+
+async def _whole_us(dialect_name: str, repeats: int) -> float:
+    """The whole non-streamed call through the app, as stream_path.py measures it."""
+    import stream_path
+    from stream_cpu import request
+
+    from harnessrl.proxy.engines.upstream import Upstream
+    from harnessrl.proxy.engines.vllm import VLLMEngine
+    from harnessrl.proxy.serve import build
+
+    answer = stream_path.vllm_answer()
+
+    @contextlib.asynccontextmanager
+    async def begun(_self: Any, _url: str, _payload: bytes) -> AsyncIterator[Any]:
+        yield stream_path._Answer([answer])
+
+    Upstream._begun = begun  # type: ignore[method-assign]
+    with tempfile.TemporaryDirectory() as tmp:
+        proxy = build(VLLMEngine("http://127.0.0.1:9"), Path(tmp))
+        with proxy.store:
+            proxy.served = ["bench-model"]
+            app = proxy.app()
+            key = (await proxy.sessions.create()).key
+            calls = []
+            for n in range(repeats + 10):
+                path, body = request(dialect_name, False, n)
+                route, _, query = path.partition("?")
+                calls.append((f"/r/{key}{route}", query.encode(), json.dumps(body).encode()))
+            for call in calls[:10]:
+                await stream_path.asgi_call(app.router, *call)
+            t0 = time.process_time()  # the writer thread's CPU is this process's too
+            for call in calls[10:]:
+                await stream_path.asgi_call(app.router, *call)
+            return (time.process_time() - t0) / repeats * 1e6
+
+
+def measure(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
+    args = parse_args(argv)
+    return {name: stages(name, args.repeats) for name in args.dialects.split(",")}
+
+
+def rows(argv: Sequence[str] | None = None) -> list[Row]:
+    out = []
+    for dialect, found in measure(argv).items():
+        whole = found.pop("the whole call in-process (baseline)")
+        listed = sum(found.values())
+        for stage, us in found.items():
+            out.append(Row(f"{dialect} non-streamed call: {stage}", f"{us:,.0f} µs",
+                           f"{100 * us / whole:.0f}% of the whole call in-process, "
+                           f"{whole:,.0f} µs"))
+        out.append(Row(f"{dialect} non-streamed call: routing, ASGI and the event loop (the "
+                       "rest)", f"{whole - listed:,.0f} µs",
+                       f"{100 * (whole - listed) / whole:.0f}% of {whole:,.0f} µs"))
+    return out
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dialects", default=",".join(DIALECTS))
+    ap.add_argument("--repeats", type=int, default=300)
+    return ap.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    for row in rows(argv):
+        print(f"| {row.figure} | {row.measured} | {row.baseline} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
