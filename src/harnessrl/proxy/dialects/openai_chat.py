@@ -269,7 +269,9 @@ class StreamEncoder:
             deltas = event.deltas
             if len(deltas) == 1 and type(deltas[0]) is TextDelta:
                 return self._text + _encode(deltas[0].text) + _TEXT_TAIL
-            return b"".join(self._chunk(_DELTA[type(d)](d)) for d in deltas)
+            # Many tokens of one read (a busy or paced stream): text still preformatted.
+            return b"".join([self._text + _encode(d.text) + _TEXT_TAIL if type(d) is TextDelta
+                             else self._chunk(_DELTA[type(d)](d)) for d in deltas])
         if isinstance(event, Started):
             return self._chunk({"role": "assistant", "content": ""})
         out = self._chunk({}, _FINISH[event.finish_reason])
