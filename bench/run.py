@@ -151,6 +151,12 @@ SECTIONS: tuple[Section, ...] = (
             note="the real app driven by raw ASGI calls, the engine's answer replayed from "
                  "recorded vLLM SSE bytes (one read per token): what the proxy's own code "
                  "costs, without uvicorn, the socket reads and the kernel"),
+    Section("latency", "latency and time to first token added at c=1, one raw HTTP client "
+            "for every side (vs the engine called directly, same run)", "latency",
+            ("--calls", "60"), ("--calls", "200"),
+            note="the same aiohttp loop calls the engine directly (chat) and each dialect "
+                 "through the proxy, calls interleaved, so no SDK's cost is in the figure "
+                 "(the proxy section's are through each dialect's SDK)"),
     Section("call_stages", "where a non-streamed 4k-token call's CPU goes, stage by stage "
             "(vs the whole call in-process, same run)", "call_stages", ("--repeats", "200"),
             ("--repeats", "1000"),

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""What the proxy adds to a call's latency at c=1, with one raw HTTP client on both sides:
+the engine called directly against each dialect through the proxy, calls interleaved.
+
+bench/proxy_overhead.py measures the same through each dialect's own SDK (as the anchor
+benchmark does), so there a dialect's figure includes its SDK's cost against the openai
+SDK's. Here the client is the same aiohttp loop for every side, so the difference is the
+proxy's own: request parsing, the engine call, re-encoding, the store's commit.
+
+- non-streamed: the whole answer (engine at 0 ms per token, 200 tokens, a ~4,000-token
+  prompt);
+- streamed: time to the first token, the first byte of the dialect's first text event
+  (engine at `--delay-ms` per token, so the first token comes apart from the role chunk;
+  20 tokens a reply).
+
+    .venv/bin/python bench/latency.py [--calls 100] [--dialects chat,gemini]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import aiohttp
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import proxy_overhead as po  # noqa: E402
+import stream_cpu  # noqa: E402
+from table import Row, verdict  # noqa: E402
+
+DIALECTS = ("chat", "responses", "anthropic", "gemini")
+# The first bytes of each dialect's first event that carries a token's text.
+FIRST_TEXT = {"direct": b'"content":"', "chat": b'"content":"',
+              "responses": b"response.output_text.delta", "anthropic": b"content_block_delta",
+              "gemini": b'"text":'}
+_EMPTY = b'"content":""'  # the role chunk's
+
+
+async def one(http: aiohttp.ClientSession, url: str, body: bytes, marker: bytes | None
+              ) -> float:
+    """Seconds to the whole answer (`marker` None) or to the first byte of `marker`."""
+    start = time.perf_counter()
+    async with http.post(url, data=body, headers={"content-type": "application/json"}) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: HTTP {resp.status} {(await resp.read())[:300]!r}")
+        if marker is None:
+            await resp.read()
+            return time.perf_counter() - start
+        seen, at = b"", None
+        async for piece in resp.content.iter_any():
+            seen += piece
+            if at is None and marker in seen.replace(_EMPTY, b""):
+                at = time.perf_counter() - start
+        if at is None:
+            raise RuntimeError(f"{url}: no {marker!r} in the stream")
+        return at
+
+
+async def measure_async(engine_url: str, proxy_url: str, key: str, dialects: Sequence[str],
+                        calls: int, delay_ms: float) -> dict[str, dict[str, list[float]]]:
+    times: dict[str, dict[str, list[float]]] = {"json": {}, "sse": {}}
+    async with aiohttp.ClientSession() as http:
+        # Streamed calls stop mattering at their first token: 20 tokens keep them short.
+        for mode, tokens, delay in (("json", stream_cpu.TOKENS, 0.0), ("sse", 20, delay_ms)):
+            async with http.post(f"{engine_url}/config", data=json.dumps(
+                    {"tokens": tokens, "delay_ms": delay})) as configured:
+                await configured.read()
+            stream = mode == "sse"
+            for n in range(calls + 5):  # the first 5 of each side warm up
+                for side in ("direct", *dialects):
+                    path, body = stream_cpu.request("chat" if side == "direct" else side,
+                                                    stream, n)
+                    url = (f"{engine_url}{path}" if side == "direct"
+                           else f"{proxy_url}/r/{key}{path}")
+                    took = await one(http, url, json.dumps(body).encode(),
+                                     FIRST_TEXT[side] if stream else None)
+                    if n >= 5:
+                        times[mode].setdefault(side, []).append(took)
+    return times
+
+
+def measure(argv: Sequence[str] | None = None) -> dict[str, dict[str, list[float]]]:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="latency-") as tmp:
+        work = Path(tmp)
+        engine, engine_url = po.start_engine(args.tools_dir, work)
+        proxy = stream_cpu.Side("this", stream_cpu.ROOT / "src")
+        try:
+            proxy.start(engine_url, work)
+
+            async def run() -> dict[str, dict[str, list[float]]]:
+                async with aiohttp.ClientSession() as http:
+                    key = await stream_cpu.new_key(http, proxy)
+                return await measure_async(engine_url, proxy.url, key,
+                                           args.dialects.split(","), args.calls, args.delay_ms)
+
+            return asyncio.run(run())
+        finally:
+            proxy.stop()
+            engine.stop()
+
+
+def rows(argv: Sequence[str] | None = None) -> list[Row]:
+    out = []
+    for mode, found in measure(argv).items():
+        direct = statistics.median(found.pop("direct")) * 1e3
+        what = ("latency added p50, non-streamed" if mode == "json"
+                else "time to first token added p50, streamed")
+        for dialect, values in found.items():
+            added = statistics.median(values) * 1e3 - direct
+            out.append(Row(f"{what}, {dialect}, c=1, raw HTTP client (no SDK)",
+                           f"{added:+.2f} ms", f"engine called directly: p50 {direct:.2f} ms",
+                           "≤ 1 ms", verdict(added <= 1.0)))
+    return out
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dialects", default=",".join(DIALECTS))
+    ap.add_argument("--calls", type=int, default=100, help="calls per side and mode")
+    ap.add_argument("--delay-ms", type=float, default=5.0,
+                    help="engine's time per token in the streamed calls")
+    ap.add_argument("--tools-dir", type=Path, default=po.DEFAULT_TOOLS)
+    return ap.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    for row in rows(argv):
+        print(f"| {row.figure} | {row.measured} | {row.baseline} | {row.target} | "
+              f"{row.verdict} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
