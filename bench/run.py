@@ -163,6 +163,11 @@ SECTIONS: tuple[Section, ...] = (
             note="each stage is the proxy's own function run on that call's real input; the "
                  "store's commit is its writer thread's CPU per turn; the rest of the whole "
                  "call (measured as stream_path does) is routing, ASGI and the event loop"),
+    Section("rollout_memory", "memory per open rollout, idle and after 100 turns (vs the "
+            "proxy's RSS after warm-up, same run)", "rollout_memory", ("--idle", "2000"),
+            ("--idle", "10000", "--busy", "32"),
+            note="RSS from /proc; the 100-turn figure is a second round's, after a first "
+                 "round paid the allocator's high-water mark for the longest requests"),
     Section("workers", "req/s at saturation, instant engine: `serve --workers N` against one "
             "worker (same run)", "workers", ("--seconds", "8", "--warmup", "2"),
             ("--seconds", "20"),
