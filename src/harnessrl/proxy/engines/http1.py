@@ -43,9 +43,9 @@ def lowat_holds() -> bool:
     """Whether a paced hold can be a raised SO_RCVLOWAT instead of paused reading (probed
     once, on a loopback pair): bytes under the mark must not wake an epoll waiter, and
     lowering the mark over bytes already queued must (Linux 4.18+). Pausing costs more:
-    the event loop drops the socket from epoll lazily, on its next readable event, so
-    each hold cost one more wake-up, at ~50-100 µs each on a small VM the larger share
-    of a paced read."""
+    uvloop drops a paused socket from epoll lazily, on its next readable event, so each
+    hold costs one more wake-up, and on a small VM a wake-up (~50-100 µs) is the larger
+    part of a paced read's cost."""
     if not hasattr(select, "epoll") or not hasattr(socket, "SO_RCVLOWAT"):
         return False
     try:
@@ -71,6 +71,8 @@ def _queued(sock: socket.socket, wait: float = 1.0) -> int:
             break
         time.sleep(0.001)
     return size
+
+
 Origin = tuple[str, str, int]  # scheme, host, port
 
 
@@ -138,7 +140,9 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reused = False
-        self._lowat: bool | None = None  # holds raise SO_RCVLOWAT; decided at the first
+        # How a pace holds the socket: True, a raised SO_RCVLOWAT; False, paused reading;
+        # None until the first hold.
+        self._lowat: bool | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -303,9 +307,11 @@ class Connection(asyncio.Protocol):
     def _set_lowat(self, size: int) -> bool:
         sock = None if self.closed or self.transport is None else \
             self.transport.get_extra_info("socket")
+        if sock is None:
+            return False
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, size)  # type: ignore[union-attr]
-        except (OSError, AttributeError):  # closed meanwhile, or not a socket we can set
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, size)
+        except OSError:  # closed meanwhile
             return False
         return True
 
