@@ -15,20 +15,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from table import Row  # noqa: E402
+from table import Row, figure_table  # noqa: E402
 
 DIALECTS = {"chat": "openai_chat", "responses": "openai_responses", "anthropic": "anthropic",
             "gemini": "gemini"}
@@ -144,34 +143,18 @@ async def _whole_us(dialect_name: str, repeats: int) -> float:
     import stream_path
     from stream_cpu import request
 
-    from harnessrl.proxy.engines.upstream import Upstream
-    from harnessrl.proxy.engines.vllm import VLLMEngine
-    from harnessrl.proxy.serve import build
-
-    answer = stream_path.vllm_answer()
-
-    @contextlib.asynccontextmanager
-    async def begun(_self: Any, _url: str, _payload: bytes) -> AsyncIterator[Any]:
-        yield stream_path._Answer([answer])
-
-    Upstream._begun = begun  # type: ignore[method-assign]
-    with tempfile.TemporaryDirectory() as tmp:
-        proxy = build(VLLMEngine("http://127.0.0.1:9"), Path(tmp))
-        with proxy.store:
-            proxy.served = ["bench-model"]
-            app = proxy.app()
-            key = (await proxy.sessions.create()).key
-            calls = []
-            for n in range(repeats + 10):
-                path, body = request(dialect_name, False, n)
-                route, _, query = path.partition("?")
-                calls.append((f"/r/{key}{route}", query.encode(), json.dumps(body).encode()))
-            for call in calls[:10]:
-                await stream_path.asgi_call(app.router, *call)
-            t0 = time.process_time()  # the writer thread's CPU is this process's too
-            for call in calls[10:]:
-                await stream_path.asgi_call(app.router, *call)
-            return (time.process_time() - t0) / repeats * 1e6
+    async with stream_path.replayed_app() as (app, key):
+        calls = []
+        for n in range(repeats + 10):
+            path, body = request(dialect_name, False, n)
+            route, _, query = path.partition("?")
+            calls.append((f"/r/{key}{route}", query.encode(), json.dumps(body).encode()))
+        for call in calls[:10]:
+            await stream_path.asgi_call(app.router, *call)
+        t0 = time.process_time()  # the writer thread's CPU is this process's too
+        for call in calls[10:]:
+            await stream_path.asgi_call(app.router, *call)
+        return (time.process_time() - t0) / repeats * 1e6
 
 
 def measure(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
@@ -203,8 +186,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    for row in rows(argv):
-        print(f"| {row.figure} | {row.measured} | {row.baseline} |")
+    print("\n".join(figure_table(rows(argv))))
     return 0
 
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE))
 
 import proxy_overhead as po  # noqa: E402
 import stream_cpu  # noqa: E402
-from table import Row, verdict  # noqa: E402
+from table import Row, figure_table, verdict  # noqa: E402
 
 DIALECTS = ("chat", "responses", "anthropic", "gemini")
 # The first bytes of each dialect's first event that carries a token's text.
@@ -135,9 +135,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    for row in rows(argv):
-        print(f"| {row.figure} | {row.measured} | {row.baseline} | {row.target} | "
-              f"{row.verdict} |")
+    print("\n".join(figure_table(rows(argv))))
     return 0
 
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE))
 
 import proxy_overhead as po  # noqa: E402
 import stream_cpu  # noqa: E402
-from table import Row  # noqa: E402
+from table import Row, figure_table  # noqa: E402
 
 REPLY_TOKENS = 24
 
@@ -123,9 +123,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    for row in rows(argv):
-        print(f"| {row.figure} | {row.measured} | {row.baseline} | {row.target} | "
-              f"{row.verdict} |")
+    print("\n".join(figure_table(rows(argv))))
     return 0
 
 

@@ -143,9 +143,10 @@ async def asgi_call(app: Any, path: str, query: bytes, body: bytes) -> int:
     return sent
 
 
-async def side_rounds(dialects: Sequence[str], calls: int, rounds: int) -> dict[str, Any]:
-    from stream_cpu import request  # the same bodies as the socket bench
-
+@contextlib.asynccontextmanager
+async def replayed_app() -> AsyncIterator[tuple[Any, str]]:
+    """The real app on a vLLM engine whose answers are replayed (`vllm_stream` one read per
+    token, `vllm_answer` whole), and a rollout key: (app, key)."""
     from harnessrl.proxy.engines.upstream import Upstream
     from harnessrl.proxy.engines.vllm import VLLMEngine
     from harnessrl.proxy.serve import build
@@ -157,29 +158,34 @@ async def side_rounds(dialects: Sequence[str], calls: int, rounds: int) -> dict[
         yield _Answer(stream_reads if b'"stream":true' in payload else [answer])
 
     Upstream._begun = begun  # type: ignore[method-assign]
-    out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         proxy = build(VLLMEngine("http://127.0.0.1:9"), Path(tmp))
         with proxy.store:
             proxy.served = ["bench-model"]
-            app = proxy.app()
-            key = (await proxy.sessions.create()).key
-            nonce = 0
-            for stream in STREAMS:
-                mode = "sse" if stream else "json"
-                for dialect in dialects:
-                    samples = []
-                    for r in range(rounds + 1):
-                        t0 = time.process_time()
-                        for _ in range(calls):
-                            nonce += 1
-                            path, body = request(dialect, stream, nonce)
-                            route, _, query = path.partition("?")
-                            await asgi_call(app.router, f"/r/{key}{route}", query.encode(),
-                                            json.dumps(body).encode())
-                        if r:  # round 0 warms up
-                            samples.append((time.process_time() - t0) / calls * 1e6)
-                    out[f"{dialect}/{mode}"] = samples
+            yield proxy.app(), (await proxy.sessions.create()).key
+
+
+async def side_rounds(dialects: Sequence[str], calls: int, rounds: int) -> dict[str, Any]:
+    from stream_cpu import request  # the same bodies as the socket bench
+
+    out: dict[str, Any] = {}
+    async with replayed_app() as (app, key):
+        nonce = 0
+        for stream in STREAMS:
+            mode = "sse" if stream else "json"
+            for dialect in dialects:
+                samples = []
+                for r in range(rounds + 1):
+                    t0 = time.process_time()
+                    for _ in range(calls):
+                        nonce += 1
+                        path, body = request(dialect, stream, nonce)
+                        route, _, query = path.partition("?")
+                        await asgi_call(app.router, f"/r/{key}{route}", query.encode(),
+                                        json.dumps(body).encode())
+                    if r:  # round 0 warms up
+                        samples.append((time.process_time() - t0) / calls * 1e6)
+                out[f"{dialect}/{mode}"] = samples
     return out
 
 

@@ -39,7 +39,7 @@ import uvloop
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from table import Row  # noqa: E402
+from table import Row, figure_table  # noqa: E402
 
 _BODY = json.dumps({"model": "m", "max_tokens": 8,
                     "messages": [{"role": "user", "content": "say ok"}]}).encode()
@@ -269,9 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.serve:
         return serve_main(args.serve, args.pool, args.run_dir, args.port)
-    for row in rows(argv):
-        print(f"| {row.figure} | {row.measured} | {row.baseline} | {row.target} | "
-              f"{row.verdict} |")
+    print("\n".join(figure_table(rows(argv))))
     return 0
 
 
