@@ -43,8 +43,11 @@ def _timed(fn: Callable[[], object], repeats: int) -> float:
     return (time.process_time() - t0) / repeats * 1e6
 
 
-def stages(dialect_name: str, repeats: int) -> dict[str, float]:
-    """µs per call of each stage of one non-streamed call in `dialect_name`."""
+PACKING = "the turn packed into its row (rows.turn_row)"
+
+
+def _call(dialect_name: str) -> dict[str, Any]:
+    """One non-streamed call's inputs and intermediate values, each as the proxy makes it."""
     import msgspec
     from stream_cpu import request
     from stream_path import vllm_answer
@@ -53,60 +56,73 @@ def stages(dialect_name: str, repeats: int) -> dict[str, float]:
     from harnessrl.proxy.boundary import decode_json
     from harnessrl.proxy.dialects import DIALECTS as ALL
     from harnessrl.proxy.dialects.base import ReplyContext
+    from harnessrl.proxy.engines.vllm import _events_from_completion
+    from harnessrl.types import Sampling
+
+    dialect = next(d for d in ALL if d.name == DIALECTS[dialect_name])
+    raw = json.dumps(request(dialect_name, False, 1)[1]).encode()
+    model = "bench-model" if dialect_name == "gemini" else None  # Gemini's is in its path
+    parsed = dialect.parse_request(decode_json(raw), model=model, stream=False)
+    policy = Sampling(temperature=1.0)
+    used = parsed.sampling.override(policy, frozenset())
+    answer = vllm_answer()
+    acc = Accumulator()  # the reply as the proxy assembles it, for the turn's row
+    for event in _events_from_completion(answer):
+        acc.feed(event)
+    return {"dialect": dialect, "raw": raw, "model": model, "parsed": parsed,
+            "policy": policy, "used": used, "answer": answer, "acc": acc,
+            "engine_request": msgspec.structs.replace(parsed, model="bench-model",
+                                                      sampling=used),
+            "ctx": ReplyContext("id-1", 1, "bench-model")}
+
+
+def stages(dialect_name: str, repeats: int) -> dict[str, float]:
+    """µs per call of each stage of one non-streamed call in `dialect_name`."""
+    from harnessrl.proxy.accumulate import Accumulator
+    from harnessrl.proxy.boundary import decode_json
     from harnessrl.proxy.engines.vllm import VLLMEngine, _events_from_completion
     from harnessrl.proxy.history import check_arguments, check_tool_results, restore_arguments
     from harnessrl.proxy.rows import turn_row
-    from harnessrl.types import Sampling, Timings, Turn
+    from harnessrl.types import Timings, Turn
 
-    dialect = next(d for d in ALL if d.name == DIALECTS[dialect_name])
-    _path, body = request(dialect_name, False, 1)
-    raw = json.dumps(body).encode()
-    model = "bench-model" if dialect_name == "gemini" else None  # Gemini's is in its path
-    decoded = decode_json(raw)
-    parsed = dialect.parse_request(decoded, model=model, stream=False)
-    policy = Sampling(temperature=1.0)
-    used = parsed.sampling.override(policy, frozenset())
-    engine_request = msgspec.structs.replace(parsed, model="bench-model", sampling=used)
-    engine = VLLMEngine("http://127.0.0.1:9")
-    answer = vllm_answer()
-    events = _events_from_completion(answer)
-    ctx = ReplyContext("id-1", 1, "bench-model")
+    c = _call(dialect_name)
+    dialect, parsed, engine = c["dialect"], c["parsed"], VLLMEngine("http://127.0.0.1:9")
+    decoded = decode_json(c["raw"])
 
-    def reply() -> tuple[Accumulator, bytes]:
+    events = _events_from_completion(c["answer"])
+
+    def reply() -> bytes:
         acc = Accumulator()
         for event in events:
             acc.feed(event)
-        return acc, dialect.render_completion(acc.completion(), ctx)
+        return dialect.render_completion(acc.completion(), c["ctx"])
 
     def history() -> None:
         check_tool_results(parsed)
         check_arguments(parsed, {})
         restore_arguments(parsed, {})
 
-    acc, rendered = reply()
     turn = Turn(rollout="k", index=0, dialect=dialect.name, status="ok",
-                timings=Timings(1.0, 2.0, 3.0), raw_request=raw, raw_response=rendered,
-                request=parsed, completion=acc.completion(), requested_sampling=parsed.sampling,
-                used_sampling=used, engine="vllm", model=acc.model, reply_id=ctx.id)
-    found = {
-        "read the request's JSON (boundary.decode_json)": _timed(lambda: decode_json(raw),
-                                                                 repeats),
-        "parse it into a ChatRequest (the dialect's parse_request)": _timed(
-            lambda: dialect.parse_request(decoded, model=model, stream=False), repeats),
-        "history checks (tool results, call arguments)": _timed(history, repeats),
-        "sampling policy (Sampling.override)": _timed(
-            lambda: parsed.sampling.override(policy, frozenset()), repeats),
-        "the engine's request body (VLLMEngine._payload)": _timed(
-            lambda: engine._payload(engine_request, stream=False), repeats),
-        "the engine's answer decoded into events (4,000 prompt ids, 200 tokens)": _timed(
-            lambda: _events_from_completion(answer), repeats),
-        "the reply accumulated and rendered in the dialect": _timed(reply, repeats),
-        "the turn packed into its row (rows.turn_row)": _timed(lambda: turn_row(turn),
-                                                              repeats),
-    }
+                timings=Timings(1.0, 2.0, 3.0), raw_request=c["raw"], raw_response=reply(),
+                request=parsed, completion=c["acc"].completion(),
+                requested_sampling=parsed.sampling, used_sampling=c["used"], engine="vllm",
+                model=c["acc"].model, reply_id=c["ctx"].id)
+    found = {name: _timed(fn, repeats) for name, fn in {
+        "read the request's JSON (boundary.decode_json)": lambda: decode_json(c["raw"]),
+        "parse it into a ChatRequest (the dialect's parse_request)":
+            lambda: dialect.parse_request(decoded, model=c["model"], stream=False),
+        "history checks (tool results, call arguments)": history,
+        "sampling policy (Sampling.override)":
+            lambda: parsed.sampling.override(c["policy"], frozenset()),
+        "the engine's request body (VLLMEngine._payload)":
+            lambda: engine._payload(c["engine_request"], stream=False),
+        "the engine's answer decoded into events (4,000 prompt ids, 200 tokens)":
+            lambda: _events_from_completion(c["answer"]),
+        "the reply accumulated and rendered in the dialect": reply,
+        PACKING: lambda: turn_row(turn),
+    }.items()}
     found["the store's commit, packing excluded (writer thread)"] = (
-        asyncio.run(_commit_us(turn, repeats)) - found["the turn packed into its row "
-                                                      "(rows.turn_row)"])
+        asyncio.run(_commit_us(turn, repeats)) - found[PACKING])
     found["the whole call in-process (baseline)"] = asyncio.run(_whole_us(dialect_name,
                                                                           repeats))
     return found
