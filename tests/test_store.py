@@ -116,6 +116,13 @@ def test_writers_take_turns_on_the_lock_file_not_sqlites_busy_wait(tmp_path: Pat
     store.close()
 
 
+def test_a_writer_lock_that_cannot_be_opened_fails_the_store_at_once(tmp_path: Path) -> None:
+    """Not a writer thread that dies unseen, leaving every add_turn waiting forever."""
+    (tmp_path / "trace.db-writer").mkdir()
+    with pytest.raises(IsADirectoryError):
+        TraceStore(tmp_path)
+
+
 def test_duplicate_turn_index_is_refused_without_harming_others(tmp_path: Path) -> None:
     store = TraceStore(tmp_path)
 

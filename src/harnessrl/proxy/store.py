@@ -163,6 +163,9 @@ class TraceStore(TraceReader):
     def __init__(self, run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         super().__init__(run_dir)
+        # Opened here, not on the writer thread: a lock file that cannot be made fails the
+        # store's construction with its reason, never a writer thread that dies unseen.
+        self._writer_lock = WriterLock(self.path)
         self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
         self._wal_bytes = 0
         self._checkpoint_due = threading.Event()
@@ -196,7 +199,6 @@ class TraceStore(TraceReader):
 
     def _write_loop(self) -> None:
         db = connect(self.path)
-        lock = WriterLock(self.path)
         # The WAL is folded back by `_checkpoint_loop`, off the commit path: an automatic
         # checkpoint inside a commit stalls every turn waiting on it for milliseconds.
         db.execute("PRAGMA wal_autocheckpoint=0")
@@ -211,14 +213,14 @@ class TraceStore(TraceReader):
                     self._queue.put(None)
                     break
                 batch.append(nxt)
-            self._commit(db, lock, batch)
+            self._commit(db, batch)
         db.close()
-        lock.close()
+        self._writer_lock.close()
 
-    def _commit(self, db: sqlite3.Connection, lock: WriterLock, batch: list[_Write]) -> None:
+    def _commit(self, db: sqlite3.Connection, batch: list[_Write]) -> None:
         packed = [_pack(w) for w in batch]
         rows = [p for p in packed if not isinstance(p, Exception)]
-        with lock:
+        with self._writer_lock:
             try:
                 db.execute("BEGIN IMMEDIATE")
                 for sql, params in rows:
