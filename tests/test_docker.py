@@ -114,7 +114,9 @@ for host, port in (("127.0.0.1", {other_port}), ("192.0.2.1", 80), ("::1", {othe
     except OSError as error:
         print("refused", host, port, type(error).__name__)
 """
-    box = await DockerSandbox.start(tmp_path, "net", image=BASE_IMAGE, tools=TOOLS,
+    tools = tmp_path / "tools"  # its own: the shared one exists only once a harness is installed
+    tools.mkdir()
+    box = await DockerSandbox.start(tmp_path, "net", image=BASE_IMAGE, tools=tools,
                                     proxy_ports=[proxy_port])
     try:
         reach = await box.run(["python3", "-c", script], timeout=30)
@@ -126,7 +128,7 @@ for host, port in (("127.0.0.1", {other_port}), ("192.0.2.1", 80), ("::1", {othe
         assert [line.split(":")[0].strip() for line in
                 interfaces.stdout.decode().splitlines()[2:]] == ["lo"]
         writes = await box.run(f"mkdir -p {outside} && echo x > {outside}/f && "
-                               f"echo y > /etc/planted && touch {TOOLS}/planted", timeout=10)
+                               f"echo y > /etc/planted && touch {tools}/planted", timeout=10)
         assert writes.exit_code != 0 and b"Read-only file system" in writes.stderr
         assert (await box.run("cat /etc/planted", timeout=10)).stdout == b"y\n"
     finally:
