@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -113,6 +114,60 @@ def test_writers_take_turns_on_the_lock_file_not_sqlites_busy_wait(tmp_path: Pat
     asyncio.run(write())
     other.close()
     assert store.count_turns() == 50
+    store.close()
+
+
+def test_a_turn_alone_is_committed_on_the_callers_thread(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The only call in flight skips the writer thread's two hand-offs; its errors are
+    still its own (a duplicate index), and the store takes queued writes as before."""
+    store = TraceStore(tmp_path)
+    threads: list[str] = []
+    apply = store._apply
+
+    def spy(*args: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return apply(*args)
+
+    monkeypatch.setattr(store, "_apply", spy)
+
+    async def write() -> None:
+        await store.put_rollout(Rollout("k", 0.0))
+        await store.add_turn(make_turn("k", 0), alone=True)
+        with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
+            await store.add_turn(make_turn("k", 0), alone=True)
+        await store.add_turn(make_turn("k", 1))
+
+    asyncio.run(write())
+    assert threads == ["trace-writer", "MainThread", "MainThread", "trace-writer"]
+    assert store.turns("k") == [make_turn("k", 0), make_turn("k", 1)]
+    store.close()
+
+
+def test_a_turn_alone_never_waits_on_another_writer_on_the_event_loop(tmp_path: Path) -> None:
+    """Another process holding the writer lock: the turn goes to the writer thread's queue,
+    and the event loop keeps running while it waits."""
+    store = TraceStore(tmp_path)
+    asyncio.run(store.put_rollout(Rollout("k", 0.0)))
+    other = WriterLock(store.path)
+    other.__enter__()
+    valve = threading.Timer(1.5, other.release)  # so a loop held by the lock fails, not hangs
+    valve.start()
+
+    async def write() -> None:
+        pending = asyncio.ensure_future(store.add_turn(make_turn("k", 0), alone=True))
+        start = time.monotonic()
+        for _ in range(10):
+            await asyncio.sleep(0.02)
+        assert time.monotonic() - start < 1.0  # the loop never waited on the lock
+        assert not pending.done() and store.count_turns() == 0
+        other.release()
+        await asyncio.wait_for(pending, 5)
+
+    asyncio.run(write())
+    valve.cancel()
+    other.close()
+    assert store.count_turns() == 1
     store.close()
 
 

@@ -385,7 +385,9 @@ class Proxy:
 
     async def _add(self, turn: Turn) -> None:
         try:
-            await self.store.add_turn(turn)
+            # The only call in flight commits its turn itself, without the writer
+            # thread's hand-off: a call in flight has not left the gate yet.
+            await self.store.add_turn(turn, alone=self.gate.inflight <= 1)
         except sqlite3.Error as exc:
             raise StoreFailed(f"the trace store could not record this call ({exc}); it was "
                               "not counted") from exc
