@@ -9,7 +9,10 @@ answer back as it arrives, one write per read, with no parsing of the answer: no
 no JSON, no capture, no store. Whatever CPU it spends per streamed token is what the kernel,
 the event loop and one HTTP parser per side cost; a proxy's own work is what it spends
 above this. `--server uvicorn` does the same as a bare ASGI app under uvicorn (httptools,
-uvloop), as the proxy is served: the difference is uvicorn's own share.
+uvloop), as the proxy is served: the difference is uvicorn's own share. `--server tcp`
+parses nothing: each client connection gets its own engine connection and bytes are
+copied both ways, so the client's own request reaches the engine (`latency.py`: what two
+more socket hops cost a call).
 
     python bench/floor_relay.py --port 9000 --engine-url http://127.0.0.1:8000 [--server uvicorn]
 """
@@ -118,7 +121,58 @@ class Relay:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
+class Pipe(asyncio.Protocol):
+    """One side of a TCP relay: what it receives is written to `peer` (set once both
+    connections are up; bytes that come earlier wait in `early`)."""
+
+    def __init__(self, peer: asyncio.Transport | None = None) -> None:
+        self.peer = peer
+        self.early: list[bytes] = []
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.peer is None:
+            self.early.append(data)
+        else:
+            self.peer.write(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.peer is not None:
+            self.peer.close()
+
+
+class Dialer(Pipe):
+    """The client's side: dials the engine when the client connects."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__()
+        self.engine = (host, port)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        asyncio.get_running_loop().create_task(self._dial())
+
+    async def _dial(self) -> None:
+        loop = asyncio.get_running_loop()
+        up, _ = await loop.create_connection(lambda: Pipe(self.transport), *self.engine)
+        self.peer = up
+        for data in self.early:
+            up.write(data)
+        self.early.clear()
+
+
 async def serve(port: int, engine_url: str, kind: str) -> None:
+    loop = asyncio.get_running_loop()
+    if kind == "tcp":
+        host, _, engine_port = engine_url.split("//", 1)[-1].rstrip("/").partition(":")
+        tcp = await loop.create_server(lambda: Dialer(host, int(engine_port)),
+                                       "127.0.0.1", port)
+        print(f"READY {port}", flush=True)
+        async with tcp:
+            await tcp.serve_forever()
     relay = Relay(engine_url)
     if kind == "uvicorn":
         config = uvicorn.Config(relay.asgi, host="127.0.0.1", port=port, log_level="warning",
@@ -126,7 +180,6 @@ async def serve(port: int, engine_url: str, kind: str) -> None:
                                 interface="asgi3")
         await uvicorn.Server(config).serve()
         return
-    loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: Downstream(relay), "127.0.0.1", port)
     print(f"READY {port}", flush=True)
     async with server:
@@ -137,7 +190,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description="A relay that copies bytes: the floor.")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--engine-url", required=True)
-    ap.add_argument("--server", choices=["raw", "uvicorn"], default="raw")
+    ap.add_argument("--server", choices=["raw", "uvicorn", "tcp"], default="raw")
     args = ap.parse_args()
     uvloop.run(serve(args.port, args.engine_url, args.server))
 

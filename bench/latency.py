@@ -7,11 +7,13 @@ benchmark does), so there a dialect's figure includes its SDK's cost against the
 SDK's. Here the client is the same aiohttp loop for every side, so the difference is the
 proxy's own: request parsing, the engine call, re-encoding, the store's commit.
 
-One more side calls the engine directly with the request the proxy sends it
-(`capture`: the same chat body plus `logprobs` and `return_token_ids`, as
-`openai_wire.chat_body` asks). Its answer carries every prompt id and a logprob per
-token, ~40 KB against ~2 KB, and the engine takes longer to make it: that part of the
-added latency is the engine's work for capture, not the proxy's, and is shown apart.
+Two more sides split the figure:
+- `capture` calls the engine directly with the request the proxy sends it (the same chat
+  body plus `logprobs` and `return_token_ids`, as `openai_wire.chat_body` asks). Its
+  answer carries every prompt id and a logprob per token, ~40 KB against ~2 KB, and the
+  engine takes longer to make it: that part is the engine's work for capture.
+- `relay` sends the plain call through a TCP relay that only copies bytes
+  (`floor_relay.py --server tcp`): what the two more socket hops alone cost.
 
 - non-streamed: the whole answer (engine at 0 ms per token, 200 tokens, a ~4,000-token
   prompt);
@@ -32,7 +34,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -45,13 +49,22 @@ from table import Row, figure_table, verdict  # noqa: E402
 
 DIALECTS = ("chat", "responses", "anthropic", "gemini")
 # The first bytes of each dialect's first event that carries a token's text.
-FIRST_TEXT = {"direct": b'"content":"', "capture": b'"content":"', "chat": b'"content":"',
+FIRST_TEXT = {"chat": b'"content":"',
               "responses": b"response.output_text.delta", "anthropic": b"content_block_delta",
               "gemini": b'"text":'}
 _EMPTY = b'"content":""'  # the role chunk's
-DIRECT = ("direct", "capture")  # the engine called directly: a plain call, the proxy's call
 # What the proxy adds to a chat body for the engine (openai_wire.chat_body).
 CAPTURE = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True}
+
+
+@dataclass(frozen=True)
+class Target:
+    """One side: where its calls go (the path is appended), in which dialect, and what is
+    added to each body."""
+
+    base: str
+    dialect: str = "chat"
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 async def one(http: aiohttp.ClientSession, url: str, body: bytes, marker: bytes | None
@@ -74,8 +87,8 @@ async def one(http: aiohttp.ClientSession, url: str, body: bytes, marker: bytes 
         return at
 
 
-async def measure_async(engine_url: str, proxy_url: str, key: str, dialects: Sequence[str],
-                        calls: int, delay_ms: float) -> dict[str, dict[str, list[float]]]:
+async def measure_async(engine_url: str, targets: dict[str, Target], calls: int,
+                        delay_ms: float) -> dict[str, dict[str, list[float]]]:
     times: dict[str, dict[str, list[float]]] = {"json": {}, "sse": {}}
     async with aiohttp.ClientSession() as http:
         # Streamed calls stop mattering at their first token: 20 tokens keep them short.
@@ -85,15 +98,11 @@ async def measure_async(engine_url: str, proxy_url: str, key: str, dialects: Seq
                 await configured.read()
             stream = mode == "sse"
             for n in range(calls + 5):  # the first 5 of each side warm up
-                for side in (*DIRECT, *dialects):
-                    path, body = stream_cpu.request("chat" if side in DIRECT else side,
-                                                    stream, n)
-                    if side == "capture":
-                        body = {**body, **CAPTURE}
-                    url = (f"{engine_url}{path}" if side in DIRECT
-                           else f"{proxy_url}/r/{key}{path}")
-                    took = await one(http, url, json.dumps(body).encode(),
-                                     FIRST_TEXT[side] if stream else None)
+                for side, target in targets.items():
+                    path, body = stream_cpu.request(target.dialect, stream, n)
+                    took = await one(http, f"{target.base}{path}",
+                                     json.dumps({**body, **target.extra}).encode(),
+                                     FIRST_TEXT[target.dialect] if stream else None)
                     if n >= 5:
                         times[mode].setdefault(side, []).append(took)
     return times
@@ -105,17 +114,24 @@ def measure(argv: Sequence[str] | None = None) -> dict[str, dict[str, list[float
         work = Path(tmp)
         engine, engine_url = po.start_engine(args.tools_dir, work)
         proxy = stream_cpu.Side("this", stream_cpu.ROOT / "src")
+        relay = stream_cpu.Side("relay", stream_cpu.ROOT / "src", floor="tcp")
         try:
             proxy.start(engine_url, work)
+            relay.start(engine_url, work)
 
             async def run() -> dict[str, dict[str, list[float]]]:
                 async with aiohttp.ClientSession() as http:
                     key = await stream_cpu.new_key(http, proxy)
-                return await measure_async(engine_url, proxy.url, key,
-                                           args.dialects.split(","), args.calls, args.delay_ms)
+                targets = {"direct": Target(engine_url),
+                           "capture": Target(engine_url, extra=CAPTURE),
+                           "relay": Target(relay.url),
+                           **{d: Target(f"{proxy.url}/r/{key}", d)
+                              for d in args.dialects.split(",")}}
+                return await measure_async(engine_url, targets, args.calls, args.delay_ms)
 
             return asyncio.run(run())
         finally:
+            relay.stop()
             proxy.stop()
             engine.stop()
 
@@ -125,8 +141,13 @@ def rows(argv: Sequence[str] | None = None) -> list[Row]:
     for mode, found in measure(argv).items():
         direct = statistics.median(found.pop("direct")) * 1e3
         capture = statistics.median(found.pop("capture")) * 1e3
+        relay = statistics.median(found.pop("relay")) * 1e3
         what = ("latency added p50, non-streamed" if mode == "json"
                 else "time to first token added p50, streamed")
+        out.append(Row(f"{what}: two more socket hops alone (a TCP relay that copies "
+                       "bytes, bench/floor_relay.py --server tcp), c=1",
+                       f"{relay - direct:+.2f} ms",
+                       f"engine called directly: p50 {direct:.2f} ms", "", ""))
         out.append(Row(f"{what}: the engine's own part, answering the capture request "
                        "(logprobs, prompt and reply ids) directly, c=1",
                        f"{capture - direct:+.2f} ms",
