@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import openai
 import pyarrow.parquet as pq
 import pytest
@@ -136,6 +137,13 @@ def test_a_turn_alone_is_committed_on_the_callers_thread(tmp_path: Path,
         await store.add_turn(make_turn("k", 0), alone=True)
         with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
             await store.add_turn(make_turn("k", 0), alone=True)
+        wide = make_turn("k", 2)  # an id past 32 bits: never stored wrapped
+        assert wide.completion is not None
+        replace = msgspec.structs.replace
+        completion = replace(wide.completion, tokens=replace(wide.completion.tokens,
+                                                             completion_ids=(2**31,)))
+        with pytest.raises(sqlite3.DataError, match="cannot pack"):
+            await store.add_turn(replace(wide, completion=completion), alone=True)
         await store.add_turn(make_turn("k", 1))
 
     asyncio.run(write())
