@@ -4,7 +4,9 @@
 runner's reads use it. `TraceStore` is the writer (a reader too: the proxy reads what it
 wrote), a context manager: writes go through one writer thread that commits whatever is
 queued as one transaction (group commit), so many concurrent turns cost one fsync between
-them, and `add_turn` returns only once its turn is committed. Writers in several processes
+them, and `add_turn` returns only once its turn is committed. The one call in flight
+(`add_turn(alone=True)`) commits its turn itself when that writer is idle: the hand-off
+to the thread and back costs as much as the commit. Writers in several processes
 (`serve --workers N`) take turns on a lock file beside the store (`WriterLock`) rather than
 on SQLite's busy handler, which sleeps 1, 2, 5, 10 ms... between tries: under load that
 sleeping left cores idle and held every turn's last byte. Token ids and logprobs are
