@@ -173,6 +173,7 @@ async def serve(port: int, engine_url: str, kind: str) -> None:
         print(f"READY {port}", flush=True)
         async with tcp:
             await tcp.serve_forever()
+        return
     relay = Relay(engine_url)
     if kind == "uvicorn":
         config = uvicorn.Config(relay.asgi, host="127.0.0.1", port=port, log_level="warning",
