@@ -22,9 +22,10 @@ unless `--reference none`, the reference proxy (openenv 0.10.0's capture server,
 of its own built once in the cache), which asks its engine for the whole reply and replays
 it as one event (so its CPU per streamed reply is a call's, not a stream's).
 
-Workload: a ~4,000-token prompt, 200-token replies at 2 ms per token (streamed), or at
-0 ms (non-streamed: the per-call fixed cost). CPU per token is the proxy's CPU per
-streamed reply divided by the reply's tokens (gross: the call's fixed cost included).
+Workload: a ~4,000-token prompt, 200-token replies streamed at 2 ms per token (one read
+per token), streamed at 0 ms (the engine ahead of the proxy: several tokens per read), or
+non-streamed at 0 ms (the per-call fixed cost); `MODES`. CPU per token is the proxy's CPU
+per streamed reply divided by the reply's tokens (gross: the call's fixed cost included).
 """
 
 from __future__ import annotations
