@@ -139,7 +139,8 @@ SECTIONS: tuple[Section, ...] = (
                  "bytes (bench/floor_relay.py: raw asyncio, and a bare ASGI app under "
                  "uvicorn: the floor under any proxy here) and the reference proxy "
                  "(openenv 0.10.0's capture server, its own venv) side by side on one fake "
-                 "vLLM (2 ms/token streamed, 0 ms non-streamed), requests alternating "
+                 "vLLM (2 ms/token streamed; 0 ms/token streamed, the engine ahead of the "
+                 "proxy; 0 ms non-streamed), requests alternating "
                  "between them in blocks; CPU from /proc schedstat. The reference asks for "
                  "the whole reply and replays it as one event, so its streamed figure is a "
                  "call's, not a stream's. On 2 shared cores the absolute µs move by 2x "
@@ -162,7 +163,9 @@ SECTIONS: tuple[Section, ...] = (
             ("--repeats", "1000"),
             note="each stage is the proxy's own function run on that call's real input; the "
                  "store's commit is its writer thread's CPU per turn; the rest of the whole "
-                 "call (measured as stream_path does) is routing, ASGI and the event loop"),
+                 "call (measured as stream_path does) is routing, ASGI and the event loop; "
+                 "the store's CPU per turn with its checkpoint is measured at its own page "
+                 "size and at SQLite's default, alternating"),
     Section("rollout_memory", "memory per open rollout, idle and after 100 turns (vs the "
             "proxy's RSS after warm-up, same run)", "rollout_memory", ("--idle", "2000"),
             ("--idle", "10000", "--busy", "32"),
