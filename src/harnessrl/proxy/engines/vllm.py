@@ -6,8 +6,7 @@ is passed on as vLLM produces it. The calls and their limits on waiting are `ups
 from __future__ import annotations
 
 import contextlib
-import itertools
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import msgspec
@@ -143,9 +142,8 @@ async def chat_stream(http: Upstream, url: str, payload: bytes
 
 
 def merge_chunks(events: list[EngineEvent]) -> list[EngineEvent]:
-    """Adjacent chunks as one, when both carry ids and logprobs (or both lack them), their
-    text joined (`join_text`). Each run of such chunks is joined once (a read of a paced or
-    busy stream holds hundreds)."""
+    """Adjacent chunks as one, when both carry ids and logprobs (or both lack them). Each
+    run of such chunks is joined once (a read of a paced or busy stream holds hundreds)."""
     if len(events) < 2:
         return events
     merged: list[EngineEvent] = []
@@ -175,26 +173,11 @@ def _one_chunk(run: list[Chunk]) -> Chunk:
     if len(run) == 1:
         return run[0]
     first = run[0]
-    return Chunk(join_text(d for c in run for d in c.deltas),
+    return Chunk(tuple([d for c in run for d in c.deltas]),
                  None if first.token_ids is None else tuple(
                      [i for c in run for i in c.token_ids or ()]),
                  None if first.logprobs is None else tuple(
                      [x for c in run for x in c.logprobs or ()]))
-
-
-def join_text(deltas: Iterable[Delta]) -> tuple[Delta, ...]:
-    """Adjacent pieces of text (or of reasoning) as one: a dialect encodes one event per
-    delta, so a read of fifty tokens goes to the client as one text event, not fifty.
-    Tool-call pieces stay as they came."""
-    joined: list[Delta] = []
-    for kind, group in itertools.groupby(deltas, type):
-        pieces = list(group)
-        if len(pieces) == 1 or kind is ToolCallDelta:
-            joined.extend(pieces)
-            continue
-        text = "".join([d.text for d in pieces if not isinstance(d, ToolCallDelta)])
-        joined.append(TextDelta(text) if kind is TextDelta else ReasoningDelta(text))
-    return tuple(joined)
 
 
 def _tokens(choice: Choice | StreamChoice
