@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sqlite3
 import sys
 import tempfile
 import threading
@@ -45,7 +44,6 @@ def _timed(fn: Callable[[], object], repeats: int) -> float:
 
 
 PACKING = "the turn packed into its row (rows.turn_row)"
-STORE_PAGES, STORE_PAGES_BASE = "store, our pages", "store, 4 KiB pages"
 
 
 def _call(dialect_name: str) -> dict[str, Any]:
@@ -123,56 +121,37 @@ def stages(dialect_name: str, repeats: int) -> dict[str, float]:
         "the reply accumulated and rendered in the dialect": reply,
         PACKING: lambda: turn_row(turn),
     }.items()}
-    # The store at SQLite's default page size beside ours, alternating (schema.PAGE_SIZE).
-    runs = [asyncio.run(_commit_us(turn, repeats, pages)) for pages in (4096, None) * 2]
-    small, ours = _mean(runs[0::2]), _mean(runs[1::2])
-    found["the store's commit, packing excluded (writer thread)"] = ours[0] - found[PACKING]
-    found[STORE_PAGES] = ours[0] + ours[1]
-    found[STORE_PAGES_BASE] = small[0] + small[1]
+    found["the store's commit, packing excluded (writer thread)"] = (
+        asyncio.run(_commit_us(turn, repeats)) - found[PACKING])
     found["the whole call in-process (baseline)"] = asyncio.run(_whole_us(dialect_name,
                                                                           repeats))
     return found
 
 
-async def _commit_us(turn: Any, repeats: int, page_size: int | None = None
-                     ) -> tuple[float, float]:
-    """CPU µs per turn of the writer thread and of the checkpoint thread (folding the WAL
-    back into the file), each turn awaited before the next (as at c=1). `page_size`: the
-    store made with these pages instead of the store's own."""
+async def _commit_us(turn: Any, repeats: int) -> float:
+    """The writer thread's CPU per turn, each awaited before the next (as at c=1)."""
     import msgspec
 
-    from harnessrl.proxy.schema import DB_NAME
     from harnessrl.proxy.store import TraceStore
     from harnessrl.types import Rollout
 
     with tempfile.TemporaryDirectory() as tmp:
-        if page_size is not None:  # fixed by the first write, which switching to WAL is
-            made = sqlite3.connect(Path(tmp) / DB_NAME)
-            made.execute(f"PRAGMA page_size={page_size}")
-            made.execute("PRAGMA journal_mode=WAL")
-            made.close()
         store = TraceStore(Path(tmp))
         await store.put_rollout(Rollout("k", 0.0))
         turns = [msgspec.structs.replace(turn, index=i) for i in range(repeats + 20)]
         for t in turns[:20]:
             await store.add_turn(t)
-        tids = {t.name: t.native_id for t in threading.enumerate()}
+        tid = next(t for t in threading.enumerate() if t.name == "trace-writer").native_id
 
-        def cpu_ns() -> list[int]:
-            return [int(Path(f"/proc/self/task/{tids[name]}/schedstat").read_text().split()[0])
-                    for name in ("trace-writer", "trace-checkpoint")]
+        def cpu_ns() -> int:
+            return int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
 
         before = cpu_ns()
         for t in turns[20:]:
             await store.add_turn(t)
-        after = cpu_ns()  # before closing: a thread that has ended leaves /proc
+        spent = cpu_ns() - before
         store.close()
-        writer, checkpoint = (b - a for a, b in zip(before, after, strict=True))
-    return writer / repeats / 1e3, checkpoint / repeats / 1e3
-
-
-def _mean(runs: list[tuple[float, float]]) -> tuple[float, float]:
-    return sum(r[0] for r in runs) / len(runs), sum(r[1] for r in runs) / len(runs)
+    return spent / repeats / 1e3
 
 
 async def _whole_us(dialect_name: str, repeats: int) -> float:
@@ -200,16 +179,9 @@ def measure(argv: Sequence[str] | None = None) -> dict[str, dict[str, float]]:
 
 
 def rows(argv: Sequence[str] | None = None) -> list[Row]:
-    from harnessrl.proxy.schema import PAGE_SIZE
-
     out = []
     for dialect, found in measure(argv).items():
         whole = found.pop("the whole call in-process (baseline)")
-        pages, small = found.pop(STORE_PAGES), found.pop(STORE_PAGES_BASE)
-        out.append(Row(f"{dialect}: the store's CPU per turn, commit and checkpoint, "
-                       f"{PAGE_SIZE // 1024} KiB pages (schema.PAGE_SIZE)", f"{pages:,.0f} µs",
-                       f"{small:,.0f} µs at SQLite's default 4 KiB pages; ratio "
-                       f"{pages / small:.2f}"))
         listed = sum(found.values())
         for stage, us in found.items():
             out.append(Row(f"{dialect} non-streamed call: {stage}", f"{us:,.0f} µs",

@@ -163,9 +163,7 @@ SECTIONS: tuple[Section, ...] = (
             ("--repeats", "1000"),
             note="each stage is the proxy's own function run on that call's real input; the "
                  "store's commit is its writer thread's CPU per turn; the rest of the whole "
-                 "call (measured as stream_path does) is routing, ASGI and the event loop; "
-                 "the store's CPU per turn with its checkpoint is measured at its own page "
-                 "size and at SQLite's default, alternating"),
+                 "call (measured as stream_path does) is routing, ASGI and the event loop"),
     Section("rollout_memory", "memory per open rollout, idle and after 100 turns (vs the "
             "proxy's RSS after warm-up, same run)", "rollout_memory", ("--idle", "2000"),
             ("--idle", "10000", "--busy", "32"),

@@ -394,27 +394,6 @@ def test_a_version_2_store_gets_the_new_columns_filled(tmp_path: Path) -> None:
     viewer.close()
 
 
-def test_a_new_store_has_large_pages_and_an_old_one_keeps_its_own(tmp_path: Path) -> None:
-    """A turn is mostly large blobs: a new store's pages are PAGE_SIZE. A store made with
-    SQLite's default pages keeps them (changing would mean rewriting the file) and takes
-    turns as before."""
-    from harnessrl.proxy.schema import PAGE_SIZE
-
-    def page_size(store: TraceReader) -> int:
-        return store.db.execute("PRAGMA page_size").fetchone()[0]
-
-    old, new = _mkdir(tmp_path / "old"), _mkdir(tmp_path / "new")
-    _version_2_store(old)
-    for run_dir, pages in ((new, PAGE_SIZE), (old, 4096)):
-        with TraceStore(run_dir) as store:
-            asyncio.run(store.put_rollout(Rollout("k", 0.0)))
-            asyncio.run(store.add_turn(make_turn("k", 0), alone=True))
-            assert page_size(store) == pages
-        with TraceReader(run_dir) as reader:
-            assert reader.turns("k") == [make_turn("k", 0)] and page_size(reader) == pages
-    assert PAGE_SIZE > 4096
-
-
 def test_error_kind_round_trips_and_new_rows_fill_the_columns(tmp_path: Path) -> None:
     import msgspec
 

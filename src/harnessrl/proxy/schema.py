@@ -113,17 +113,8 @@ _MIGRATIONS = {
 }
 
 
-PAGE_SIZE = 16384
-
-
 def connect(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    # A turn is ~100 KB of blobs (the raw request beside the parsed one, prompt ids): at
-    # 16 KiB a page its commit writes a quarter of the WAL frames it would at 4 KiB (each
-    # a write call), for 1-10% less store CPU a turn, commit and checkpoint (bench/
-    # call_stages.py). Only a new file takes it: it must come before the first write,
-    # which switching to WAL is.
-    db.execute(f"PRAGMA page_size={PAGE_SIZE}")
     db.execute("PRAGMA journal_mode=WAL")
     # NORMAL in WAL mode: a committed transaction survives a crash of the process (the
     # case we must cover); only a power loss can drop the last commits.
