@@ -192,7 +192,7 @@ async def one_call(http: aiohttp.ClientSession, side: Side, dialect: str, stream
 
 # (streamed, the engine's ms per token) of each mode. "sse": one token a read, an engine no
 # faster than the proxy; "ahead": the engine at 0 ms, so the tokens waiting at each read go
-# on together (one parse feed, one event and one write a read); "json": non-streamed.
+# on together (one parse feed and one write a read); "json": non-streamed.
 MODES = {"sse": (True, 2.0), "ahead": (True, 0.0), "json": (False, 0.0)}
 
 
@@ -285,24 +285,23 @@ def others_note(f: dict[str, Any], streamed: bool) -> str:
     return note
 
 
+# What a streamed mode's row adds to its name.
+STREAMED_ROW = {"sse": "", "ahead": ", the engine ahead of the proxy (0 ms/token: the tokens "
+                                    "waiting at a read go on together)"}
+
+
 def rows_from(found: list[dict[str, Any]], baseline: str) -> list[Row]:
     rows = []
     for f in found:
-        if f["mode"] == "ahead":
+        if f["mode"] in STREAMED_ROW:
             per_token, base_token = f["this_us"] / TOKENS, f["base_us"] / TOKENS
-            rows.append(Row(f"proxy CPU per streamed token, {f['dialect']}, the engine ahead "
-                            "of the proxy (0 ms/token: the tokens waiting at a read go on "
-                            f"together)", f"{per_token:.1f} µs ({f['this_us'] / 1e3:.2f} "
-                            f"ms/reply)", f"{base_token:.1f} µs at {baseline}; ratio "
-                            f"{f['ratio']:.2f}" + others_note(f, True), "≤ 15 µs",
-                            verdict_of(per_token <= 15)))
-        elif f["mode"] == "sse":
-            per_token, base_token = f["this_us"] / TOKENS, f["base_us"] / TOKENS
-            verdict = verdict_of(per_token <= 15)
-            rows.append(Row(f"proxy CPU per streamed token, {f['dialect']}",
+            rows.append(Row(f"proxy CPU per streamed token, {f['dialect']}"
+                            f"{STREAMED_ROW[f['mode']]}",
                             f"{per_token:.1f} µs ({f['this_us'] / 1e3:.2f} ms/reply)",
                             f"{base_token:.1f} µs at {baseline}; ratio {f['ratio']:.2f}"
-                            + others_note(f, True), "≤ 15 µs", verdict))
+                            + others_note(f, True), "≤ 15 µs", verdict_of(per_token <= 15)))
+            if f["mode"] != "sse":
+                continue
             rows += [Row(f"proxy CPU per streamed token, {f['dialect']}, reads paced at "
                          f"{p['ms']:g} ms (serve --stream-interval-ms {p['ms']:g})",
                          f"{p['us'] / TOKENS:.1f} µs ({p['us'] / 1e3:.2f} ms/reply)",
