@@ -22,6 +22,7 @@ Two more sides split the figure:
   20 tokens a reply).
 
     .venv/bin/python bench/latency.py [--calls 100] [--dialects chat,gemini]
+    .venv/bin/python bench/latency.py --baseline HEAD~1   # and a revision's proxy beside it
 """
 
 from __future__ import annotations
@@ -115,24 +116,32 @@ def measure(argv: Sequence[str] | None = None) -> dict[str, dict[str, list[float
         engine, engine_url = po.start_engine(args.tools_dir, work)
         proxy = stream_cpu.Side("this", stream_cpu.ROOT / "src")
         relay = stream_cpu.Side("relay", stream_cpu.ROOT / "src", floor="tcp")
+        sides = [proxy, relay]
+        if args.baseline:  # another revision's proxy, its calls interleaved with ours
+            sides.append(stream_cpu.Side(
+                "baseline", stream_cpu.baseline_src(args.baseline, work)))
         try:
-            proxy.start(engine_url, work)
-            relay.start(engine_url, work)
+            for side in sides:
+                side.start(engine_url, work)
 
             async def run() -> dict[str, dict[str, list[float]]]:
                 async with aiohttp.ClientSession() as http:
-                    key = await stream_cpu.new_key(http, proxy)
+                    keys = {side.name: await stream_cpu.new_key(http, side)
+                            for side in sides if not side.floor}
+                dialects = args.dialects.split(",")
                 targets = {"direct": Target(engine_url),
                            "capture": Target(engine_url, extra=CAPTURE),
                            "relay": Target(relay.url),
-                           **{d: Target(f"{proxy.url}/r/{key}", d)
-                              for d in args.dialects.split(",")}}
+                           **{d: Target(f"{proxy.url}/r/{keys['this']}", d) for d in dialects}}
+                if args.baseline:
+                    targets.update({f"{d} at {args.baseline}": Target(
+                        f"{sides[2].url}/r/{keys['baseline']}", d) for d in dialects})
                 return await measure_async(engine_url, targets, args.calls, args.delay_ms)
 
             return asyncio.run(run())
         finally:
-            relay.stop()
-            proxy.stop()
+            for side in sides:
+                side.stop()
             engine.stop()
 
 
@@ -154,10 +163,11 @@ def rows(argv: Sequence[str] | None = None) -> list[Row]:
                        f"engine called directly: p50 {direct:.2f} ms", "", ""))
         for dialect, values in found.items():
             added = statistics.median(values) * 1e3 - direct
+            judged = " at " not in dialect  # a baseline's rows are for comparison
             out.append(Row(f"{what}, {dialect}, c=1, raw HTTP client (no SDK)",
                            f"{added:+.2f} ms ({added - capture + direct:+.2f} ms over the "
                            "capture request)", f"engine called directly: p50 {direct:.2f} ms",
-                           "≤ 1 ms", verdict(added <= 1.0)))
+                           "≤ 1 ms" if judged else "", verdict(added <= 1.0) if judged else ""))
     return out
 
 
@@ -169,6 +179,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--delay-ms", type=float, default=5.0,
                     help="engine's time per token in the streamed calls")
     ap.add_argument("--tools-dir", type=Path, default=po.DEFAULT_TOOLS)
+    ap.add_argument("--baseline", default="",
+                    help="also a proxy at this revision (git archive), calls interleaved")
     return ap.parse_args(argv)
 
 
