@@ -54,8 +54,7 @@ FIRST_TEXT = {"chat": b'"content":"',
               "responses": b"response.output_text.delta", "anthropic": b"content_block_delta",
               "gemini": b'"text":'}
 _EMPTY = b'"content":""'  # the role chunk's
-# What the proxy adds to a chat body for the engine (openai_wire.chat_body).
-CAPTURE = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True}
+CAPTURE = stream_cpu.CAPTURE  # what the proxy adds to a chat body for the engine
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,7 @@ SECTIONS: tuple[Section, ...] = (
             "its SDK's own cost; on 2 shared cores c=16 rows vary by tens of ms run to run",
             ("bench/proxy.md", "bench/proxy.md")),
     Section("stream_cpu", "proxy CPU per streamed token and per call (vs the proxy before "
-            "issue 19, two byte-copying relays and the reference proxy, same run)",
+            "issue 19, three byte-copying relays and the reference proxy, same run)",
             "stream_cpu",
             ("--blocks", "4", "--calls", "4", "--paced", "20,50,100"),
             ("--blocks", "8", "--calls", "6", "--paced", "20,50,100"),
@@ -135,9 +135,12 @@ SECTIONS: tuple[Section, ...] = (
                  "and 100: the engine's stream read at most once per interval; its 400 ms "
                  "streams are a multiple of each, so the reply time barely grows here, "
                  "where in general the last token waits up to the interval), the one before "
-                 "issue 19, two relays that only copy the engine's "
+                 "issue 19, three relays that only copy the engine's "
                  "bytes (bench/floor_relay.py: raw asyncio, and a bare ASGI app under "
-                 "uvicorn: the floor under any proxy here) and the reference proxy "
+                 "uvicorn: the floor under any Python proxy here; and socat, in C, passing "
+                 "on the proxy's own engine request: the floor under a relay in any "
+                 "language, what the kernel and the VM charge for a read and a write) and "
+                 "the reference proxy "
                  "(openenv 0.10.0's capture server, its own venv) side by side on one fake "
                  "vLLM (2 ms/token streamed; 0 ms/token streamed, the engine ahead of the "
                  "proxy; 0 ms non-streamed), requests alternating "

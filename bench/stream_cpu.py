@@ -17,7 +17,10 @@ trust on a loaded box; the absolute µs move with the load.
 
 Beside them, on the same calls: unless `--floors ''`, bench/floor_relay.py, relays that
 only copy the engine's bytes (raw asyncio, and a bare ASGI app under uvicorn), the floor any
-proxy on this machine stands on (kernel, event loop, HTTP parsing) and uvicorn's share; and
+proxy on this machine stands on (kernel, event loop, HTTP parsing) and uvicorn's share;
+`socat` (Debian's, in C: poll, read, write), given the proxy's own engine request and
+copying both ways, the floor under a relay in any language, which is the kernel's and the
+VM's cost of a read and a write (skipped when socat is not installed); and
 unless `--reference none`, the reference proxy (openenv 0.10.0's capture server, in a venv
 of its own built once in the cache), which asks its engine for the whole reply and replays
 it as one event (so its CPU per streamed reply is a call's, not a stream's).
@@ -34,6 +37,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -56,6 +60,9 @@ from table import verdict as verdict_of  # noqa: E402
 
 ROOT = HERE.parent
 TOKENS = 200
+# What the proxy adds to a chat body for the engine (openai_wire.chat_body): a floor that
+# passes the client's request on unchanged (socat) is sent this, the proxy's own request.
+CAPTURE = {"logprobs": True, "top_logprobs": 0, "return_token_ids": True}
 PROMPT = ("def handler(event, context):\n    return {'status': 200, 'body': event}\n" * 220)
 SYSTEM = "You are a coding agent. Follow the repository's rules. " * 150
 
@@ -108,7 +115,11 @@ class Side:
         port, run_dir = po.free_port(), work / f"run-{self.name}"
         argv = [sys.executable, "-m", "harnessrl.cli", "serve", "--engine-url", engine_url,
                 "--run-dir", str(run_dir), "--port", str(port)]
-        if self.floor:
+        if self.floor == "socat":  # a child per connection; `block` counts the children
+            engine = engine_url.removeprefix("http://")
+            argv = ["socat", f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork",
+                    f"TCP:{engine}"]
+        elif self.floor:
             argv = [sys.executable, str(HERE / "floor_relay.py"), "--port", str(port),
                     "--engine-url", engine_url, "--server", self.floor]
         elif self.reference is not None:  # its own venv: nothing of ours on its path
@@ -164,6 +175,8 @@ def baseline_src(rev: str, work: Path) -> Path:
 
 # ------------------------------------------------------------------ client
 async def new_key(http: aiohttp.ClientSession, side: Side) -> str:
+    if side.floor == "socat":  # the engine's own route: no rollouts
+        return ""
     if side.reference is not None:  # its sessions: the key is the caller's API key
         async with http.post(f"{side.url}/sessions", json={}) as resp:
             return (await resp.json())["session_id"]
@@ -176,6 +189,9 @@ async def one_call(http: aiohttp.ClientSession, side: Side, dialect: str, stream
     path, body = request(dialect, stream, nonce)
     url = f"{side.url}/r/{side.key}{path}"
     headers = {"content-type": "application/json"}
+    if side.floor == "socat":  # what the proxy would send the engine, for every dialect
+        path, body = request("chat", stream, nonce)
+        url, body = f"{side.url}{path}", {**body, **CAPTURE}
     if side.reference is not None:
         url = f"{side.url}{path}"
         headers |= {"authorization": f"Bearer {side.key}", "x-api-key": side.key,
@@ -211,9 +227,20 @@ async def block(http: aiohttp.ClientSession, side: Side, dialect: str, mode: str
             await one_call(http, side, dialect, MODES[mode][0], nonce[0])
             side.wall_s.setdefault((dialect, mode), []).append(time.perf_counter() - start)
 
-    before = po.cpu_ns(pid)
+    cpu_ns = tree_cpu_ns if side.floor == "socat" else po.cpu_ns
+    before = cpu_ns(pid)
     await asyncio.gather(*(worker() for _ in range(conc)))
-    return (po.cpu_ns(pid) - before) / calls
+    return (cpu_ns(pid) - before) / calls
+
+
+def tree_cpu_ns(pid: int) -> int:
+    """CPU ns of `pid` and its children (socat's, one per connection: the keep-alive
+    connections live through a block, so none exits inside one)."""
+    children = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as fh:
+            children += [int(child) for child in fh.read().split()]
+    return po.cpu_ns(pid) + sum(po.cpu_ns(child) for child in children)
 
 
 async def engine_config(http: aiohttp.ClientSession, engine_url: str, delay_ms: float) -> None:
@@ -332,9 +359,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--reference", default="auto",
                     help="venv of the reference proxy (openenv==0.10.0's capture server); "
                          "'auto' builds one once in the cache, 'none' leaves it out")
-    ap.add_argument("--floors", default="raw,uvicorn",
+    ap.add_argument("--floors", default="raw,uvicorn,socat",
                     help="byte-copying relays to run beside the proxies (bench/floor_relay.py "
-                         "--server), '' for none")
+                         "--server raw|uvicorn, and socat), '' for none")
     ap.add_argument("--paced", default="20",
                     help="stream intervals (ms, comma-separated) at which this proxy also "
                          "runs (serve --stream-interval-ms), '' for none")
@@ -355,8 +382,12 @@ def measure(argv: Sequence[str] | None = None) -> tuple[list[dict[str, Any]], st
                                                                               work))]
         sides += [Side(f"this@{ms}ms", ROOT / "src", pace_ms=float(ms))
                   for ms in filter(None, args.paced.split(","))]
-        sides += [Side(f"floor-{kind}", ROOT / "src", floor=kind)
-                  for kind in filter(None, args.floors.split(","))]
+        floors = [kind for kind in filter(None, args.floors.split(","))
+                  if kind != "socat" or shutil.which("socat")]
+        if "socat" in args.floors.split(",") and "socat" not in floors:
+            print("stream_cpu: socat is not installed (apt-get install socat): its floor "
+                  "is left out", file=sys.stderr)
+        sides += [Side(f"floor-{kind}", ROOT / "src", floor=kind) for kind in floors]
         if args.reference != "none":
             venv = reference_venv() if args.reference == "auto" else Path(args.reference)
             sides.append(Side("reference", ROOT / "src", reference=venv))
