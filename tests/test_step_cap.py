@@ -212,3 +212,27 @@ def test_the_runner_asks_for_its_cap_when_it_opens_a_rollout(engine, tmp_path) -
         default = asyncio.run(open_rollout(served.url, {}))
         assert served.store.rollout(capped["key"]).max_model_calls == 4
         assert served.store.rollout(default["key"]).max_model_calls == 9
+
+
+def test_a_refused_call_commits_its_own_turn_only_when_no_call_is_in_flight(
+        engine, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call refused before the gate does not count itself in flight: with one other call
+    running, its turn goes through the writer's queue, as that call's will."""
+    chat = WIRE[0]
+    with serve(engine, tmp_path / "run") as served:
+        rollout(served)
+        seen: list[tuple[str, bool]] = []
+        add_turn = served.store.add_turn
+
+        async def spy(turn, *, alone: bool = False) -> None:
+            seen.append((turn.status, alone))
+            await add_turn(turn, alone=alone)
+
+        monkeypatch.setattr(served.store, "add_turn", spy)
+        url = f"{served.root}/v1/chat/completions"  # type: ignore[attr-defined]
+        bad = {"model": "m", "messages": "not a list"}
+        assert httpx.post(url, json=bad).status_code == 400
+        assert chat.post(served).status_code == 200  # admitted: it counts itself
+        monkeypatch.setattr(type(served.proxy.gate), "inflight", property(lambda _self: 1))
+        assert httpx.post(url, json=bad).status_code == 400  # one other call in flight
+    assert seen == [("failed", True), ("ok", True), ("failed", False)]

@@ -201,6 +201,35 @@ def test_duplicate_turn_index_is_refused_without_harming_others(tmp_path: Path) 
     store.close()
 
 
+def test_a_lone_row_that_fails_is_run_once_and_a_group_retries_each_row(tmp_path: Path
+                                                                         ) -> None:
+    """A group that fails is retried row by row; a group of one is not run again (it
+    would only fail again)."""
+    store = TraceStore(tmp_path)
+    inserts: list[str] = []
+    assert store._db is not None
+    store._db.set_trace_callback(lambda sql: inserts.append(sql)
+                                 if sql.startswith("INSERT INTO turns") else None)
+
+    async def write(*indexes: int) -> list[BaseException | None]:
+        return await asyncio.gather(*(store.add_turn(make_turn("k", i)) for i in indexes),
+                                    return_exceptions=True)
+
+    asyncio.run(store.put_rollout(Rollout("k", 0.0)))
+    asyncio.run(write(0))
+    inserts.clear()
+    (dup,) = asyncio.run(write(0))
+    assert isinstance(dup, sqlite3.IntegrityError) and len(inserts) == 1
+    inserts.clear()
+    dup, ok = asyncio.run(write(0, 1))
+    assert isinstance(dup, sqlite3.IntegrityError) and ok is None
+    # One group (the duplicate fails it at once, then each row alone: 3), or two groups of
+    # one, as the writer thread happened to take them (2).
+    assert len(inserts) in (2, 3)
+    assert [t.index for t in store.turns("k")] == [0, 1]
+    store.close()
+
+
 def test_a_row_that_cannot_be_packed_fails_alone_and_the_writer_goes_on(tmp_path: Path
                                                                          ) -> None:
     store = TraceStore(tmp_path)

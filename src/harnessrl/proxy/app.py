@@ -383,11 +383,12 @@ class Proxy:
                 error=f"{err.kind}: {err.message}", error_kind=err.kind))
             return err
 
-    async def _add(self, turn: Turn) -> None:
+    async def _add(self, turn: Turn, *, admitted: bool = True) -> None:
+        # The only call in flight commits its turn itself, without the writer thread's
+        # hand-off. An admitted call has not left the gate yet, so it counts itself.
+        alone = self.gate.inflight <= (1 if admitted else 0)
         try:
-            # The only call in flight commits its turn itself, without the writer
-            # thread's hand-off: a call in flight has not left the gate yet.
-            await self.store.add_turn(turn, alone=self.gate.inflight <= 1)
+            await self.store.add_turn(turn, alone=alone)
         except sqlite3.Error as exc:
             raise StoreFailed(f"the trace store could not record this call ({exc}); it was "
                               "not counted") from exc
@@ -402,7 +403,7 @@ class Proxy:
             rollout=rollout.record.key, index=rollout.take_index(), dialect=dialect.name,
             status="failed", timings=Timings(received, None, time.time()), raw_request=raw,
             raw_response=body, engine=self.engine.name, error=f"{err.kind}: {err.message}",
-            error_kind=err.kind))
+            error_kind=err.kind), admitted=False)
 
 
 # -------------------------------------------------------------------- helpers

@@ -298,9 +298,11 @@ class TraceStore(TraceReader):
                 db.execute(sql, params)
             db.execute("COMMIT")
             return [None] * len(rows)
-        except sqlite3.Error:
+        except sqlite3.Error as exc:
             if db.in_transaction:
                 db.execute("ROLLBACK")
+            if len(rows) == 1:  # its own error: run again alone, it would only fail again
+                return [exc]
             return [self._commit_one(db, sql, params) for sql, params in rows]
 
     @staticmethod
