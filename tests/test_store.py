@@ -463,3 +463,33 @@ def test_a_closed_store_refuses_writes_and_still_reads(tmp_path: Path) -> None:
         asyncio.run(store.add_turn(make_turn("k", 0)))
     assert store.rollout("k") == Rollout("k", 0.0)
     store.close()
+
+
+def test_a_write_while_the_store_closes_fails_instead_of_waiting_forever(tmp_path: Path
+                                                                        ) -> None:
+    """`close` has queued the writer's end and waits for the writer, busy with an earlier
+    turn: a write now is refused at once, and the earlier turn is still committed."""
+    store = TraceStore(tmp_path)
+    asyncio.run(store.put_rollout(Rollout("k", 0.0)))
+    store._writing.acquire()  # the writer thread will wait here, inside its commit
+    first = threading.Thread(target=lambda: asyncio.run(store.add_turn(make_turn("k", 0))))
+    first.start()
+    closing = threading.Thread(target=store.close)
+    try:
+        time.sleep(0.2)  # the writer has taken the first turn
+        closing.start()
+        deadline = time.monotonic() + 5
+        while not store._ended and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store._ended and closing.is_alive()  # close() waits on the busy writer
+
+        async def late() -> None:
+            await asyncio.wait_for(store.add_turn(make_turn("k", 1)), 2)
+
+        with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+            asyncio.run(late())
+    finally:
+        store._writing.release()
+    first.join(10)
+    closing.join(10)
+    assert not closing.is_alive() and [t.index for t in store.turns("k")] == [0]

@@ -188,6 +188,10 @@ class TraceStore(TraceReader):
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._writing = threading.Lock()
         self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
+        # Held while a write is queued and while `close` queues the writer's end, so no
+        # write lands behind the end (where nothing would ever commit it).
+        self._queueing = threading.Lock()
+        self._ended = False  # the writer's end is queued
         self._wal_bytes = 0
         self._checkpoint_due = threading.Event()
         self._stop = threading.Event()
@@ -219,11 +223,12 @@ class TraceStore(TraceReader):
         await self._submit(INSERT_OUTCOME, lambda: outcome_params(outcome))
 
     async def _submit(self, sql: str, params: Callable[[], tuple[Any, ...]]) -> None:
-        if self._stop.is_set():  # no writer is left to commit it: fail, never wait
-            raise sqlite3.ProgrammingError("the trace store is closed")
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._queue.put(_Write(sql, params, loop, future))
+        with self._queueing:
+            if self._ended:  # no writer is left to commit it: fail, never wait
+                raise sqlite3.ProgrammingError("the trace store is closed")
+            self._queue.put(_Write(sql, params, loop, future))
         await future
 
     def _commit_here(self, row: tuple[str, tuple[Any, ...]]) -> bool:
@@ -334,7 +339,9 @@ class TraceStore(TraceReader):
         """Commits what is queued, stops the writer threads and closes the connections;
         a second call does nothing more."""
         if not self._stop.is_set():
-            self._queue.put(None)
+            with self._queueing:
+                self._ended = True
+                self._queue.put(None)
             self._writer.join(timeout=30)
             self._stop.set()
             self._checkpoint_due.set()
