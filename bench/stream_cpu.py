@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -240,7 +241,11 @@ def tree_cpu_ns(pid: int) -> int:
     for task in os.listdir(f"/proc/{pid}/task"):
         with open(f"/proc/{pid}/task/{task}/children") as fh:
             children += [int(child) for child in fh.read().split()]
-    return po.cpu_ns(pid) + sum(po.cpu_ns(child) for child in children)
+    total = po.cpu_ns(pid)
+    for child in children:
+        with contextlib.suppress(FileNotFoundError):  # a connection closed meanwhile
+            total += po.cpu_ns(child)
+    return total
 
 
 async def engine_config(http: aiohttp.ClientSession, engine_url: str, delay_ms: float) -> None:
