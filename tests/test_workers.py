@@ -257,3 +257,44 @@ def test_the_host_header_gets_the_workers_own_port():
     assert _with_port([(b"host", b"[::1]:8100")], 9) == [(b"host", b"[::1]:9")]
     assert _with_port([(b"host", b"proxy.local")], 9) == [(b"host", b"proxy.local:9")]
     assert _hostport("0.0.0.0", 5) == "127.0.0.1:5" and _hostport("::1", 5) == "[::1]:5"
+
+
+def test_a_worker_serves_its_own_rollouts_and_relays_the_others(tmp_path):
+    """The front's shortcut for /r/<key> paths: a key this worker owns (or one no worker
+    makes) reaches the proxy's app here; another worker's is relayed, and that worker not
+    answering is a 503 in the caller's shape, never served here."""
+    import asyncio
+
+    from harnessrl.proxy.relay import Front
+    from harnessrl.proxy.workers import Plan, owned_key
+
+    served: list[str] = []
+
+    async def app(scope, receive, send):
+        served.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def call(front: Front, path: str) -> int:
+        scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(),
+                 "query_string": b"", "headers": [(b"content-type", b"application/json")],
+                 "server": ("127.0.0.1", 1), "root_path": ""}
+        sent: list[dict] = []
+
+        async def receive():
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+        await front(scope, receive, send)
+        await front.close()
+        return sent[0]["status"]
+
+    plan = Plan("127.0.0.1", 1, (free_port(), free_port()))  # nothing listens on either
+    front = Front(app, plan, 0, 1 << 20)
+    mine, theirs = owned_key(0, 2), owned_key(1, 2)
+    for key, status in ((mine, 200), ("not-a-rollout-key", 200), (theirs, 503)):
+        for path in (f"/r/{key}/v1/chat/completions", f"/r/{key}/v1/messages"):
+            assert asyncio.run(call(front, path)) == status
+    assert served == [f"/r/{k}/v1/{p}" for k in (mine, "not-a-rollout-key")
+                      for p in ("chat/completions", "messages")]

@@ -128,7 +128,12 @@ class Proxy:
         await self.engine.close()
 
     def app(self) -> Starlette:
-        routes = [
+        # Model calls first, under /r/<key> first: Starlette tries routes in order, and
+        # each route passed over costs a call 1-2 µs (some 50 µs for the last of 31).
+        handlers = [(endpoint, self._handler(endpoint)) for endpoint in endpoints()]
+        routes = [Route(f"{prefix}{endpoint.path}", handler, methods=[endpoint.method])
+                  for prefix in ("/r/{key}", "") for endpoint, handler in handlers]
+        routes += [
             Route("/health", self.health, methods=["GET"]),
             # Claude Code probes the root of its base URL before calling.
             Route("/", _probe, methods=["GET", "HEAD"]),
@@ -137,10 +142,6 @@ class Proxy:
             *RolloutRoutes(self.sessions, self.engine, self.config).routes(),
             *WeightRoutes(self.gate, self.engine, self.config).routes(),
         ]
-        for endpoint in endpoints():
-            handler = self._handler(endpoint)
-            routes.append(Route(f"/r/{{key}}{endpoint.path}", handler, methods=[endpoint.method]))
-            routes.append(Route(endpoint.path, handler, methods=[endpoint.method]))
 
         @contextlib.asynccontextmanager
         async def lifespan(_app: Starlette) -> AsyncIterator[None]:
