@@ -176,9 +176,12 @@ async def serve(port: int, engine_url: str, kind: str) -> None:
         return
     relay = Relay(engine_url)
     if kind == "uvicorn":
+        # Kept alive as long as the proxy keeps its connections (proxy/serve.py): at
+        # uvicorn's default 5 s, a connection idle while the other sides ran was closed as
+        # the bench reused it ("Cannot write to closing transport").
         config = uvicorn.Config(relay.asgi, host="127.0.0.1", port=port, log_level="warning",
                                 http="httptools", loop="none", lifespan="off",
-                                interface="asgi3")
+                                interface="asgi3", timeout_keep_alive=75)
         await uvicorn.Server(config).serve()
         return
     server = await loop.create_server(lambda: Downstream(relay), "127.0.0.1", port)
