@@ -259,7 +259,7 @@ def test_the_host_header_gets_the_workers_own_port():
     assert _hostport("0.0.0.0", 5) == "127.0.0.1:5" and _hostport("::1", 5) == "[::1]:5"
 
 
-def test_a_worker_serves_its_own_rollouts_and_relays_the_others(tmp_path):
+def test_a_worker_serves_its_own_rollouts_and_relays_the_others():
     """The front's shortcut for /r/<key> paths: a key this worker owns (or one no worker
     makes) reaches the proxy's app here; another worker's is relayed, and that worker not
     answering is a 503 in the caller's shape, never served here."""
