@@ -73,10 +73,15 @@ class Front:
         one of ours (`hrl-`) or this worker owns it. Told from the path alone, so a call
         through a harness's own base URL skips this router's routes (some 50 µs a call
         for the last of them)."""
-        if not path.startswith("/r/"):
-            return False
-        key = path[3:].partition("/")[0]
-        return not key.startswith("hrl-") or owner(key, self.plan.n) == self.index
+        return path.startswith("/r/") and self.owner_of(path[3:].partition("/")[0]) is None
+
+    def owner_of(self, key: str | None) -> int | None:
+        """The other worker that holds rollout `key`; None when it is this one's to serve
+        (its own, or a key no worker makes)."""
+        if not key or not key.startswith("hrl-"):
+            return None
+        worker = owner(key, self.plan.n)
+        return None if worker == self.index else worker
 
     def public(self, scope: Scope) -> bool:
         server = scope.get("server")
@@ -159,8 +164,8 @@ class _ByKey:
         endpoint = self.methods[method]
         request = Request(scope)
         key = request_key(request)
-        worker = owner(key, self.front.plan.n) if key and key.startswith("hrl-") else None
-        if worker is None or worker == self.front.index:
+        worker = self.front.owner_of(key)
+        if worker is None:
             return await self.front.app(scope, receive, send)
         dialect = openai_chat.DIALECT if endpoint is None else endpoint.pick(request.headers)[0]
         await self.front.relay(worker, scope, receive, send, dialect)
