@@ -414,7 +414,7 @@ class Tally:
         leaf = _frame(frames[-1]) if frames else "(no Python frame)"
         self.own[leaf] += count
         self.packages[leaf.split("/")[0].split(":")[0].removesuffix(".py")] += count
-        for frame in {_frame(f) for f in frames if "harnessrl/" in f and "cli.py" not in f}:
+        for frame in {_frame(f) for f in frames if "harnessrl/" in f and "harnessrl/cli" not in f}:
             self.inclusive[frame] += count
 
 

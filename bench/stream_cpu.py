@@ -128,7 +128,7 @@ class Side:
             argv = [str(self.reference / "bin" / "python"), "-m",
                     "openenv.core.harness.capture.server", "--llm-url", engine_url,
                     "--model", "bench-model", "--port", str(port), "--capture-level", "tokens"]
-        elif "--workers" in (self.src / "harnessrl" / "cli.py").read_text():
+        elif "--workers" in _cli_source(self.src):
             argv += ["--workers", "1"]  # one process: its CPU is the figure
         if self.pace_ms:
             argv += ["--stream-interval-ms", str(self.pace_ms)]
@@ -441,3 +441,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _cli_source(src: Path) -> str:
+    """The command line's source at a revision: one module before issue 33, a package after."""
+    single = src / "harnessrl" / "cli.py"
+    if single.is_file():
+        return single.read_text()
+    return "".join(p.read_text() for p in sorted((src / "harnessrl" / "cli").glob("*.py")))

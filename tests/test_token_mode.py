@@ -414,12 +414,13 @@ def test_parser_names_and_token_mode_flags(tmp_path) -> None:
 
 
 def test_serve_builds_a_token_engine(tiny_model) -> None:
-    from harnessrl.cli import _parser, engine_spec
+    from harnessrl.cli import build_parser
+    from harnessrl.cli.serve import engine_spec
     from harnessrl.proxy.engines.build import make
 
-    args = _parser().parse_args(["serve", "--engine-mode", "token", "--tokenizer",
-                                 str(tiny_model), "--engine-url", "http://127.0.0.1:9",
-                                 "--engine-timeout", "5", "--stream-interval-ms", "20"])
+    args = build_parser().parse_args(["serve", "--engine-mode", "token", "--tokenizer",
+                                      str(tiny_model), "--engine-url", "http://127.0.0.1:9",
+                                      "--engine-timeout", "5", "--stream-interval-ms", "20"])
     engine = make(engine_spec(args))
     assert engine.name == "vllm-token" and engine.tool_parser == "hermes"
     assert engine.stop_ids == [engine.renderer.tokenizer.eos_token_id]

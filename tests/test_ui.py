@@ -438,8 +438,8 @@ def test_browse_pages_breaks_and_ids_without_a_tokenizer(tmp_path: Path):
 
 
 def test_ui_command_binds_loopback_by_default():
-    from harnessrl.cli import _parser
+    from harnessrl.cli import build_parser
 
-    args = _parser().parse_args(["ui", "some/run"])
+    args = build_parser().parse_args(["ui", "some/run"])
     assert args.host == "127.0.0.1" and args.run_dir == Path("some/run")
     assert args.tokenizer is None

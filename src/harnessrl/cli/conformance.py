@@ -1,0 +1,71 @@
+"""`harnessrl conformance` (and `harness doctor`): every harness writes a file through the
+proxy; the matrix of what works."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from harnessrl.cli.common import harnesses
+from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("conformance", help="every harness writes a file through the proxy; "
+                                           "print the matrix")
+    p.add_argument("names", nargs="*")
+    p.add_argument("--tools-dir", type=Path, default=DEFAULT_TOOLS_DIR)
+    p.add_argument("--markdown", type=Path, help="also write the matrix here")
+    p.add_argument("--mode", default="chat,token",
+                   help="chat (the scripted chat engine), token (the proxy's token mode "
+                        "against a scripted completions server), or both, comma-separated")
+    p.set_defaults(func=run_conformance)
+
+
+def run_conformance(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    from harnessrl.harnesses import all_variants
+    from harnessrl.rollout.conformance import (
+        MODES,
+        check,
+        install_timed,
+        matrix_markdown,
+        policy_tokenizer,
+    )
+
+    modes = [m.strip() for m in args.mode.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        print(f"harnessrl: --mode takes {', '.join(MODES)} (comma-separated), not "
+              f"{args.mode!r}", file=sys.stderr)
+        return 2
+    console = Console()
+    tokenizer = policy_tokenizer()
+    results = []
+    # every harness and each of its dialect variants, unless names are given
+    for h in harnesses(args.names) if args.names else all_variants():
+        with console.status(f"{h.name}: installing (if not yet installed)"):
+            install_seconds = install_timed(h, args.tools_dir)
+        for mode in modes:
+            with console.status(f"{h.name}: running headless ({mode} mode)"), \
+                    tempfile.TemporaryDirectory(prefix=f"hrl-{h.slug}-") as root:
+                result = asyncio.run(check(h, tokenizer=tokenizer, tools_dir=args.tools_dir,
+                                           root=Path(root), mode=mode))
+            result.install_seconds, install_seconds = install_seconds, None
+            results.append(result)
+            mark = ("[green]PASS[/]" if result.passed
+                    else f"[red]FAIL[/] {'; '.join(result.problems)}")
+            console.print(f"{h.name} {h.version} ({mode} mode): {mark}")
+            if not result.passed:
+                console.print(result.output[-2000:], markup=False, highlight=False)
+    matrix = matrix_markdown(results)
+    console.print(Markdown(matrix))
+    if args.markdown:
+        args.markdown.write_text(matrix)
+    return 0 if all(r.passed for r in results) else 1

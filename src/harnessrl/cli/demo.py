@@ -1,0 +1,21 @@
+"""`harnessrl demo`: the embedded default, end to end on this machine."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("demo", help="the embedded default: SmolLM2 on vLLM, mini-swe-agent on "
+                                    "bundled tasks through the proxy, two GRPO steps")
+    p.add_argument("--run-dir", type=Path, default=Path("runs/demo"))
+    p.add_argument("--model", help="a local model directory (default: SmolLM2-135M)")
+    p.set_defaults(func=demo)
+
+
+def demo(args: argparse.Namespace) -> int:
+    from harnessrl.demo import run_demo
+
+    return run_demo(args.run_dir, model=args.model)

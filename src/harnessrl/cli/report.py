@@ -1,0 +1,31 @@
+"""`harnessrl report`: chains per rollout and harness, the extension rate and why chains
+broke."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("report", help="chains per rollout and harness: extension rate and "
+                                      "why chains broke")
+    p.add_argument("run_dir", type=Path)
+    p.set_defaults(func=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from harnessrl.proxy.store import TraceReader
+    from harnessrl.reports import render_report
+    from harnessrl.rollout.chains import report
+
+    if not (args.run_dir / "trace.db").is_file():
+        print(f"harnessrl: no trace store in {args.run_dir}", file=sys.stderr)
+        return 2
+    with TraceReader(args.run_dir) as store:
+        Console().print(render_report(report(store)))
+    return 0
