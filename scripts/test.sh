@@ -6,4 +6,7 @@ source "$(dirname "$0")/bootstrap.sh"
 cd "$ROOT"
 ruff check src tests bench
 pyright -p "$ROOT" --pythonpath "$VENV/bin/python"
+# The docs site, strict: a broken link, a page that fails to generate or a missing
+# include fails the run. Also writes site/llms.txt (tests/test_docs.py checks the pages).
+NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet
 python -m pytest "$@"

@@ -22,7 +22,7 @@ FLOORS = {
     "harnesses": 2,
     "rollout": 3,
     "train": 4, "openenv": 4,
-    "ui": 5, "reports": 5, "demo": 5, "cli": 5, "__main__": 5,
+    "ui": 5, "reports": 5, "demo": 5, "cli": 5, "docgen": 5, "__main__": 5,
 }
 
 
