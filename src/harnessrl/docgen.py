@@ -47,10 +47,9 @@ def first_sentence(doc: str | None) -> str:
 # ------------------------------------------------------------------ the CLI
 def cli_parser() -> argparse.ArgumentParser:
     """The `harnessrl` parser, as `main` builds it."""
-    from harnessrl import cli
+    from harnessrl.cli import build_parser
 
-    build = getattr(cli, "build_parser", None) or cli._parser
-    return build()
+    return build_parser()
 
 
 def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("harnessrl",)
