@@ -393,3 +393,155 @@ async def test_a_pace_longer_than_the_read_timeout_is_not_the_engine_s_silence()
             resp.pace(0.5)
             assert await resp.read() == b"".join(pieces)
         await client.close()
+
+
+# ------------------------------------------------------------------ framings (issue 32)
+def framed(name: str, pieces: list[bytes], gap: float = 0.0) -> Handler:
+    """An answer in one of tests/raw_engine.py's framings (or broken answers)."""
+    from tests.raw_engine import BROKEN, FRAMINGS
+
+    writer = FRAMINGS[name] if name in FRAMINGS else BROKEN[name][0]
+
+    async def handler(_r: asyncio.StreamReader, w: asyncio.StreamWriter, _b: bytes) -> bool:
+        keep = await writer(w, pieces, gap)
+        await w.drain()
+        return bool(keep)
+    return handler
+
+
+def _framings() -> list[str]:
+    from tests.raw_engine import FRAMINGS
+    return list(FRAMINGS)
+
+
+def _broken() -> list[tuple[str, str]]:
+    from tests.raw_engine import BROKEN
+    return [(name, words) for name, (_, words) in BROKEN.items()]
+
+
+# Framings after which the server closes: the client must open a new connection each time.
+CLOSING = {"close-delimited", "close-announced", "http/1.0", "http/1.0-length"}
+
+
+@pytest.mark.parametrize("name", _framings())
+async def test_every_framing_http_allows_is_read_whole(name: str) -> None:
+    """Each answer whole, three times over; a connection kept only where the framing
+    allows it (a close-delimited body's end is its connection's end)."""
+    pieces = [b"data: %d\n\n" % i for i in range(30)]
+    server = Server(framed(name, pieces))
+    async with server as url:
+        client = Client()
+        for _ in range(3):
+            async with await client.request("POST", url + "/v1/x", b"{}") as resp:
+                assert resp.status == 200
+                assert "link" not in resp.headers  # a 103's headers are not the answer's
+                assert await resp.read() == b"".join(pieces)
+        await client.close()
+    assert server.connections == (3 if name in CLOSING else 1)
+    assert len(server.requests) == 3  # never sent twice
+
+
+async def test_trailers_are_kept_apart_from_the_head() -> None:
+    async with Server(framed("chunked-extensions-trailers", [b"a", b"bc"])) as url:
+        client = Client()
+        async with await client.request("POST", url) as resp:
+            assert await resp.read() == b"abc"
+            assert resp.trailers == [(b"X-Checksum", b"abc"), (b"X-Done", b"1")]
+            assert "x-checksum" not in resp.headers and resp.headers["trailer"]
+        await client.close()
+
+
+@pytest.mark.parametrize("name", ["close-delimited", "http/1.0"])
+async def test_a_close_delimited_body_comes_as_it_arrives(name: str) -> None:
+    pieces = [b"data: %d\n\n" % i for i in range(20)]
+    async with Server(framed(name, pieces, gap=0.005)) as url:
+        client = Client()
+        got = []
+        async with await client.request("POST", url) as resp:
+            while piece := await resp.readany():
+                got.append(piece)
+        await client.close()
+    assert b"".join(got) == b"".join(pieces) and len(got) > 5
+
+
+@pytest.mark.parametrize(("name", "words"), _broken())
+async def test_a_broken_answer_fails_with_its_reason(name: str, words: str) -> None:
+    async with Server(framed(name, [b"data: 1\n\n"])) as url:
+        client = Client()
+        with pytest.raises(TransportError, match=words):
+            async with await client.request("POST", url) as resp:
+                await resp.read()
+        await client.close()
+
+
+async def test_a_close_delimited_body_cut_by_a_reset_is_not_whole() -> None:
+    """A reset is not the server's end of a body: only a clean close is."""
+    async def reset(_r: asyncio.StreamReader, w: asyncio.StreamWriter, _b: bytes) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\n\r\npartial")
+        await w.drain()
+        sock = w.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
+        w.transport.abort()
+        return False
+
+    async with Server(reset) as url:
+        client = Client()
+        resp = await client.request("POST", url)
+        with pytest.raises(TransportError, match="before the answer was whole"):
+            await resp.read()
+        await client.close()
+
+
+async def test_bytes_after_a_whole_answer_leave_it_whole_and_the_connection_unused() -> None:
+    async def extra(_r: asyncio.StreamReader, w: asyncio.StreamWriter, _b: bytes) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nbad")
+        await w.drain()
+        return True
+
+    server = Server(extra)
+    async with server as url:
+        client = Client()
+        for _ in range(2):
+            async with await client.request("POST", url) as resp:
+                assert await resp.read() == b"ok"
+        await client.close()
+    assert server.connections == 2
+
+
+# ------------------------------------------------------------------ back-pressure (issue 32)
+async def test_a_caller_that_does_not_read_is_not_the_engine_s_silence() -> None:
+    """The caller (behind a slow client) takes nothing for longer than the read timeout
+    while the engine has sent more than HIGH_WATER: reading is paused, and that pause is
+    ours, not the engine's silence. Every byte comes through."""
+    pieces = [bytes([65 + i % 26]) * 65536 for i in range(3 * HIGH_WATER // 65536)]
+    async with Server(chunked(pieces)) as url:
+        client = Client(read_timeout=0.3)
+        resp = await client.request("POST", url)
+        await asyncio.sleep(1.0)  # paused at the mark for most of this
+        assert resp._conn is not None and resp._conn._paused
+        assert await resp.read() == b"".join(pieces)
+        await client.close()
+
+
+async def test_real_silence_after_a_pause_is_still_timed_out() -> None:
+    """Once the proxy reads on, an engine that has gone silent is found out within the
+    read timeout."""
+    pieces = [b"x" * 65536] * (2 * HIGH_WATER // 65536)
+    sending = chunked(pieces, end=False)
+
+    async def then_silent(r: asyncio.StreamReader, w: asyncio.StreamWriter, b: bytes) -> bool:
+        await sending(r, w, b)
+        await asyncio.sleep(30)  # cancelled when the test's server stops
+        return False
+
+    async with Server(then_silent) as url:
+        client = Client(read_timeout=0.3)
+        resp = await client.request("POST", url)
+        await asyncio.sleep(0.8)
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TimeoutError):
+            while await resp.readany():
+                start = loop.time()
+        assert loop.time() - start < 1.0
+        await client.close()

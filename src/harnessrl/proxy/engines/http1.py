@@ -7,13 +7,25 @@ StreamReader, a read timeout re-armed on every read, flow-control bookkeeping) c
 of CPU per read on this machine, about as much as the rest of the proxy's work on a token
 (bench/stream.md). Here a read is one parser feed and, when the caller waits, one future.
 
+Every response framing HTTP/1.1 allows is read (RFC 9112 section 6): Content-Length,
+chunked (extensions and trailers too), a body that ends when the server closes the
+connection (neither length nor chunked: HTTP/1.0 servers, Python's http.server, some
+gateways), HTTP/1.0 replies, and 1xx interim responses (100, 103) before the final one. A
+close-delimited connection is never reused. What fails is what is really broken: bytes that
+are not HTTP, a length or chunk never reached before the connection closed, a switch of
+protocols nobody asked for; the error says which.
+
 Limits on waiting: `connect_timeout` for the TCP (and TLS) connection; `read_timeout` for
 any silence once the request is sent (one timer per call, moved on only when it fires, not
-per read). A connection taken from the pool that the server has closed meanwhile (its
-keep-alive timer is often shorter than ours) is retried once on a new one, when nothing of
-the answer had arrived: almost always a server that closed it idle and never read the
-request. If it had read it and then dropped the connection, a model call is sampled anew;
-nothing of the first sample reached us, so nothing of it is recorded twice.
+per read). Only the engine's silence counts: while reading is paused because the caller has
+not taken what came (its own client reads slowly), or held by a pace, the clock stands and
+starts again when the proxy reads on.
+
+A connection taken from the pool that the server has closed meanwhile (its keep-alive
+timer is often shorter than ours) is retried once on a new one, when nothing of the answer
+had arrived: almost always a server that closed it idle and never read the request. If it
+had read it and then dropped the connection, a model call is sampled anew; nothing of the
+first sample reached us, so nothing of it is recorded twice.
 """
 
 from __future__ import annotations
@@ -90,6 +102,7 @@ class Response:
         self.status = conn.status
         self.headers = conn.headers  # lower-cased names; the last of a repeated one
         self.raw_headers = conn.raw_headers  # every (name, value) as it came
+        self.trailers = conn.trailers  # fields after a chunked body, filled in at its end
 
     def pace(self, interval: float) -> None:
         """Read the rest of the body at most once per `interval` seconds: after each read
@@ -150,6 +163,8 @@ class Connection(asyncio.Protocol):
         self.status = 0
         self.headers: dict[str, str] = {}
         self.raw_headers: list[tuple[bytes, bytes]] = []
+        self.trailers: list[tuple[bytes, bytes]] = []
+        self.until_close = False  # the body ends when the server closes (RFC 9112 6.3)
         self.chunks: list[bytes] = []
         self.size = 0
         self.begun = False  # status and headers are in
@@ -219,13 +234,21 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self.complete:  # bytes after a whole answer: not a connection to use again
+            self.abort()
+            return
         self.received = True
         self._last = self.loop.time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(TransportError(f"the engine's answer is not valid HTTP: {exc}"))
-            self.abort()
+            if not self.complete:
+                self._fail(TransportError(f"the engine's answer is not valid HTTP: {exc}"))
+            self.abort()  # after a whole answer (on_message_begin): it stands, unreused
+
+    def on_message_begin(self) -> None:
+        if self.complete:  # a second answer to one request: stop, and never reuse this
+            raise TransportError("bytes after the whole answer")
 
     def eof_received(self) -> bool:
         return False  # close our side too
@@ -234,6 +257,8 @@ class Connection(asyncio.Protocol):
         self.closed = True
         self._stop_timer()
         self.client.forget(self)
+        if self.until_close and exc is None and self.error is None and not self.complete:
+            self.on_message_complete()  # the server's close is the end of this body
         if not self.complete:
             reason = f": {exc}" if exc else ""
             self._fail(TransportError(f"the connection was closed before the answer was "
@@ -241,14 +266,31 @@ class Connection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- httptools' callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.begun:  # after a chunked body: a trailer field, not one of the head's
+            self.trailers.append((name, value))
+            return
         self.raw_headers.append((name, value))
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if status < 200:
+            self._interim(status)
+            return
+        self.status = status
         self.keep_alive = self.parser.should_keep_alive()
+        self.until_close = _until_close(status, self.headers)
         self.begun = True
         self._wake()
+
+    def _interim(self, status: int) -> None:
+        """A 1xx answer before the final one (100 Continue, 103 Early Hints): its headers
+        are not the answer's. 101 switches protocols, which a call here never asks for."""
+        self.headers, self.raw_headers = {}, []
+        if status == 101:
+            self._fail(TransportError("the engine answered 101 and switched protocols, "
+                                      "which this call did not ask for"))
+            self.abort()
 
     def on_body(self, body: bytes) -> None:
         self.chunks.append(body)
@@ -258,6 +300,8 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if not self.begun:  # the end of a 1xx answer: the final one is still to come
+            return
         self.complete = True
         self._stop_timer()
         self._wake()
@@ -284,6 +328,9 @@ class Connection(asyncio.Protocol):
                 self.transport.pause_reading()
             else:
                 self.transport.resume_reading()
+                # what the engine sent while we did not read is in the kernel: its
+                # silence counts from when we read again, not from the last byte we took
+                self._last = max(self._last, self.loop.time())
 
     def _hold(self) -> None:
         """Leave the socket alone for `pace` s: the kernel keeps what arrives meanwhile
@@ -316,8 +363,11 @@ class Connection(asyncio.Protocol):
         return True
 
     def _check_silence(self) -> None:
+        now = self.loop.time()
+        if self._paused:  # we are not reading (the caller is behind): nothing to judge
+            self._last = max(self._last, now)
         due = self._last + self._silence
-        if self.loop.time() < due:
+        if now < due:
             self._timer = self.loop.call_at(due, self._check_silence)
             return
         self._timer = None
@@ -413,6 +463,18 @@ class Client:
         if self._ssl is None:
             self._ssl = ssl.create_default_context()
         return self._ssl
+
+
+def _until_close(status: int, headers: dict[str, str]) -> bool:
+    """Whether a final answer's body runs until the server closes the connection (RFC
+    9112 6.3): it may have a body (not 204 or 304; we send no HEAD) and is framed neither
+    by chunked as its last transfer coding nor by a Content-Length."""
+    if status in (204, 304):
+        return False
+    coding = headers.get("transfer-encoding")
+    if coding is not None:
+        return coding.rsplit(",", 1)[-1].strip().lower() != "chunked"
+    return "content-length" not in headers
 
 
 def split(url: str) -> tuple[Origin, str, str]:
