@@ -90,9 +90,11 @@ _RULES: tuple[tuple[BreakReason, Callable[[_Divergence], bool]], ...] = (
 
 # ------------------------------------------------------------------ tokens
 # Flags that say how a turn's ids were made, not that they are doubtful: token mode could
-# not reuse the earlier ids and tokenized the prompt whole (the ids are still the exact ids
-# sent; the chain just breaks there).
+# not reuse the earlier ids and tokenized the prompt whole, or says why the prompt does not
+# extend the last turn (`render_break:<reason>`); the ids are still the exact ids sent,
+# the chain just breaks there.
 INFORMATIONAL_FLAGS = frozenset({"render_fallback"})
+INFORMATIONAL_PREFIXES = ("render_break:",)
 
 
 def tokens(turn: Turn) -> Tokens:
@@ -105,7 +107,8 @@ def exclusion(turn: Turn) -> ExcludedTurn | None:
     """Why `turn` cannot be trained on, or None when it can."""
     if turn.status != "ok":
         return ExcludedTurn(turn.index, turn.status, turn.error)
-    if flags := [f for f in turn.flags if f not in INFORMATIONAL_FLAGS]:
+    if flags := [f for f in turn.flags if f not in INFORMATIONAL_FLAGS
+                 and not f.startswith(INFORMATIONAL_PREFIXES)]:
         return ExcludedTurn(turn.index, "flagged", ",".join(flags))
     t = turn.completion.tokens if turn.completion is not None else None
     if (t is None or t.prompt_ids is None or t.completion_ids is None or t.logprobs is None

@@ -5,14 +5,14 @@ teacher. `harnessrl serve`, `run`/`eval` and `train` all build theirs here."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.upstream import FIRST_BYTE_TIMEOUT
-from harnessrl.proxy.engines.vllm_server import VLLMServer, tool_call_parser_for
+from harnessrl.proxy.engines.vllm_server import VLLMServer
 
 EngineKind = Literal["chat", "token", "scripted", "teacher"]
 Status = Callable[[str], contextlib.AbstractContextManager[Any]]
@@ -23,8 +23,12 @@ class EngineSpec:
     """What to sample with.
 
     chat/token: vLLM at `url`, or started for `model` (a local path or hub id) when there
-    is no URL; token mode renders with `tokenizer` (default: `model`) and, if given, the
-    `chat_template` text. scripted: `tokenizer` and the reply texts in `script`. teacher:
+    is no URL; token mode renders with `tokenizer` (default: `model`), by the `renderer`
+    family or, if given, the `chat_template` text, and parses replies with vLLM's
+    `tool_call_parser`/`reasoning_parser` names (see `token.formats`; chat mode passes
+    the parser names to a vLLM started here); `chat_template_kwargs` go to the template
+    (or the family's renderer config: `enable_thinking`, `thinking_retention`, ...).
+    scripted: `tokenizer` and the reply texts in `script`. teacher:
     the OpenAI root at `url`, every call sent as `teacher_model` with `api_key`.
     """
 
@@ -33,7 +37,10 @@ class EngineSpec:
     model: str | None = None
     tokenizer: str | None = None
     tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    renderer: str | None = None  # a `renderers` family, "default" (the template), or auto
     chat_template: str | None = None
+    chat_template_kwargs: Mapping[str, Any] | None = None
     read_timeout: float = 600.0
     first_byte_timeout: float = FIRST_BYTE_TIMEOUT
     stream_interval: float = 0.0  # seconds between reads of a streamed answer (Upstream)
@@ -69,6 +76,7 @@ def server_for(spec: EngineSpec) -> VLLMServer:
         raise ValueError("starting vLLM needs a model")
     return VLLMServer(model=spec.model, served_name=spec.served_name,
                       tool_call_parser=spec.tool_call_parser,
+                      reasoning_parser=spec.reasoning_parser,
                       max_model_len=spec.max_model_len, dtype=spec.dtype,
                       extra_args=list(spec.vllm_args), log_path=spec.vllm_log,
                       engine_mode=spec.kind)
@@ -127,8 +135,11 @@ def _token(spec: EngineSpec, url: str) -> Engine:
     tokenizer = spec.tokenizer or spec.model
     if not tokenizer:
         raise ValueError("token mode needs the model's tokenizer (a local directory)")
-    parser = spec.tool_call_parser or tool_call_parser_for(tokenizer) or "hermes"
-    return TokenEngine(url, tokenizer, tool_parser=parser, chat_template=spec.chat_template,
+    # No default parser: TokenEngine decides from the model or refuses, naming the flag.
+    return TokenEngine(url, tokenizer, tool_parser=spec.tool_call_parser,
+                       reasoning_parser=spec.reasoning_parser, renderer=spec.renderer,
+                       chat_template=spec.chat_template,
+                       chat_template_kwargs=dict(spec.chat_template_kwargs or {}),
                        **_upstream(spec))
 
 

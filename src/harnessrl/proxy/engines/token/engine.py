@@ -27,7 +27,16 @@ from harnessrl.errors import EngineError
 from harnessrl.proxy.engines import openai_wire
 from harnessrl.proxy.engines.answers import Choice, decode, usage
 from harnessrl.proxy.engines.base import TurnSource
+from harnessrl.proxy.engines.token import formats
+from harnessrl.proxy.engines.token.family import FamilyRenderer, reply_key
 from harnessrl.proxy.engines.token.render import Rendered, Renderer
+from harnessrl.proxy.engines.token.replies import (
+    ReplyParser,
+    TextParser,
+    VLLMParsers,
+    WholeParser,
+    family_parse,
+)
 from harnessrl.proxy.engines.token.toolformats import make_parser
 from harnessrl.proxy.engines.upstream import FIRST_BYTE_TIMEOUT, Upstream
 from harnessrl.proxy.engines.vllm import (
@@ -39,6 +48,7 @@ from harnessrl.proxy.engines.vllm import (
 from harnessrl.types import (
     ChatRequest,
     Chunk,
+    Delta,
     EngineEvent,
     Finished,
     FinishReason,
@@ -52,18 +62,28 @@ _encode = msgspec.json.encode
 # EOS; one is a stop token only if the template writes it (its text then follows the
 # reply in the next prompt, so the sampled ids are reused there).
 _END_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+# Formats whose calls open without a special token (bare JSON, Python lists): early text
+# may turn out to be a call, so their text goes out when the reply is whole.
+_HOLD_TEXT = frozenset({"llama-3", "llama3_json", "llama4_json", "pythonic",
+                        "llama4_pythonic"})
+_PROMPT_TAIL = 64  # prompt ids a family parser sees (whether the prompt opened reasoning)
 
 
 class TokenEngine:
     """`tokenizer`: the served model's tokenizer (a local path or a loaded tokenizer);
-    `tool_parser`: a `toolformats.TOOL_FORMATS` name; `extra_body`: fields merged into
-    each vLLM request (tests use it to force text with structured outputs);
-    `render_window=False` renders every prompt's whole conversation through the template."""
+    `renderer`, `tool_parser`, `reasoning_parser`, `chat_template`, `chat_template_kwargs`:
+    how the model is rendered and parsed (`formats.resolve`; refused here when they cannot
+    be decided); `extra_body`: fields merged into each vLLM request (tests use it to force
+    text with structured outputs); `render_window=False` renders every prompt's whole
+    conversation through the template."""
 
     name = "vllm-token"
 
-    def __init__(self, base_url: str, tokenizer: Any, *, tool_parser: str = "hermes",
-                 chat_template: str | None = None, extra_body: ExtraBody | None = None,
+    def __init__(self, base_url: str, tokenizer: Any, *, tool_parser: str | None = None,
+                 reasoning_parser: str | None = None, renderer: str | None = None,
+                 chat_template: str | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None,
+                 extra_body: ExtraBody | None = None,
                  read_timeout: float = 600.0, connect_timeout: float = 10.0,
                  api_key: str | None = None, memory: int = 4,
                  render_window: bool = True,
@@ -79,12 +99,25 @@ class TokenEngine:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-        self.renderer = Renderer(tokenizer, chat_template=chat_template, memory=memory,
-                                 windowed=render_window)
-        make_parser(tool_parser)  # an unknown format fails here, not on the first call
-        self.tool_parser = tool_parser
+        self.format = formats.resolve(
+            tokenizer, renderer=renderer, tool_call_parser=tool_parser,
+            reasoning_parser=reasoning_parser, chat_template=chat_template,
+            chat_template_kwargs=chat_template_kwargs)
+        log.info("token mode: %s", self.format.why)
+        self.tokenizer = tokenizer
+        self.renderer: Renderer
+        self._vllm_parsers: VLLMParsers | None = None
+        if self.format.renderer is not None:
+            self.renderer = FamilyRenderer(tokenizer, self.format.renderer, memory=memory)
+            self.stop_ids = list(dict.fromkeys(self.format.renderer.get_stop_token_ids()))
+        else:
+            self.renderer = Renderer(tokenizer, chat_template=chat_template, memory=memory,
+                                     windowed=render_window,
+                                     template_kwargs=self.format.template_kwargs)
+            self.stop_ids = _stop_ids(tokenizer, self.renderer.template)
+            self._vllm_parsers = self._template_parsers()
+        self.tool_parser = self.format.tool_call_parser or self.format.family
         self.extra_body = extra_body
-        self.stop_ids = _stop_ids(tokenizer, self.renderer.template)
         self.max_model_len: int | None = None
         self.renders: Counter[str] = Counter()  # render modes so far: full/extended/fallback
         self._store: TurnSource | None = None
@@ -151,16 +184,40 @@ class TokenEngine:
             body.update(self.extra_body(request) or {})
         return _encode(body)
 
+    def _template_parsers(self) -> VLLMParsers | None:
+        name = self.format.tool_call_parser
+        if name in formats.OWN_TOOL_PARSERS and self.format.reasoning_parser is None:
+            make_parser(name)
+            return None
+        assert name is not None
+        try:
+            return VLLMParsers(self.tokenizer, name, self.format.reasoning_parser,
+                               self.stop_ids)
+        except (RuntimeError, KeyError, ValueError) as exc:
+            raise ValueError(f"--tool-call-parser {name!r} cannot read this model's "
+                             f"replies: {exc}") from None
+
     def _started(self, request: ChatRequest, rendered: Rendered, reported: Any) -> Started:
         ids = tuple(reported) if reported is not None else tuple(rendered.ids)
         flags = ("render_fallback",) if rendered.mode == "fallback" else ()
+        flags += tuple(f"render_break:{reason}" for reason in rendered.breaks)
         if len(ids) != len(rendered.ids) or ids != tuple(rendered.ids):
             flags += ("prompt_ids_changed",)  # the engine did not use the ids we sent
         return Started(request.model, ids, flags)
 
-    def _parser(self, request: ChatRequest, rendered: Rendered) -> Any:
+    def _parser(self, request: ChatRequest, rendered: Rendered) -> ReplyParser:
+        tools = openai_wire.tools(request.tools) if request.tools else None
+        family = self.format.family
+        if family is not None:
+            tail = rendered.ids[-_PROMPT_TAIL:].tolist()
+            parse = family_parse(self.format.renderer, self.tokenizer, tools, tail)
+            return WholeParser(parse, stream_text=family not in _HOLD_TEXT)
+        name = self.format.tool_call_parser or ""
+        if self._vllm_parsers is not None:
+            return WholeParser(self._vllm_parsers.parse_for(tools),
+                               stream_text=name not in _HOLD_TEXT)
         thinking = rendered.text.rstrip("\n").endswith("<think>")
-        return make_parser(self.tool_parser, request.tools, in_reasoning=thinking)
+        return TextParser(make_parser(name, request.tools, in_reasoning=thinking))
 
     # ---------------------------------------------------------------- calls
     async def complete(self, request: ChatRequest, rollout: str | None = None
@@ -173,9 +230,9 @@ class TokenEngine:
             raise EngineError("the engine answered with no choices")
         choice = body.choices[0]
         parser = self._parser(request, rendered)
-        deltas = parser.feed(choice.text) + parser.finish()
         ids, logprobs = _tokens(choice)
-        self._remember(rollout, rendered, ids, choice.finish_reason)
+        deltas = parser.feed(choice.text, ids or ()) + parser.finish()
+        self._remember(rollout, rendered, ids, choice.finish_reason, deltas)
         events: list[EngineEvent] = [self._started(request, rendered, choice.prompt_token_ids),
                                      Chunk(tuple(deltas), ids, logprobs)]
         if choice.finish_reason is not None:  # without one the reply is not known to be whole
@@ -199,8 +256,10 @@ class TokenEngine:
             yield event
         if state.finish is None:
             raise EngineError("the engine stream ended before a finish_reason")
-        yield Chunk(tuple(parser.finish()), (), ())
-        self._remember(rollout, rendered, tuple(state.ids), state.finish)
+        last = parser.finish()
+        yield Chunk(tuple(last), (), ())
+        self._remember(rollout, rendered, tuple(state.ids), state.finish,
+                       [*state.deltas, *last])
         yield Finished(_finish(state.finish, parser.calls), state.usage)
 
     def _started_first(self, request: ChatRequest, rendered: Rendered, state: _StreamState,
@@ -214,9 +273,10 @@ class TokenEngine:
         return events
 
     def _remember(self, key: str | None, rendered: Rendered,
-                  ids: tuple[int, ...] | None, finish: str | None) -> None:
+                  ids: tuple[int, ...] | None, finish: str | None,
+                  deltas: list[Delta]) -> None:
         if ids is not None and finish in ("stop", "length"):
-            self.renderer.remember(key, rendered, ids)
+            self.renderer.remember(key, rendered, ids, reply=reply_key(deltas))
 
 
 def _tokens(choice: Choice) -> tuple[tuple[int, ...] | None, tuple[float, ...] | None]:
@@ -243,8 +303,9 @@ class _StreamState:
         self.ids: list[int] = []
         self.finish: str | None = None
         self.usage: Usage | None = None
+        self.deltas: list[Delta] = []  # all sent, to know the reply's echo next turn
 
-    def feed(self, data: str, parser: Any) -> list[EngineEvent]:
+    def feed(self, data: str, parser: ReplyParser) -> list[EngineEvent]:
         if data == "[DONE]":
             return []
         body = decode(data, "a chunk")
@@ -255,7 +316,8 @@ class _StreamState:
                 self.prompt_ids = choice.prompt_token_ids
             ids, logprobs = _tokens(choice)
             self.ids.extend(ids or ())
-            deltas = parser.feed(choice.text) if choice.text else []
+            deltas = parser.feed(choice.text or "", ids or ())
+            self.deltas.extend(deltas)
             if deltas or ids:
                 events.append(Chunk(tuple(deltas), ids, logprobs))
             if choice.finish_reason is not None:

@@ -38,7 +38,7 @@ from harnessrl.types import ChatRequest, Message
 
 log = logging.getLogger(__name__)
 
-RenderMode = Literal["full", "extended", "fallback"]
+RenderMode = Literal["full", "extended", "fallback", "bridged"]
 # Kept (text offset, id count) pairs per state, newest last: enough to find the last few
 # turns' prompts and completions without scanning a rollout's whole history.
 _ANCHORS = 16
@@ -47,9 +47,11 @@ _ANCHORS = 16
 @dataclass(frozen=True, slots=True)
 class Rendered:
     """A rendered prompt. `reused` ids came from an earlier turn; `mode` says how:
-    `full` (nothing to reuse), `extended` (earlier ids + the new text's ids) or
+    `full` (nothing to reuse), `extended` (earlier ids + the new text's ids),
     `fallback` (an earlier turn's text matched but the seam was unsafe, so the whole
-    prompt was tokenized again)."""
+    prompt was tokenized again) or `bridged` (a `renderers` family's bridge extended the
+    last turn). `breaks`: why the prompt does not extend the rollout's last turn, when
+    that is known (see `family`)."""
 
     text: str
     ids: array  # array('i')
@@ -61,6 +63,7 @@ class Rendered:
     parts: tuple[list[dict[str, Any]], ...] = ()
     messages: tuple[dict[str, Any], ...] | None = None
     kwargs: dict[str, Any] | None = None
+    breaks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,8 @@ class _State:
     ids: array
     anchors: tuple[tuple[int, int], ...]  # (text offset, id count), ascending
     prompt: Rendered | None = None  # the prompt of this turn, with its template input
+    prompt_len: int = 0  # how many of `ids` are the prompt's
+    reply: Any = None  # what the harness was given (family.reply_key), to know its echo
 
 
 class Renderer:
@@ -82,13 +87,17 @@ class Renderer:
     the engine from the store).
     """
 
+    needs_template = True  # a subclass that renders without the Jinja template says False
+
     def __init__(self, tokenizer: Any, *, chat_template: str | None = None,
                  memory: int = 4, max_rollouts: int = 1024, windowed: bool = True,
-                 verify_every: int = 16) -> None:
+                 verify_every: int = 16,
+                 template_kwargs: dict[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
-        self.template = chat_template or tokenizer.chat_template
-        if not self.template:
+        self.template = chat_template or getattr(tokenizer, "chat_template", None) or ""
+        if not self.template and self.needs_template:
             raise ValueError("the tokenizer has no chat template; token mode needs one")
+        self.template_kwargs = dict(template_kwargs or {})
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         # Templates that test `arguments is string` render the sampled JSON text verbatim
         # (exact); the others iterate a mapping, so they get the parsed object.
@@ -101,7 +110,7 @@ class Renderer:
         self._states: OrderedDict[str, list[_State]] = OrderedDict()
         # Windowed renders are checked against a full render every `verify_every`-th time;
         # one difference turns windowing off for good.
-        self.windowed = windowed and is_local(self._battery_render)
+        self.windowed = windowed and self.needs_template and is_local(self._battery_render)
         self.verify_every = verify_every
         self._windowed_count = 0
 
@@ -140,7 +149,7 @@ class Renderer:
         return tuple(parts)
 
     def _kwargs(self, request: ChatRequest) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = dict(self.template_kwargs)
         if request.tools:
             kwargs["tools"] = openai_wire.tools(request.tools)
         if request.reasoning_effort is not None:
@@ -158,7 +167,7 @@ class Renderer:
             messages = [_parsed_arguments(m) for m in messages]
         tools = [{"type": "function", "function": {"name": "bash", "parameters": {
             "type": "object", "properties": {"command": {"type": "string"}}}}}]
-        return self._template(messages, {"tools": tools}, generation)
+        return self._template(messages, {**self.template_kwargs, "tools": tools}, generation)
 
     # ------------------------------------------------------------ rendering
     def render(self, request: ChatRequest, rollout: str | None = None) -> Rendered:
@@ -262,7 +271,7 @@ class Renderer:
 
     # ------------------------------------------------------------ memory
     def remember(self, rollout: str | None, rendered: Rendered, completion_ids: Sequence[int],
-                 completion_text: str | None = None) -> None:
+                 completion_text: str | None = None, reply: Any = None) -> None:
         """Keep a finished turn so the rollout's next prompt can reuse its ids."""
         if not rollout:
             return
@@ -274,7 +283,7 @@ class Renderer:
         states = self._states.pop(rollout, [])
         # The state this prompt extended is contained in the new one: drop it, keep its
         # anchors (they still describe the new text's start).
-        base = next((s for s in states if rendered.mode == "extended"
+        base = next((s for s in states if rendered.mode in ("extended", "bridged")
                      and text.startswith(s.text)), None)
         inherited = base.anchors if base is not None else ()
         anchors = (*inherited, (len(rendered.text), prompt_len), (len(text), len(ids)))
@@ -282,7 +291,8 @@ class Renderer:
         # The template input, without a second copy of the ids.
         prompt = Rendered(rendered.text, array("i"), 0, rendered.mode, rendered.source,
                           rendered.parts, rendered.messages, rendered.kwargs)
-        states.append(_State(text, ids, tuple(sorted(set(anchors)))[-_ANCHORS:], prompt))
+        states.append(_State(text, ids, tuple(sorted(set(anchors)))[-_ANCHORS:], prompt,
+                             prompt_len, reply))
         self._states[rollout] = states[-self.memory:]
         while len(self._states) > self.max_rollouts:
             self._states.popitem(last=False)
