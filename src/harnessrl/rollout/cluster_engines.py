@@ -50,12 +50,23 @@ class RoutedEngine:
         self.calls = [0] * len(self.engines)  # per engine, for tests and progress
         self._checker: asyncio.Task[None] | None = None
         self.weight_version: str | None = None
+        # Taken out of routing for good (a failed weight reload): health checks that find
+        # such a server up do not bring it back, since it may serve other weights.
+        self.retired: set[int] = set()
 
     def set_weight_version(self, version: str | None) -> None:
         """Every engine serves `version` now (the weight sync has reached them all)."""
         for engine in self.engines:
             engine.weight_version = version
         self.weight_version = version
+
+    def retire_server(self, url: str) -> bool:
+        """Route no call to the engine serving `url` any more (its rollouts move to the
+        others, as on a down engine); False when no engine here calls `url`."""
+        found = {i for i, e in enumerate(self.engines)
+                 if getattr(e, "base_url", None) == url.rstrip("/").removesuffix("/v1")}
+        self.retired |= found
+        return bool(found)
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -103,13 +114,18 @@ class RoutedEngine:
     def route(self, rollout: str | None) -> int:
         """The engine for `rollout`: its most preferred healthy one (the first preferred
         when none is healthy, so the call fails and says why)."""
-        order = rank(rollout or "", len(self.engines))
+        order = [i for i in rank(rollout or "", len(self.engines)) if i not in self.retired]
+        if not order:
+            raise EngineUnavailable("every engine was taken out of routing (failed weight "
+                                    "reloads)")
         return next((i for i in order if self.healthy[i]), order[0])
 
     # ---------------------------------------------------------------- calls
     async def models(self) -> list[str]:
         names: list[str] = []
         for index, engine in enumerate(self.engines):
+            if index in self.retired:
+                continue
             if self.healthy[index] or len(self.engines) == 1:
                 names += [n for n in await engine.models() if n not in names]
         return names

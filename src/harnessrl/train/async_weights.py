@@ -1,22 +1,28 @@
 """Weights for TRL's `AsyncGRPOTrainer` without a GPU, and what the trainer needs to run
 on a CPU at all.
 
-`FileWeightTransfer` implements TRL's `WeightTransferProtocol` with the file path of
-`weights.VLLMWeightSync` (save, `reload_weights`, `reset_prefix_cache`, version name; vLLM
-in `VLLM_SERVER_DEV_MODE=1`). TRL calls `pause`, `send_weights`, `resume` around every
-sync; here `pause` holds the capture proxy's weight gate, so new model calls wait (they are
+`VersionedTransfer` implements TRL's `WeightTransferProtocol` around whichever transfer
+moves the weights: `FileMover` (the file path of `weights.VLLMWeightSync`: save once,
+`reload_weights` and `reset_prefix_cache` on every server at once; vLLM in
+`VLLM_SERVER_DEV_MODE=1`) or TRL's own NCCL `WeightTransferClient` on GPUs
+(`grpo.weight_transfer = "trl"`). TRL calls `pause`, `send_weights`, `resume` around every
+sync; `pause` holds the capture proxies' weight gates, so new model calls wait (they are
 not failed) and the calls already running finish on the old weights before vLLM reloads.
-Each turn records the version read when its call was admitted (proxy/gate.py), so a
-rollout that spans a swap says which turns each version sampled.
+After the weights moved, every server is told the new version's name and the proxies'
+engines stamp the name each server then reports serving (`/weight_info`), so the version
+comes from the engine whatever moved the weights. TRL's NCCL transfer names none itself
+(`finish_weight_update` with no version): unwrapped, vLLM would keep reporting its first
+version and every row would be untagged and dropped. Each turn records the version read
+when its call was admitted (proxy/gate.py), so a rollout that spans a swap says which
+turns each version sampled.
 
 Versions are TRL's own counter, named `v<n>`: `v1` is the cold sync before the first step
 (the initial weights), `v<n+1>` the weights after the n-th sync. A sample's version is the
 oldest that sampled any of its turns, so its staleness is never understated.
 
-On GPUs, leave `weight_transfer` unset: TRL's own NCCL `WeightTransferClient` streams the
-weights into vLLM (`--weight-transfer-config '{"backend":"nccl"}'`) and the rollout worker
-still tags and drops by TRL's version. That path cannot run on the CPU machines this
-project is tested on.
+On GPUs TRL's NCCL `WeightTransferClient` streams the weights into one vLLM started with
+`--weight-transfer-config '{"backend":"nccl"}'` (docs/cluster.md has the recipe). That
+path cannot run on the CPU machines this project is tested on.
 
 `install_cpu_support` makes the trainer itself run without CUDA: its tree attention calls
 a flash-attention kernel fetched from a hub, which a CPU has not got; here each segment of
@@ -31,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harnessrl.proxy.gate import WeightGate
 from harnessrl.train.weights import VLLMWeightSync, WeightSyncError
 
 VERSION_PREFIX = "v"
@@ -122,19 +127,13 @@ class RemoteGate:
 
 
 @dataclass
-class FileWeightTransfer:
-    """TRL's `WeightTransferProtocol` by file, holding the proxies' gates during a swap."""
+class FileMover:
+    """Moves the weights by file (`VLLMWeightSync.reload`: save once, every server in
+    routing reloads at once); names no version: `VersionedTransfer` does."""
 
     sync: VLLMWeightSync
     model_dir: Path
-    # held during each swap: added by the rollout worker (ours: its proxy's gate; TRL's
-    # harness worker: a RemoteGate to the proxy its child process serves)
-    gates: list[WeightGate | RemoteGate] = field(default_factory=list)
-    hold_timeout: float = 600.0
-    version: int = 0  # TRL's model_version after the last sync
-    seconds: list[float] = field(default_factory=list)  # per swap, gate held to released
     _config: Any = None
-    _held_at: float | None = None
 
     def init_weight_transfer(self) -> None:
         from transformers import AutoConfig
@@ -143,14 +142,61 @@ class FileWeightTransfer:
         self._config = AutoConfig.from_pretrained(self.model_dir)
 
     def pause(self) -> None:
+        pass  # the gates hold the calls; vLLM itself keeps serving until it reloads
+
+    def send_weights(self, iterator: Any) -> None:
+        tensors = {name: t.detach().to("cpu").contiguous() for name, t in iterator}
+        self.sync.reload(_Checkpoint(tensors, self._config))
+
+    def resume(self) -> None:
+        pass
+
+    def destroy(self) -> None:
+        pass
+
+
+@dataclass
+class VersionedTransfer:
+    """TRL's `WeightTransferProtocol` around whichever transfer moves the weights (`inner`:
+    ours by file, TRL's NCCL `WeightTransferClient`, any other), so that every swap names
+    a version and every turn records the one its server serves:
+
+    - `pause` holds the proxies' gates (new calls wait; running ones finish on the old
+      weights), then the inner transfer's pause;
+    - `send_weights` lets the inner transfer move the weights, then names them `v<n+1>` on
+      every vLLM server in routing (`/update_weight_version`; TRL's NCCL transfer names
+      none, so without this vLLM would still report its first version and every row would
+      be untagged and dropped);
+    - `resume` resumes the inner transfer, reads back from every server the version it
+      serves (`/weight_info`; a server that reports another is retired), has the proxies'
+      engines stamp it, and only then releases the gates.
+    A server that fails any of it is taken out of routing; none left ends the run.
+    """
+
+    inner: Any
+    sync: VLLMWeightSync
+    # held during each swap: added by the rollout worker (its proxy's gate, a cluster's
+    # shards' gates, or a RemoteGate to a proxy in another process)
+    gates: list[Any] = field(default_factory=list)
+    hold_timeout: float = 600.0
+    version: int = 0  # TRL's model_version after the last sync
+    seconds: list[float] = field(default_factory=list)  # per swap, gate held to released
+    _held_at: float | None = None
+    _failed: bool = False  # the last send failed: the servers' weights are unknown
+
+    def init_weight_transfer(self) -> None:
+        self.inner.init_weight_transfer()
+
+    def pause(self) -> None:
         import time
 
         self._held_at = time.monotonic()
-        held: list[WeightGate | RemoteGate] = []
+        held: list[Any] = []
         try:
             for gate in self.gates:
                 gate.hold(self.hold_timeout)
                 held.append(gate)
+            self.inner.pause()
         except BaseException:
             for gate in held:
                 gate.release()
@@ -158,22 +204,28 @@ class FileWeightTransfer:
 
     def send_weights(self, iterator: Any) -> None:
         try:
-            tensors = {name: t.detach().to("cpu").contiguous() for name, t in iterator}
-            # save once; every server reloads before the version is announced (weights.py)
-            self.sync.push(_Checkpoint(tensors, self._config), version_name(self.version + 1))
+            self.inner.send_weights(iterator)
+            self.sync.name(version_name(self.version + 1))
             self.version += 1  # TRL bumps its own right after `resume`
         except BaseException:
             # TRL does not resume after a failed send; never leave calls held, and raise
             # the send's error, not a release's
+            self._failed = True
             with contextlib.suppress(Exception):
                 self.resume()
             raise
 
     def resume(self) -> None:
-        """Release every gate (the first error, if any, is raised after all of them)."""
+        """Stamp what the servers serve, then release every gate (the first error, if
+        any, is raised after all of them)."""
         import time
 
         errors: list[Exception] = []
+        for step in (self.inner.resume, self._stamp):
+            try:
+                step()
+            except Exception as error:
+                errors.append(error)
         for gate in self.gates:
             try:
                 gate.release()
@@ -185,8 +237,24 @@ class FileWeightTransfer:
         if errors:
             raise errors[0]
 
+    def _stamp(self) -> None:
+        if self._failed:  # some servers may hold the new weights under the old name
+            self._failed = False
+            self.sync.stamp(None)
+            return
+        self.sync.stamp_served(version_name(self.version) if self.version else None)
+
     def destroy(self) -> None:
+        self.inner.destroy()
         self.gates.clear()
+
+
+class FileWeightTransfer(VersionedTransfer):
+    """`VersionedTransfer` over `FileMover`: the weights go by file (CPU, and anywhere
+    TRL's NCCL transfer is not available)."""
+
+    def __init__(self, sync: VLLMWeightSync, model_dir: Path, **options: Any) -> None:
+        super().__init__(FileMover(sync, model_dir), sync, **options)
 
 
 # ------------------------------------------------------------------ CPU support
@@ -227,11 +295,13 @@ def install_cpu_support() -> None:
     """Let `AsyncGRPOTrainer` train without CUDA (see the module docstring). Does nothing
     where CUDA is available."""
     import torch
-    from trl.experimental.async_grpo import async_grpo_trainer, packing
+
+    from harnessrl.train.trl_async import async_trl
 
     if torch.cuda.is_available():
         return
+    trl = async_trl()
     # Both are looked up as module globals when called, so replacing them is enough.
-    setattr(packing, "_flash_attn", lambda: _CPUFlashAttention)  # noqa: B010
-    setattr(async_grpo_trainer, "get_peak_flops_per_device",  # noqa: B010
+    setattr(trl.packing, "_flash_attn", lambda: _CPUFlashAttention)  # noqa: B010
+    setattr(trl.trainer_module, "get_peak_flops_per_device",  # noqa: B010
             lambda _accelerator, _dtype: None)  # MFU is not reported on CPU

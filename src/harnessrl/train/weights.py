@@ -23,6 +23,8 @@ import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,17 +44,32 @@ class WeightSyncError(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class Reload:
+    """One server's part of one weight swap: when it started and ended (monotonic
+    seconds), and why it failed (None: it serves the new weights)."""
+
+    url: str
+    started: float
+    ended: float
+    error: str | None = None
+
+
 @dataclass
 class VLLMWeightSync:
-    """Pushes a model's weights into a running vLLM server and names the version.
+    """Pushes a model's weights into running vLLM servers and names the version.
 
     `engines` are the in-process engines whose `weight_version` the proxy records on
-    each turn; they are set only once vLLM confirms it serves the new version. With
-    several vLLM servers sampling the same policy (`more_urls`, e.g. the engines a cluster's
-    shards route to), every one of them reloads and confirms the version before any
-    engine is told: no turn is stamped with a version some server does not serve yet. A
-    server that fails is an error naming its URL; after it the engines stamp no version
-    (some servers may hold the new weights), never a name part of them do not serve.
+    each turn (a `RoutedEngine` over several servers, or `ShardedVersion` for a cluster's
+    shards); they are told a version only once every server in routing reports serving it
+    (`/weight_info`), so no turn carries a name its server does not serve.
+
+    With several servers (`more_urls`, e.g. the engines a cluster's shards route to) the
+    reloads run at once (`parallel`), so a swap lasts about as long as the slowest server's.
+    A server that fails its reload, or reports another version after it, is retired: taken
+    out of routing on every engine that routes (`retire_server(url)`; its rollouts move as
+    on a down engine) and left out of every later swap. The run ends only when no server
+    is left (`WeightSyncError`).
     """
 
     base_url: str
@@ -62,46 +79,73 @@ class VLLMWeightSync:
     allow_tied: bool = False
     seconds: list[float] = field(default_factory=list)  # per push, for the metrics
     more_urls: list[str] = field(default_factory=list)  # further servers, same weights
+    parallel: bool = True  # False: one server after another (the bench's baseline)
+    retired: dict[str, str] = field(default_factory=dict)  # url -> why it was taken out
+    reloads: list[Reload] = field(default_factory=list)  # every server's part of every swap
 
     @property
     def urls(self) -> list[str]:
+        """The servers in routing (every one named, less the retired)."""
+        return [u for u in self.all_urls if u not in self.retired]
+
+    @property
+    def all_urls(self) -> list[str]:
         return [self.base_url, *self.more_urls]
 
     def push(self, model: Any, version: str) -> float:
         """Save, reload, reset the prefix cache, name the version; seconds taken."""
         started = time.monotonic()
-        self._check_untied(model)
-        self.save_dir.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(self.save_dir, safe_serialization=True)
-        reloaded: list[str] = []
-        try:
-            for url in self.urls:  # one saved copy, read by every server (a shared path)
-                self._post("/collective_rpc", {"method": "reload_weights",
-                                               "kwargs": {"weights_path": str(self.save_dir)}},
-                           url)
-                self._post("/reset_prefix_cache", None, url)
-                reloaded.append(url)
-        except WeightSyncError as error:
-            raise self._partial(error, reloaded, version) from None
+        self.reload(model)
         self.announce(version)
         self.seconds.append(time.monotonic() - started)
         return self.seconds[-1]
 
+    def reload(self, model: Any) -> None:
+        """Save `model` once, then every server reloads it and drops its prefix cache (the
+        cached prefixes were computed with the old weights); no version is named."""
+        self._check_untied(model)
+        self.save_dir.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(self.save_dir, safe_serialization=True)
+        path = str(self.save_dir)  # one saved copy, read by every server (a shared path)
+
+        def one(url: str) -> None:
+            self._post("/collective_rpc", {"method": "reload_weights",
+                                           "kwargs": {"weights_path": path}}, url)
+            self._post("/reset_prefix_cache", None, url)
+
+        self._each("reload", one)
+
     def announce(self, version: str) -> None:
-        """Name the weights every server now serves (each confirms it), then have the proxy
-        stamp that name."""
-        named: list[str] = []
-        try:
-            for url in self.urls:
-                self._post("/update_weight_version", {"new_version": version}, url)
+        """Name the weights every server now serves, then have the proxy stamp the name
+        each of them confirms (`stamp_served`)."""
+        self.name(version)
+        self.stamp_served(version)
+
+    def name(self, version: str) -> None:
+        """Every server in routing names its weights `version` (whoever moved them)."""
+        self._each("name", lambda url: self._post(
+            "/update_weight_version", {"new_version": version}, url))
+
+    def stamp_served(self, expected: str | None = None) -> str | None:
+        """The proxy's engines stamp the version the servers report serving. With
+        `expected`, a server that reports another is retired; without, servers that
+        disagree leave the engines stamping no version (and raise)."""
+        if expected is not None:
+            def check(url: str) -> None:
                 served = self.served_version(url)
-                if served != version:
-                    raise WeightSyncError(f"vLLM at {url} reports weight version {served!r} "
-                                          f"after setting {version!r}")
-                named.append(url)
-        except WeightSyncError as error:
-            raise self._partial(error, named, version) from None
+                if served != expected:
+                    raise WeightSyncError(f"vLLM at {url} reports weight version "
+                                          f"{served!r} after setting {expected!r}")
+            self._each("confirm", check)
+            self.stamp(expected)
+            return expected
+        try:
+            version = self.agreed_version()
+        except WeightSyncError:
+            self.stamp(None)
+            raise
         self.stamp(version)
+        return version
 
     def stamp(self, version: str | None) -> None:
         """The version the proxy's engines record on every turn from now on."""
@@ -112,26 +156,57 @@ class VLLMWeightSync:
             else:
                 engine.weight_version = version
 
-    def _partial(self, error: WeightSyncError, done: list[str], version: str
-                 ) -> WeightSyncError:
-        """A sync that failed part-way: with several servers some may already serve the new
-        weights under the old name, so from here on the proxy stamps no version (a turn
-        with an unknown version is not trained as on-policy) and the error says where."""
-        if len(self.urls) == 1:
-            return error
-        self.stamp(None)
-        return WeightSyncError(
-            f"weight sync of {version!r} to {len(self.urls)} vLLM servers failed: {error}; "
-            f"done before it: {', '.join(done) or 'none'}; not announced, and turns record "
-            "no weight version until a sync succeeds")
+    def retire(self, url: str, why: str) -> None:
+        """Take `url` out of routing on every engine and out of every later swap."""
+        self.retired[url] = why
+        for engine in self.engines:
+            retire = getattr(engine, "retire_server", None)
+            if callable(retire):
+                retire(url)
+
+    def _each(self, what: str, step: Callable[[str], None]) -> None:
+        """`step` on every server in routing (at once unless `parallel` is off); a server
+        whose step fails is retired; none left is an error naming each one's reason."""
+        urls = self.urls
+        if not urls:
+            raise WeightSyncError("no vLLM server is left: " + self._why())
+
+        def timed(url: str) -> Reload:
+            started = time.monotonic()
+            try:
+                step(url)
+            except WeightSyncError as error:
+                return Reload(url, started, time.monotonic(), str(error))
+            return Reload(url, started, time.monotonic())
+
+        if self.parallel and len(urls) > 1:
+            with ThreadPoolExecutor(len(urls), thread_name_prefix=f"vllm-{what}") as pool:
+                done = list(pool.map(timed, urls))
+        else:
+            done = [timed(url) for url in urls]
+        if what == "reload":
+            self.reloads.extend(done)
+        failed = [r for r in done if r.error is not None]
+        if len(failed) == len(urls):
+            for r in failed:
+                self.retired[r.url] = f"{what}: {r.error}"
+            raise WeightSyncError(f"weight sync ({what}) failed on every vLLM server: "
+                                  + self._why())
+        for r in failed:
+            self.retire(r.url, f"{what}: {r.error}")
+
+    def _why(self) -> str:
+        return "; ".join(f"{u}: {why}" for u, why in self.retired.items()) or "none named"
 
     def agreed_version(self) -> str | None:
-        """The version every server reports; an error naming them when they differ."""
-        versions = {url: self.served_version(url) for url in self.urls}
+        """The version every server in routing reports; an error naming them when they
+        differ."""
+        urls = self.urls or [self.base_url]
+        versions = {url: self.served_version(url) for url in urls}
         if len(set(versions.values())) > 1:
             raise WeightSyncError("the vLLM servers serve different weight versions: "
                                   + ", ".join(f"{u} {v!r}" for u, v in versions.items()))
-        return versions[self.base_url]
+        return versions[urls[0]]
 
     def served_version(self, url: str | None = None) -> str | None:
         url = url or self.base_url
