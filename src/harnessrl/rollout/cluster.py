@@ -167,7 +167,27 @@ class ClusterRunner:
             raise RuntimeError("no Ray node has room for a rollout (CPU, memory or "
                                f"{SLOT_RESOURCE}); see [cluster] settings")
         self.ray.get([n.actor.where.remote() for n in nodes])  # every shard is up
-        return nodes
+        return self._reaching(nodes)
+
+    def _reaching(self, nodes: list[Node]) -> list[Node]:
+        """The nodes that reach at least one engine; none is an error giving each node's
+        reasons (its actors are killed first)."""
+        answers = self.ray.get([n.actor.reach.remote() for n in nodes])
+        keep = [n for n, a in zip(nodes, answers, strict=True)
+                if any(why is None for why in a.values())]
+        if keep:
+            for node in (n for n in nodes if n not in keep):
+                with contextlib.suppress(Exception):
+                    self.ray.kill(node.actor)
+            return keep
+        for node in nodes:
+            with contextlib.suppress(Exception):
+                self.ray.kill(node.actor)
+        reasons = "; ".join(f"node {n.short}: " + ", ".join(f"{u} {why}" for u, why in a.items())
+                            for n, a in zip(nodes, answers, strict=True))
+        raise RuntimeError(f"no Ray node can reach a policy engine ({reasons}); the engines' "
+                           "URLs must be reachable from every rollout node (engine.urls "
+                           "with an address the nodes can route to)")
 
     def _shard_dir(self, node_id: str) -> Path:
         root = Path(self.cluster.shard_root) if self.cluster.shard_root else (
@@ -267,6 +287,32 @@ class ClusterRunner:
         self.ray.get([n.actor.set_weight_version.remote(version)
                       for n in self.nodes if n.alive])
 
+    def hold(self, timeout: float) -> None:
+        """Every live shard holds its weight gate (new calls wait, running ones finish);
+        returns once all of them have. A node lost meanwhile is left to the run, which
+        reruns its rollouts elsewhere."""
+        self._each_live(lambda n: n.actor.hold.remote(timeout))
+
+    def release(self) -> None:
+        """Every live shard opens its gate (the version its calls stamp from then on was
+        announced before: `announce`)."""
+        self._each_live(lambda n: n.actor.release.remote())
+
+    def retire_server(self, url: str) -> None:
+        """No shard routes to the vLLM at `url` any more (it failed a weight reload)."""
+        self._each_live(lambda n: n.actor.retire_server.remote(url))
+
+    def _each_live(self, call: Callable[[Node], Any]) -> None:
+        from ray.exceptions import NodeDiedError, RayActorError
+
+        live = [n for n in self.nodes if n.alive]
+        refs = [call(n) for n in live]
+        for node, ref in zip(live, refs, strict=True):
+            try:
+                self.ray.get(ref)
+            except (RayActorError, NodeDiedError):
+                node.alive = False  # its rollouts fail and go back to the queue
+
     def close(self) -> None:
         for node in self.nodes:
             if node.alive:
@@ -292,3 +338,20 @@ class ShardedVersion:
         if name == "weight_version":
             self.runner.announce(value)
         object.__setattr__(self, name, value)
+
+    def retire_server(self, url: str) -> None:
+        self.runner.retire_server(url)
+
+
+@dataclass
+class ClusterGate:
+    """The weight gate of every shard of the cluster, held as the async trainer holds its
+    own proxy's (`hold`, `release`): during a swap new calls wait on every node."""
+
+    runner: ClusterRunner
+
+    def hold(self, timeout: float) -> None:
+        self.runner.hold(timeout)
+
+    def release(self) -> None:
+        self.runner.release()

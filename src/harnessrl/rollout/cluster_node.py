@@ -50,6 +50,21 @@ def decode_result(blob: bytes) -> NodeResult:
     return _decode(blob)
 
 
+def _unreachable(url: str, timeout: float = 10.0) -> str | None:
+    """Why `url`'s model listing cannot be had from here; None when it answers."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/v1/models", timeout=timeout) as reply:
+            reply.read()
+        return None
+    except urllib.error.HTTPError as error:
+        return None if error.code in (401, 403) else f"HTTP {error.code}"
+    except (OSError, ValueError) as error:
+        return f"{type(error).__name__}: {str(error)[:200]}"
+
+
 class RolloutNode:
     """The actor's class (see the module doc). Methods are async: Ray runs them on one
     event loop, several at once (the driver keeps at most `slots` rollouts in flight)."""
@@ -65,6 +80,7 @@ class RolloutNode:
                                                    sampling=sampling))
         self.store = served.store
         self.url = served.url
+        self.gate = served.proxy.gate  # held by the driver during every weight swap
         self.runner = Runner(config, served.store, served.url, self.shard_dir)
         self._installs: dict[str, asyncio.Task[Any]] = {}
 
@@ -99,6 +115,30 @@ class RolloutNode:
         else:
             self.engine.weight_version = version
         return self.engine.weight_version
+
+    async def hold(self, timeout: float) -> int:
+        """Hold this shard's weight gate: new calls wait, running ones finish (the async
+        trainer swaps the weights once every shard answers); the calls held so far."""
+        await asyncio.to_thread(self.gate.hold, timeout)
+        return self.gate.waiting
+
+    async def release(self) -> None:
+        """Open the gate (the version later calls stamp was set before it)."""
+        self.gate.release()
+
+    async def retire_server(self, url: str) -> bool:
+        """Route no call of this shard to the vLLM at `url` (it failed a weight reload)."""
+        return isinstance(self.engine, RoutedEngine) and self.engine.retire_server(url)
+
+    async def reach(self) -> dict[str, str | None]:
+        """Each engine's URL and why this node cannot reach it (None: it can), from a
+        listing of its models: a node that reaches no engine can run no rollout. (The
+        engines' own clients live on the proxy's event loop; this asks on its own.)"""
+        engines = self.engine.engines if isinstance(self.engine, RoutedEngine) else [
+            self.engine]
+        urls = [u for u in (getattr(e, "base_url", None) for e in engines) if u]
+        answers = await asyncio.gather(*(asyncio.to_thread(_unreachable, u) for u in urls))
+        return dict(zip(urls, answers, strict=True)) or {"(in-process engine)": None}
 
     async def engine_calls(self) -> list[int]:
         return list(getattr(self.engine, "calls", []))

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from harnessrl.rollout.chains import link
-from harnessrl.train.async_weights import FileWeightTransfer, version_number
+from harnessrl.train.async_weights import VersionedTransfer, version_number
 from harnessrl.train.samples import sample as chain_sample
 from harnessrl.train.trl import HarnessRollouts, main_chain
 from harnessrl.types import Outcome, Sample, Turn
@@ -139,8 +139,10 @@ def rollout_sample(s: Sample, advantage: float, version: int, group: int,
     """TRL's `RolloutSample`: the mask and logprobs aligned with `input_ids` (0 on the
     prompt and on inserted tokens, which no loss term reads)."""
     import numpy as np
-    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
+    from harnessrl.train.trl_async import async_trl
+
+    RolloutSample = async_trl().rollout_sample  # TRL's class
     prompt = len(s.prompt_ids)
     return RolloutSample(
         prompt=[{"role": "user", "content": instruction}], completion=[],
@@ -197,13 +199,15 @@ class HarnessRolloutWorker:
     runner), in this process: an event loop on a thread of its own.
 
     `transfer`, when given, gets the proxy's gate (held during every weight swap) and the
-    engine (which it stamps with each new version)."""
+    engine (which it stamps with each new version); with `[cluster]` the rollouts run on
+    the Ray cluster's nodes (`HarnessRollouts` on a `ClusterRunner`), and the transfer gets
+    every shard's gate and version instead."""
 
     rollouts: HarnessRollouts
     num_generations: int
     max_inflight: int
     max_staleness: int
-    transfer: FileWeightTransfer | None = None
+    transfer: VersionedTransfer | None = None
     queue_maxsize: int = 0
     # typed as TRL's protocol has them; these are in-process queues
     rollout_buffer: queue.Queue | MPQueue = field(init=False)
@@ -226,16 +230,23 @@ class HarnessRolloutWorker:
         self._entered = False
 
     # ---------------------------------------------------------------- protocol
+    def open(self) -> None:
+        """Serve the proxy (or place the cluster's rollout nodes) now, before the trainer
+        starts, so a cluster that cannot run rollouts is refused before any training."""
+        if not self._entered:
+            self.rollouts.__enter__()
+            self._entered = True
+
     def start(self) -> None:
         if self._thread is not None:
             return
-        self.rollouts.__enter__()
-        self._entered = True
+        self.open()
         if self.transfer is not None:
-            self.transfer.gates.append(self.rollouts.proxy.gate)
+            self.transfer.gates.extend(self.rollouts.gates())
             sync = self.transfer.sync
-            if self.rollouts.engine not in sync.engines:
-                sync.engines.append(self.rollouts.engine)
+            versioned = self.rollouts.versioned()
+            if versioned not in sync.engines:
+                sync.engines.append(versioned)
             # The cold sync ran before this engine was known: it serves what vLLM says.
             sync.stamp(sync.agreed_version())
         self._thread = threading.Thread(target=self._main, name="harnessrl-rollouts",

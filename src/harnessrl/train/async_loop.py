@@ -27,38 +27,55 @@ _SHARES = ("rows_per_rollout", "tokens_trained_share", "tokens_main_chain_share"
 
 def check_config(config: TrainConfig) -> None:
     """Refuses, before anything starts, what `AsyncGRPOTrainer` cannot do as asked."""
-    if config.cluster is not None:
-        # The weight gate that holds new calls during a swap lives in this process's proxy;
-        # the shards' proxies on other nodes have no such gate yet.
-        raise ValueError('[cluster] trains with grpo.trainer = "sync" only, for now')
     if config.grpo.beta:
         raise ValueError('grpo.beta: AsyncGRPOTrainer has no KL term; use trainer = "sync"')
+    check_transfer(config)
     import dataclasses
 
-    from trl.experimental.async_grpo import AsyncGRPOConfig
+    from harnessrl.train.trl_async import async_trl
 
-    known = {f.name for f in dataclasses.fields(AsyncGRPOConfig)}
+    known = {f.name for f in dataclasses.fields(async_trl().config)}
     if unknown := sorted(set(config.grpo.trl) - known):
         raise ValueError(f"grpo.trl: {unknown} are not AsyncGRPOConfig fields "
                          "(grpo.trainer = \"async\")")
 
 
+def check_transfer(config: TrainConfig) -> None:
+    """TRL's NCCL transfer reaches one vLLM server, on GPUs, started to receive it."""
+    if config.grpo.weight_transfer != "trl":
+        return
+    several = len(config.engine.roots) > 1 or config.engine.servers > 1
+    if several:
+        raise ValueError('grpo.weight_transfer = "trl": TRL\'s NCCL transfer reaches one '
+                         'vLLM server; with several (engine.urls/servers) use "file"')
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError('grpo.weight_transfer = "trl" streams the weights over NCCL, which '
+                         'needs CUDA; on a CPU use "file"')
+
+
 def async_config(config: TrainConfig, run_dir: Path, vllm_url: str) -> Any:
     """TRL's `AsyncGRPOConfig` from ours."""
     import torch
-    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    from harnessrl.train.config import trainer_dtype
+    from harnessrl.train.processes import processes
+    from harnessrl.train.trl_async import async_trl
 
     check_config(config)
     g = config.grpo
     values: dict[str, Any] = dict(
         output_dir=str(run_dir / "trainer"), max_steps=g.steps,
-        per_device_train_batch_size=g.tasks_per_step * g.num_generations,
+        # a step's rows, spread evenly over the trainer's processes (check_processes)
+        per_device_train_batch_size=g.tasks_per_step * g.num_generations // processes(),
         num_generations=g.num_generations, learning_rate=g.learning_rate,
         temperature=config.engine.temperature, max_staleness=g.max_staleness,
         max_inflight_tasks=g.max_inflight, seed=g.seed, use_cpu=not torch.cuda.is_available(),
-        bf16=False, dtype=config.engine.dtype, report_to=g.report_to or "none", logging_steps=1,
+        bf16=trainer_dtype(config) == "bfloat16", dtype=trainer_dtype(config),
+        report_to=g.report_to or "none", logging_steps=1,
         save_strategy="no", token_budget=0, vllm_server_base_url=vllm_url, disable_tqdm=True)
-    return AsyncGRPOConfig(**{**values, **g.trl})
+    return async_trl().config(**{**values, **g.trl})
 
 
 def step_line(step: int, logs: dict[str, Any], served: str | None) -> dict[str, Any]:
@@ -104,7 +121,7 @@ def _callback(path: Path, sync: Any, console: Console, steps: list[dict[str, Any
     class AsyncStepLog(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any,
                    logs: dict[str, Any] | None = None, **_: Any) -> None:
-            if not logs or "train_runtime" in logs:
+            if not logs or "train_runtime" in logs or not state.is_world_process_zero:
                 return
             line = step_line(int(state.global_step), logs, sync.agreed_version())
             steps.append(line)
@@ -120,43 +137,83 @@ def _callback(path: Path, sync: Any, console: Console, steps: list[dict[str, Any
 def train_async(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_dir: Path,
                 engines: PolicyEngines, run_dir: Path, console: Console,
                 on_step: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
-    from datasets import Dataset
+    """The main process: vLLM, the proxy (or the cluster's shards), the rollout worker and
+    rank 0 of the trainer."""
+    from harnessrl.train.async_grpo import HarnessRolloutWorker
+    from harnessrl.train.async_weights import FileWeightTransfer, VersionedTransfer
+    from harnessrl.train.engines import node_engines
+    from harnessrl.train.loop import sampling_of
+    from harnessrl.train.trl import HarnessRollouts
+
+    tokenizer = _prepare(model_dir)
+    args = async_config(config, run_dir, engines.url)  # refuses bad keys before any start
+    # every server reloads (the proxies' gates held) before the new version is released
+    sync = engines.weight_sync(run_dir / "weights", allow_tied=config.model.allow_tied)
+    rollouts = HarnessRollouts(
+        tasks=tasks, harnesses=harnesses, engine=engines.engine, run_dir=run_dir,
+        pad_token_id=tokenizer.pad_token_id, sampling=sampling_of(config),
+        shaping=shaping_of(config.shaping), mix=config.rollout.mix, settings=config.rollout,
+        cluster=config.cluster, engine_factory=node_engines(config, engines))
+    g = config.grpo
+    worker = HarnessRolloutWorker(rollouts, num_generations=g.num_generations,
+                                  max_inflight=g.max_inflight, max_staleness=g.max_staleness)
+    if config.cluster is not None:
+        with console.status("placing the rollout nodes on Ray"):
+            worker.open()  # a cluster that can run no rollout is refused here
+    file = g.weight_transfer == "file"
+    steps: list[dict[str, Any]] = []
+    trainer = _trainer(config, tasks, model_dir, args, tokenizer, worker,
+                       FileWeightTransfer(sync, model_dir) if file else None,
+                       [_callback(run_dir / METRICS_FILE, sync, console, steps, on_step)])
+    if not file:  # TRL built its own transfer: every swap still names a version
+        trainer.weight_transfer = VersionedTransfer(trainer.weight_transfer, sync)
+    worker.transfer = trainer.weight_transfer
+    try:
+        with console.status("async GRPO: rollouts in flight while the trainer steps"):
+            trainer.train()
+    finally:
+        worker.stop()
+    console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'}")
+    return steps
+
+
+def train_async_rank(config: TrainConfig, tasks: list[Any], model_dir: Path) -> None:
+    """A process of a multi-process trainer other than the main one: no vLLM, no proxy,
+    no rollouts; TRL hands it its share of every batch and gathers the weights on the
+    main process for the transfer."""
+    tokenizer = _prepare(model_dir)
+    args = async_config(config, Path(config.run_dir), _UNUSED_URL)
+    _trainer(config, tasks, model_dir, args, tokenizer, None, None, []).train()
+
+
+_UNUSED_URL = "http://127.0.0.1:9"  # TRL talks to vLLM from the main process only
+
+
+def _prepare(model_dir: Path) -> Any:
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
-    from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-    from harnessrl.train.async_grpo import HarnessRolloutWorker
-    from harnessrl.train.async_weights import FileWeightTransfer, install_cpu_support
-    from harnessrl.train.loop import _quiet, sampling_of
-    from harnessrl.train.trl import HarnessRollouts
+    from harnessrl.train.async_weights import install_cpu_support
 
     hf_logging.disable_progress_bar()
     _quiet_second_interval_callback()
     install_cpu_support()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    args = async_config(config, run_dir, engines.url)  # refuses bad keys before any start
-    # every server reloads (the proxy's gate held) before the new version is released
-    sync = engines.weight_sync(run_dir / "weights", allow_tied=config.model.allow_tied)
-    transfer = FileWeightTransfer(sync, model_dir)
-    rollouts = HarnessRollouts(
-        tasks=tasks, harnesses=harnesses, engine=engines.engine, run_dir=run_dir,
-        pad_token_id=tokenizer.pad_token_id, sampling=sampling_of(config),
-        shaping=shaping_of(config.shaping), mix=config.rollout.mix, settings=config.rollout)
-    g = config.grpo
-    worker = HarnessRolloutWorker(rollouts, num_generations=g.num_generations,
-                                  max_inflight=g.max_inflight, max_staleness=g.max_staleness,
-                                  transfer=transfer)
-    steps: list[dict[str, Any]] = []
-    trainer = AsyncGRPOTrainer(
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def _trainer(config: TrainConfig, tasks: list[Any], model_dir: Path, args: Any, tokenizer: Any,
+             worker: Any, transfer: Any, callbacks: list[Any]) -> Any:
+    from datasets import Dataset
+
+    from harnessrl.train.loop import _quiet
+    from harnessrl.train.trl_async import async_trl
+
+    trainer = async_trl().trainer(
         model=str(model_dir), args=args, rollout_worker=worker, weight_transfer=transfer,
         train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}),
-        processing_class=tokenizer,
-        callbacks=[_callback(run_dir / METRICS_FILE, sync, console, steps, on_step)])
+        processing_class=tokenizer, callbacks=callbacks)
     _quiet(trainer)
-    with console.status("async GRPO: rollouts in flight while the trainer steps"):
-        trainer.train()
-    console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'}")
-    return steps
+    return trainer
 
 
 def _quiet_second_interval_callback() -> None:

@@ -37,7 +37,9 @@ class EngineConfig(_Section):
     # chat: vLLM renders the template; token: the proxy renders it with the model's own
     # tokenizer and reuses each rollout's earlier ids (chains extend where history is kept)
     mode: Literal["chat", "token"] = "chat"
-    dtype: str = "float32"  # float32 keeps vLLM's logprobs equal to the trainer's on CPU
+    # vLLM's and the trainer's dtype; "auto": bfloat16 on GPUs, float32 on a CPU (where
+    # float32 keeps vLLM's logprobs equal to the trainer's)
+    dtype: str = "auto"
     max_model_len: int | None = None  # None: the model's own (SmolLM2: 8192)
     extra_args: list[str] = []
     max_tokens: int | None = 512  # per model call, overriding the harness's own
@@ -114,6 +116,11 @@ class GRPOSettings(_Section):
     report_to: list[str] = []
     # any other trl.GRPOConfig field (sync) or AsyncGRPOConfig field (async), passed through
     trl: dict[str, Any] = {}
+    # async: what moves the weights into vLLM after each step. file: saved once, every
+    # server reloads it (CPU or GPU, any number of servers); trl: TRL's NCCL transfer
+    # (GPUs, one server started with --weight-transfer-config '{"backend":"nccl"}').
+    # Either way every turn records the version its server reports serving.
+    weight_transfer: Literal["file", "trl"] = "file"
 
 
 class ShapingConfig(_Section):
@@ -145,6 +152,16 @@ class TrainConfig(_Section):
 
 class ConfigError(ValueError):
     pass
+
+
+def trainer_dtype(config: TrainConfig) -> str:
+    """The dtype vLLM serves and the trainer trains in: `engine.dtype`, "auto" being
+    bfloat16 where CUDA is available and float32 on a CPU."""
+    if config.engine.dtype != "auto":
+        return config.engine.dtype
+    import torch
+
+    return "bfloat16" if torch.cuda.is_available() else "float32"
 
 
 def load_config(path: Path) -> TrainConfig:

@@ -23,7 +23,7 @@ from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.build import EngineSpec, Status, make, server_for
 from harnessrl.proxy.engines.vllm_server import free_port
 from harnessrl.rollout.cluster_engines import routed
-from harnessrl.train.config import TrainConfig
+from harnessrl.train.config import TrainConfig, trainer_dtype
 from harnessrl.train.weights import VLLMWeightSync
 
 
@@ -50,7 +50,8 @@ def engine_spec(config: TrainConfig, model_dir: Path, run_dir: Path) -> EngineSp
     """The policy's engine, without a URL: vLLM started here for the model."""
     e = config.engine
     return EngineSpec(kind=e.mode, model=str(model_dir), tokenizer=str(model_dir),
-                      served_name="policy", dtype=e.dtype, max_model_len=e.max_model_len,
+                      served_name="policy", dtype=trainer_dtype(config),
+                      max_model_len=e.max_model_len,
                       vllm_args=tuple(vllm_args(config)), vllm_log=run_dir / "vllm.log")
 
 
@@ -60,6 +61,8 @@ def vllm_args(config: TrainConfig) -> list[str]:
     args = list(config.engine.extra_args)
     if config.engine.temperature != 1.0 and "--logprobs-mode" not in args:
         args += ["--logprobs-mode", "processed_logprobs"]
+    if config.grpo.weight_transfer == "trl" and "--weight-transfer-config" not in args:
+        args += ["--weight-transfer-config", '{"backend":"nccl"}']  # TRL's NCCL transfer
     return args
 
 
@@ -117,3 +120,15 @@ def _distinct_port(host: str, taken: set[int]) -> int:
 
 def _servers(count: int) -> str:
     return "vLLM" if count == 1 else f"{count} vLLM servers"
+
+
+def node_engines(config: TrainConfig, engines: PolicyEngines) -> Callable[[], Any] | None:
+    """[cluster]: what each Ray node builds for its proxy shard: an engine per vLLM started
+    (or named) here, by URL (several are routed on the node)."""
+    if config.cluster is None:
+        return None
+    import functools
+
+    from harnessrl.rollout.cluster_run import engines_from
+
+    return functools.partial(engines_from, engines.specs)

@@ -25,8 +25,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from harnessrl.rollout.chains import ChainStats
-from harnessrl.train.config import TrainConfig, shaping_of
-from harnessrl.train.engines import PolicyEngines, policy_engines
+from harnessrl.train.config import TrainConfig, shaping_of, trainer_dtype
+from harnessrl.train.engines import PolicyEngines, node_engines, policy_engines
+from harnessrl.train.processes import check_processes
 from harnessrl.train.trl import Batch, RolloutRecord
 
 METRICS_FILE = "metrics.jsonl"
@@ -162,11 +163,22 @@ def train(config: TrainConfig, *, console: Console | None = None,
                          f"{config.grpo.tasks_per_step}")
     harnesses = [get(name) for name in config.rollout.harnesses]
     asynchronous = config.grpo.trainer == "async"
+    processes = check_processes(config)
     if asynchronous:
-        from harnessrl.train.async_loop import check_config, train_async
+        from harnessrl.train.async_loop import check_config, train_async, train_async_rank
 
         check_config(config)
-    model_dir = resolve_model(config.model.path, console)
+    if processes > 1:  # under accelerate launch / torchrun: one rollout worker, on rank 0
+        from accelerate import PartialState
+
+        state = PartialState()
+        with state.main_process_first():  # the first builds the model, the others read it
+            model_dir = resolve_model(config.model.path, console)
+        if not state.is_main_process:
+            train_async_rank(config, tasks, model_dir)
+            return []
+    else:
+        model_dir = resolve_model(config.model.path, console)
     with policy_engines(config, model_dir, run_dir, status=console.status) as engines:
         run = train_async if asynchronous else _train
         return run(config, tasks, harnesses, model_dir, engines, run_dir, console, on_step)
@@ -185,7 +197,8 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
 
     hf_logging.disable_progress_bar()  # loading and saving bars would tear the live view
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir,
+                                                 dtype=getattr(torch, trainer_dtype(config)))
     sync = engines.weight_sync(run_dir / "weights", allow_tied=config.model.allow_tied)
     progress = _progress()
     task_id = progress.add_task("rollouts", total=None, step=0)
@@ -195,7 +208,7 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
         pad_token_id=tokenizer.pad_token_id, sync=sync, sampling=sampling_of(config),
         shaping=shaping_of(config.shaping), mix=config.rollout.mix, settings=config.rollout,
         on_outcome=lambda _o: progress.advance(task_id), cluster=config.cluster,
-        engine_factory=_node_engines(config, engines))
+        engine_factory=node_engines(config, engines))
     log = StepLog(run_dir / METRICS_FILE, rollouts, progress.console, on_step)
     with rollouts, progress:
         trainer = GRPOTrainer(
@@ -208,18 +221,6 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
     console.print(summary_table(log.steps))
     console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'}")
     return log.steps
-
-
-def _node_engines(config: TrainConfig, engines: PolicyEngines) -> Callable[[], Any] | None:
-    """[cluster]: what each Ray node builds for its proxy shard: an engine per vLLM started
-    (or named) here, by URL (several are routed on the node)."""
-    if config.cluster is None:
-        return None
-    import functools
-
-    from harnessrl.rollout.cluster_run import engines_from
-
-    return functools.partial(engines_from, engines.specs)
 
 
 def sampling_of(config: TrainConfig) -> Any:
@@ -251,7 +252,8 @@ def grpo_config(config: TrainConfig, run_dir: Path) -> Any:
         per_device_train_batch_size=g.tasks_per_step * g.num_generations,
         num_generations=g.num_generations, learning_rate=g.learning_rate, beta=g.beta,
         temperature=config.engine.temperature,
-        seed=g.seed, use_cpu=not torch.cuda.is_available(), bf16=False,
+        seed=g.seed, use_cpu=not torch.cuda.is_available(),
+        bf16=trainer_dtype(config) == "bfloat16",
         report_to=g.report_to or "none",
         logging_steps=1, save_strategy="no", dataloader_num_workers=0,
         disable_tqdm=True)  # our own progress shows rollouts and steps

@@ -196,6 +196,7 @@ class HarnessRollouts:
         self._rotation = 0
         self._samples: dict[tuple[str, str], int] = {}
         self._synced_step: int | None = None
+        self._sharded: Any = None
 
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> HarnessRollouts:
@@ -220,7 +221,7 @@ class HarnessRollouts:
         return self
 
     def _enter_cluster(self) -> HarnessRollouts:
-        from harnessrl.rollout.cluster import ClusterRunner, ShardedVersion
+        from harnessrl.rollout.cluster import ClusterRunner
 
         if self.engine_factory is None:
             raise ValueError("HarnessRollouts on a cluster needs an engine_factory")
@@ -232,9 +233,9 @@ class HarnessRollouts:
             config, store, self.run_dir, self.engine_factory, self.cluster,
             sampling=self.sampling, on_outcome=lambda o: self.on_outcome(o)))
         runner.start()
-        if self.sync is not None:  # every shard stamps the version once vLLM serves it
-            self.sync.engines.append(ShardedVersion(runner))
         self._runner = runner  # type: ignore[assignment]  # Runner's run(), on Ray
+        if self.sync is not None:  # every shard stamps the version once vLLM serves it
+            self.sync.engines.append(self.versioned())
         return self
 
     def _resume_samples(self, store: TraceStore) -> None:
@@ -250,6 +251,31 @@ class HarnessRollouts:
         if self._store is None:
             raise RuntimeError("use HarnessRollouts as a context manager (with ...:)")
         return self._store
+
+    def gates(self) -> list[Any]:
+        """The weight gates to hold during a swap: this process's proxy's, or on a cluster
+        every shard's (`ClusterGate`)."""
+        if self.cluster is None:
+            return [self.proxy.gate]
+        from harnessrl.rollout.cluster import ClusterGate
+
+        return [ClusterGate(self._cluster_runner())]
+
+    def versioned(self) -> Any:
+        """What stamps the version on every later turn: the proxy's engine, or on a
+        cluster every shard's engine (`ShardedVersion`), made once."""
+        if self.cluster is None:
+            return self.engine
+        if self._sharded is None:
+            from harnessrl.rollout.cluster import ShardedVersion
+
+            self._sharded = ShardedVersion(self._cluster_runner())
+        return self._sharded
+
+    def _cluster_runner(self) -> Any:
+        if self._runner is None:
+            raise RuntimeError("use HarnessRollouts as a context manager (with ...:)")
+        return self._runner
 
     @property
     def proxy(self) -> Proxy:
