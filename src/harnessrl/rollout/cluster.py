@@ -31,7 +31,13 @@ from typing import Any
 import msgspec
 
 from harnessrl.proxy.store import TraceStore
-from harnessrl.rollout.cluster_node import EngineFactory, NodeResult, RolloutNode, decode_result
+from harnessrl.rollout.cluster_node import (
+    EngineFactory,
+    NodeResult,
+    RolloutNode,
+    decode_result,
+    reach,
+)
 from harnessrl.rollout.runner import Planned, RunConfig, plan
 from harnessrl.types import Outcome, Sampling
 
@@ -148,10 +154,8 @@ class ClusterRunner:
 
         actor_class = self.ray.remote(RolloutNode)
         nodes = []
-        for info in alive_nodes(self.ray):
+        for info in self._reaching(alive_nodes(self.ray), engine_factory):
             slots = slots_for(info, self.cluster, self.config.settings.concurrency)
-            if slots == 0:
-                continue
             node_id = info["NodeID"]
             resources = ({SLOT_RESOURCE: float(slots)}
                          if SLOT_RESOURCE in info.get("Resources", {}) else {})
@@ -163,28 +167,30 @@ class ClusterRunner:
             ).remote(node_id, str(self._shard_dir(node_id)), engine_factory, self.config,
                      sampling)
             nodes.append(Node(node_id, actor, slots))
-        if not nodes:
+        self.ray.get([n.actor.where.remote() for n in nodes])  # every shard is up
+        return nodes
+
+    def _reaching(self, infos: list[dict[str, Any]], engine_factory: EngineFactory
+                  ) -> list[dict[str, Any]]:
+        """The nodes with room for a rollout that reach at least one engine (asked on each
+        node before anything is placed); none is an error giving each node's reasons."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        roomy = [i for i in infos
+                 if slots_for(i, self.cluster, self.config.settings.concurrency) > 0]
+        if not roomy:
             raise RuntimeError("no Ray node has room for a rollout (CPU, memory or "
                                f"{SLOT_RESOURCE}); see [cluster] settings")
-        self.ray.get([n.actor.where.remote() for n in nodes])  # every shard is up
-        return self._reaching(nodes)
-
-    def _reaching(self, nodes: list[Node]) -> list[Node]:
-        """The nodes that reach at least one engine; none is an error giving each node's
-        reasons (its actors are killed first)."""
-        answers = self.ray.get([n.actor.reach.remote() for n in nodes])
-        keep = [n for n, a in zip(nodes, answers, strict=True)
+        task = self.ray.remote(reach)
+        answers = self.ray.get([task.options(
+            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+                i["NodeID"], soft=False)).remote(engine_factory) for i in roomy])
+        keep = [i for i, a in zip(roomy, answers, strict=True)
                 if any(why is None for why in a.values())]
         if keep:
-            for node in (n for n in nodes if n not in keep):
-                with contextlib.suppress(Exception):
-                    self.ray.kill(node.actor)
             return keep
-        for node in nodes:
-            with contextlib.suppress(Exception):
-                self.ray.kill(node.actor)
-        reasons = "; ".join(f"node {n.short}: " + ", ".join(f"{u} {why}" for u, why in a.items())
-                            for n, a in zip(nodes, answers, strict=True))
+        reasons = "; ".join(f"node {i['NodeID'][:8]}: " + ", ".join(
+            f"{u} {why}" for u, why in a.items()) for i, a in zip(roomy, answers, strict=True))
         raise RuntimeError(f"no Ray node can reach a policy engine ({reasons}); the engines' "
                            "URLs must be reachable from every rollout node (engine.urls "
                            "with an address the nodes can route to)")
@@ -219,7 +225,11 @@ class ClusterRunner:
                 for _ in range(sum(n.slots for n in self.nodes)):
                     queue.put_nowait(None)
 
-        workers = [self._worker(node, queue, settle) for node in self.nodes if node.alive
+        # The least loaded node's workers wait first, so they take the first rollout: the
+        # async trainer runs one rollout per call, many calls at once.
+        by_load = sorted((n for n in self.nodes if n.alive),
+                         key=lambda n: n.running / max(n.slots, 1))
+        workers = [self._worker(node, queue, settle) for node in by_load
                    for _ in range(node.slots)]
         if todo:
             await asyncio.gather(*workers)

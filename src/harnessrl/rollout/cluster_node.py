@@ -50,6 +50,21 @@ def decode_result(blob: bytes) -> NodeResult:
     return _decode(blob)
 
 
+def reach(engine_factory: EngineFactory) -> dict[str, str | None]:
+    """Run on a node before its actor is placed: each engine's URL and why this node cannot
+    reach it (None: it can), from a listing of its models. A node that reaches none can
+    run no rollout (its shard's proxy would not even start)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    made = engine_factory()
+    engines = made if isinstance(made, list) else [made]
+    urls = [u for u in (getattr(e, "base_url", None) for e in engines) if u]
+    if not urls:
+        return {"(in-process engine)": None}
+    with ThreadPoolExecutor(len(urls)) as pool:
+        return dict(zip(urls, pool.map(_unreachable, urls), strict=True))
+
+
 def _unreachable(url: str, timeout: float = 10.0) -> str | None:
     """Why `url`'s model listing cannot be had from here; None when it answers."""
     import urllib.error
@@ -129,16 +144,6 @@ class RolloutNode:
     async def retire_server(self, url: str) -> bool:
         """Route no call of this shard to the vLLM at `url` (it failed a weight reload)."""
         return isinstance(self.engine, RoutedEngine) and self.engine.retire_server(url)
-
-    async def reach(self) -> dict[str, str | None]:
-        """Each engine's URL and why this node cannot reach it (None: it can), from a
-        listing of its models: a node that reaches no engine can run no rollout. (The
-        engines' own clients live on the proxy's event loop; this asks on its own.)"""
-        engines = self.engine.engines if isinstance(self.engine, RoutedEngine) else [
-            self.engine]
-        urls = [u for u in (getattr(e, "base_url", None) for e in engines) if u]
-        answers = await asyncio.gather(*(asyncio.to_thread(_unreachable, u) for u in urls))
-        return dict(zip(urls, answers, strict=True)) or {"(in-process engine)": None}
 
     async def engine_calls(self) -> list[int]:
         return list(getattr(self.engine, "calls", []))
