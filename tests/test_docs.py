@@ -211,3 +211,40 @@ def test_readme_is_short_has_the_two_commands_and_links_only_inside_the_repo():
     assert links, "the README links into the docs"
     for link in links:
         assert not link.startswith(("../", "/")) and (ROOT / link).exists(), link
+
+
+def test_every_harnessrl_command_in_the_docs_parses(capsys: pytest.CaptureFixture[str]):
+    """A command shown in the README or a page uses flags the CLI has (parsed, not run)."""
+    import shlex
+
+    shown = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for block in re.findall(r"```(?:sh|bash)\n(.*?)```", path.read_text(), re.S):
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+                if line.strip().startswith("harnessrl "):
+                    shown.append((path.relative_to(ROOT), line.strip()))
+    assert len(shown) >= 20
+    bad = []
+    for where, line in shown:
+        try:
+            docgen.cli_parser().parse_args(shlex.split(line, comments=True)[1:])
+        except SystemExit:
+            bad.append(f"{where}: {line}: {capsys.readouterr().err.strip().splitlines()[-1]}")
+    assert bad == []
+
+
+def test_every_train_config_in_the_docs_is_valid():
+    """Each TOML block in the README and the pages is a valid (partial) train config."""
+    import tomllib
+
+    from harnessrl.train.config import TrainConfig
+
+    blocks = [(path.relative_to(ROOT), block)
+              for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+              for block in re.findall(r"```toml\n(.*?)```", path.read_text(), re.S)]
+    assert len(blocks) >= 3
+    for where, block in blocks:
+        try:
+            msgspec.convert(tomllib.loads(block), type=TrainConfig)
+        except (tomllib.TOMLDecodeError, msgspec.ValidationError, ValueError) as exc:
+            pytest.fail(f"{where}: {exc}\n{block}")
