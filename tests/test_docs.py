@@ -117,9 +117,18 @@ def test_config_reference_names_every_field(site: Path):
 
 
 def test_config_reference_carries_defaults_and_comments():
-    page = docgen.config_page()
-    row = next(line for line in page.splitlines() if line.startswith("| `engine.dtype`"))
-    assert '`"float32"`' in row and "logprobs equal to the trainer's" in row
+    """Each row shows the field's default as the config types have it, and the comments
+    beside the fields reach the page (most fields have one)."""
+    rows = {line.split("`")[1]: line for line in docgen.config_page().splitlines()
+            if line.startswith("| `")}
+    defaults = {f"{prefix}{f.name}": docgen.default_of(f)
+                for prefix, section in docgen.config_sections(TrainConfig)
+                for f in msgspec.structs.fields(section)}
+    for name in config_paths(TrainConfig):
+        assert f"`{docgen.toml_value(defaults[name])}`" in rows[name], rows[name]
+    described = [name for name in rows if not rows[name].rstrip().endswith("|  |")]
+    assert len(described) >= 0.6 * len(rows), sorted(set(rows) - set(described))
+    assert "staleness" in rows["grpo.max_staleness"]
 
 
 def test_http_reference_names_every_route_and_error(site: Path):
