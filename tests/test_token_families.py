@@ -187,3 +187,38 @@ def test_unknown_family_and_contradicting_parser_are_refused(tokenizers) -> None
 def test_tiny_model_keeps_its_template_and_hermes(tokenizer) -> None:
     engine = TokenEngine("http://127.0.0.1:9", tokenizer)
     assert engine.format.family is None and engine.tool_parser == "hermes"
+
+
+# ------------------------------------------------------------------ the settings
+def test_serve_run_and_train_config_carry_the_format_settings(tiny_model, tmp_path) -> None:
+    import msgspec
+
+    from harnessrl.cli import build_parser
+    from harnessrl.cli.run import _run_engine_spec
+    from harnessrl.cli.serve import engine_spec
+    from harnessrl.proxy.engines.build import make
+    from harnessrl.train.config import TrainConfig
+    from harnessrl.train.engines import engine_spec as train_spec
+
+    model = tmp_path / "qwen3-like"
+    family_tokenizer(tiny_model, BY_NAME["qwen3"]).save_pretrained(model)
+    settings = ["--engine-mode", "token", "--renderer", "qwen3", "--chat-template-kwargs",
+                '{"thinking_retention": "all"}', "--engine-url", "http://127.0.0.1:9"]
+    serve = build_parser().parse_args(["serve", "--tokenizer", str(model), *settings])
+    engine = make(engine_spec(serve))
+    assert engine.format.family == "qwen3"  # type: ignore[attr-defined]
+    assert engine.renderer.family.effective_thinking_retention == "all"  # type: ignore
+    run = build_parser().parse_args(["run", "--harness", "pi", "--tasks", "bundled",
+                                     "--tokenizer", str(model), *settings,
+                                     "--reasoning-parser", "qwen3"])
+    spec = _run_engine_spec(run)
+    assert (spec.kind, spec.renderer, spec.reasoning_parser) == ("token", "qwen3", "qwen3")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--tokenizer", str(model),
+                                   "--chat-template-kwargs", "[1]", *settings[:2]])
+    config = msgspec.convert({"engine": {"mode": "token", "tool_call_parser": "lfm2",
+                                         "chat_template_kwargs": {"enable_thinking": False}}},
+                             type=TrainConfig)
+    spec = train_spec(config, model, tmp_path)
+    assert (spec.tool_call_parser, dict(spec.chat_template_kwargs or {})) == (
+        "lfm2", {"enable_thinking": False})

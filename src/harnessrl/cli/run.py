@@ -7,7 +7,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from harnessrl.cli.common import DEFAULT_RUN_DIR, at_least_one, harnesses
+from harnessrl.cli.common import (
+    DEFAULT_RUN_DIR,
+    add_format_arguments,
+    at_least_one,
+    format_settings,
+    harnesses,
+)
 from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR
 
 
@@ -56,6 +62,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         help="any OpenAI-compatible endpoint (its /v1 root): text only, no "
                              "token ids; for `export --sft messages` (distillation)")
     p.add_argument("--teacher-model", help="--teacher: the model name every call is sent with")
+    p.add_argument("--tokenizer", help="--engine-mode token with --engine-url: the model's "
+                                       "local directory (default: --model)")
+    add_format_arguments(p)
     p.add_argument("--teacher-key-env", metavar="VAR",
                    help="--teacher: the environment variable holding its API key")
     p.add_argument("--fewer-tool-calls", type=float, default=0.0,
@@ -157,8 +166,11 @@ def _run_engine_spec(args: argparse.Namespace) -> Any:
         key = os.environ.get(args.teacher_key_env) if args.teacher_key_env else None
         return EngineSpec(kind="teacher", url=args.teacher, teacher_model=args.teacher_model,
                           api_key=key)
-    return EngineSpec(url=args.engine_url, model=args.model,
-                      vllm_log=args.run_dir / "vllm.log")
+    if args.engine_mode == "token" and not (args.tokenizer or args.model):
+        raise SystemExit("--engine-mode token needs --tokenizer DIR (or --model)")
+    return EngineSpec(kind=args.engine_mode, url=args.engine_url, model=args.model,
+                      tokenizer=args.tokenizer, vllm_log=args.run_dir / "vllm.log",
+                      **format_settings(args))
 
 
 def report_broken(outcomes: list[Any]) -> bool:

@@ -11,7 +11,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harnessrl.cli.common import DEFAULT_RUN_DIR, at_least_one, interval_ms, is_loopback
+from harnessrl.cli.common import (
+    DEFAULT_RUN_DIR,
+    add_format_arguments,
+    at_least_one,
+    format_settings,
+    interval_ms,
+    is_loopback,
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -28,15 +35,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--script", type=Path, help="scripted engine: JSON list of reply texts")
     p.add_argument("--token-delay", type=float, default=0.0, help="scripted engine: s/token")
     p.add_argument("--served-model-name")
-    p.add_argument("--engine-mode", choices=["chat", "token"], default="chat",
-                   help="chat: vLLM renders the chat template and parses tool calls; token: "
-                        "the proxy renders with the model's tokenizer, reuses a rollout's "
-                        "earlier token ids, and parses replies itself")
+    add_format_arguments(p)
     p.add_argument("--tokenizer", help="token mode: the model's local directory (default: "
                                        "--model)")
     p.add_argument("--chat-template", type=Path, help="token mode: a Jinja chat template file "
                                                       "instead of the tokenizer's")
-    p.add_argument("--tool-call-parser")
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--dtype")
     p.add_argument("--vllm-arg", action="append", default=[], help="extra vLLM flag (repeat)")
@@ -166,7 +169,7 @@ def engine_spec(args: argparse.Namespace) -> Any:
                          "http://127.0.0.1:8000")
     return EngineSpec(
         kind=args.engine_mode, url=args.engine_url, model=args.model, tokenizer=args.tokenizer,
-        tool_call_parser=args.tool_call_parser,
+        **format_settings(args),
         chat_template=args.chat_template.read_text() if args.chat_template else None,
         served_name=args.served_model_name, max_model_len=args.max_model_len,
         dtype=args.dtype, vllm_args=tuple(args.vllm_arg), vllm_log=args.vllm_log, **timeouts)

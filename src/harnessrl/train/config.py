@@ -37,6 +37,15 @@ class EngineConfig(_Section):
     # chat: vLLM renders the template; token: the proxy renders it with the model's own
     # tokenizer and reuses each rollout's earlier ids (chains extend where history is kept)
     mode: Literal["chat", "token"] = "chat"
+    # How the model is rendered and parsed (see docs/token-mode.md): vLLM's parser names
+    # (chat mode: given to vLLM; token mode: the proxy's parsers), a `renderers` family
+    # ("default": the chat template), a chat template file, and template options (e.g.
+    # {"thinking_retention": "all"} keeps earlier reasoning so chains extend).
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    renderer: str | None = None
+    chat_template: str | None = None  # a Jinja file, token mode
+    chat_template_kwargs: dict[str, Any] = {}
     # vLLM's and the trainer's dtype; "auto": bfloat16 on GPUs, float32 on a CPU (where
     # float32 keeps vLLM's logprobs equal to the trainer's)
     dtype: str = "auto"

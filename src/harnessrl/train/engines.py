@@ -49,7 +49,11 @@ class PolicyEngines:
 def engine_spec(config: TrainConfig, model_dir: Path, run_dir: Path) -> EngineSpec:
     """The policy's engine, without a URL: vLLM started here for the model."""
     e = config.engine
+    template = Path(e.chat_template).read_text() if e.chat_template else None
     return EngineSpec(kind=e.mode, model=str(model_dir), tokenizer=str(model_dir),
+                      tool_call_parser=e.tool_call_parser, reasoning_parser=e.reasoning_parser,
+                      renderer=e.renderer, chat_template=template,
+                      chat_template_kwargs=e.chat_template_kwargs or None,
                       served_name="policy", dtype=trainer_dtype(config),
                       max_model_len=e.max_model_len,
                       vllm_args=tuple(vllm_args(config)), vllm_log=run_dir / "vllm.log")
