@@ -131,6 +131,14 @@ def test_config_reference_carries_defaults_and_comments():
     assert "staleness" in rows["grpo.max_staleness"]
 
 
+def test_the_config_reference_defaults_file_loads_as_the_defaults():
+    import tomllib
+
+    example = docgen.defaults_toml(TrainConfig)
+    loaded = msgspec.convert(tomllib.loads(example), type=TrainConfig)
+    assert loaded == TrainConfig(cluster=loaded.cluster)  # [cluster] given: its defaults
+
+
 def test_http_reference_names_every_route_and_error(site: Path):
     page = _page(site, "reference/http-api")
     for method, path, _endpoint in docgen.proxy_routes():

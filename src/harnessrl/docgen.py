@@ -218,7 +218,26 @@ def config_page() -> str:
                 for f in msgspec.structs.fields(section) if _struct_of(f.type) is None]
         out += [f"## {title}", "", doc, "", table(["field", "type", "default", "meaning"], rows),
                 ""]
+    out += ["## Every default, as one file", "", "What an empty config file means "
+            "(unset fields are commented out):", "", "```toml", defaults_toml(TrainConfig),
+            "```", ""]
     return "\n".join(out)
+
+
+def defaults_toml(cls: type) -> str:
+    """A TOML file that sets every field of `cls` to its default."""
+    lines: list[str] = []
+    for prefix, section in config_sections(cls):
+        if prefix:
+            lines += ["", f"[{prefix.rstrip('.')}]"]
+        for field in msgspec.structs.fields(section):
+            if _struct_of(field.type) is not None:
+                continue
+            value = default_of(field)
+            unset = value is None or value is msgspec.NODEFAULT
+            lines.append(f"{'# ' if unset else ''}{field.name} = "
+                         f"{'...' if unset else toml_value(value)}")
+    return "\n".join(lines).strip()
 
 
 # ------------------------------------------------------------------ the proxy's HTTP API
