@@ -11,6 +11,11 @@ as the engine does. At turns 10, 50 and 100 the next prompt is rendered, in the 
                text after it is tokenized, ids joined
   full         the whole conversation through the template, the text tokenized whole
                (what rendering without reuse costs)
+  renderers    the same conversation for a `renderers` family (Qwen3: the tiny tokenizer
+               with Qwen3's special tokens): `FamilyRenderer.render`, the family's
+               `bridge_to_next_turn` from the last turn (what token mode now runs for a
+               family it knows), against the family's full `render_ids` of the whole
+               conversation
 
 Each is timed `--repeat` times; the median is reported, split into template and
 tokenizing. Uses the tiny model's tokenizer (built locally on first use).
@@ -29,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harnessrl.proxy.engines.token.family import FamilyRenderer, message_key
 from harnessrl.proxy.engines.token.render import Renderer
 from harnessrl.types import ChatRequest, Message, Text, Tool, ToolCall, ToolResult
 
@@ -120,6 +126,55 @@ def _measure_turn(renderer: Renderer, request: ChatRequest, turn: int,
             "full_tokenize_ms": full_s * 1e3}
 
 
+QWEN3_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "</tool_call>",
+                "<tool_response>", "</tool_response>", "<think>", "</think>")
+
+
+def qwen3_renderer(path: Path) -> FamilyRenderer:
+    """The tiny tokenizer with Qwen3's special tokens, under renderers' Qwen3 renderer."""
+    import renderers
+    from renderers.configs import Qwen3RendererConfig
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)  # no unk: see token_families
+    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN3_TOKENS)})
+    tokenizer.eos_token = "<|im_end|>"
+    return FamilyRenderer(tokenizer, renderers.create_renderer(tokenizer,
+                                                               Qwen3RendererConfig()))
+
+
+def measure_family(renderer: FamilyRenderer, turns: int, tokens: int,
+                   repeat: int) -> list[dict[str, Any]]:
+    convo = Conversation(renderer, turns, tokens)
+    rows = []
+    for turn in range(1, turns + 1):
+        request = convo.request()
+        if turn in REPORT_AT:
+            rows.append(_measure_family_turn(renderer, request, turn, repeat))
+        rendered = renderer.render(request, "bench")
+        thought, call = convo.reply(turn)
+        reply = (f'{thought}\n<tool_call>\n{{"name": "bash", "arguments": {call.arguments}}}'
+                 "\n</tool_call><|im_end|>")
+        convo.add_turn(turn, thought, call)
+        renderer.remember("bench", rendered, renderer.encode(reply),
+                          reply=message_key(convo.messages[-2]))
+    return rows
+
+
+def _measure_family_turn(renderer: FamilyRenderer, request: ChatRequest, turn: int,
+                         repeat: int) -> dict[str, Any]:
+    bridge_s, rendered = _median(lambda: renderer.render(request, "bench"), repeat)
+    parts = renderer._converted(request.messages, None)
+    messages = [m for p in parts for m in p]
+    full_s, ids = _median(lambda: renderer._full_ids(messages, request), repeat)
+    if turn > 1 and rendered.mode != "bridged":
+        raise AssertionError(f"turn {turn}: the family did not bridge ({rendered.breaks})")
+    if renderer.decode(rendered.ids) != renderer.decode(ids):
+        raise AssertionError(f"turn {turn}: the bridged prompt does not spell the render")
+    return {"turn": turn, "tokens": len(rendered.ids), "bridge_ms": bridge_s * 1e3,
+            "family_full_ms": full_s * 1e3}
+
+
 def markdown(rows: list[dict[str, Any]], verify_every: int) -> str:
     lines = [
         "| turn | prompt tokens | messages | new tokens | token mode ms (template window + "
@@ -135,6 +190,56 @@ def markdown(rows: list[dict[str, Any]], verify_every: int) -> str:
         f"\n\nEvery {verify_every}th windowed render is also checked against a full template "
         "render (amortized: the full template column divided by "
         f"{verify_every}).\n")
+
+
+def measure_parse(renderer: FamilyRenderer, tokenizer: Any, size: int,
+                  repeat: int) -> dict[str, float]:
+    """CPU per streamed token of parsing a `size`-token reply (reasoning, text, a call),
+    one id per read: renderers' parser re-run as the reply grows (`WholeParser`), against
+    the incremental Hermes parser token mode keeps for the template path."""
+    from harnessrl.proxy.engines.token.replies import TextParser, WholeParser, family_parse
+    from harnessrl.proxy.engines.token.toolformats import make_parser
+
+    text = _corpus()[:size * 4]
+    reply = (f"<think>\n{text[:len(text) // 2]}\n</think>\n\n{text[len(text) // 2:]}\n"
+             '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>')
+    fam_ids = renderer.encode(reply) + [renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    ids = tokenizer.encode(reply, add_special_tokens=False)
+    pieces = [tokenizer.decode(ids[:n + 1])[len(tokenizer.decode(ids[:n])):]
+              for n in range(len(ids))]
+
+    def whole() -> int:
+        parser = WholeParser(family_parse(renderer.family, renderer.tokenizer, None, []))
+        for token in fam_ids:
+            parser.feed("", [token])
+        parser.finish()
+        return parser.calls
+
+    def hermes() -> int:
+        parser = TextParser(make_parser("hermes"))
+        for piece in pieces:
+            parser.feed(piece, ())
+        parser.finish()
+        return parser.calls
+
+    whole_s, calls = _median(whole, repeat)
+    hermes_s, hermes_calls = _median(hermes, repeat)
+    if calls != 1 or hermes_calls != 1:
+        raise AssertionError("a parser missed the call")
+    return {"tokens": len(fam_ids), "whole_us": whole_s / len(fam_ids) * 1e6,
+            "hermes_us": hermes_s / len(ids) * 1e6}
+
+
+def family_markdown(rows: list[dict[str, Any]], family: list[dict[str, Any]]) -> str:
+    lines = ["| turn | prompt tokens (template / Qwen3) | template path: windowed + joined "
+             "ms | renderers Qwen3: bridge ms | renderers Qwen3: full render_ids ms | "
+             "template: full re-render ms |", "|---|---|---|---|---|---|"]
+    for ours, theirs in zip(rows, family, strict=True):
+        lines.append(
+            f"| {ours['turn']} | {ours['tokens']:,} / {theirs['tokens']:,} | "
+            f"{ours['token_ms']:.2f} | {theirs['bridge_ms']:.2f} | "
+            f"{theirs['family_full_ms']:.2f} | {ours['full_ms']:.2f} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,6 +259,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = measure(AutoTokenizer.from_pretrained(path), args.turns, args.tokens, args.repeat)
     print("### Token mode: per-turn render cost\n")
     print(markdown(rows, Renderer.__init__.__kwdefaults__["verify_every"]))
+    qwen3 = qwen3_renderer(path)
+    family = measure_family(qwen3, args.turns, args.tokens, args.repeat)
+    print("\n" + family_markdown(rows, family))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    print("\n| reply tokens | renderers Qwen3 parse, streamed (re-parsed as it grows) "
+          "µs/token | incremental Hermes parser µs/token |\n|---|---|---|")
+    for size in (200, 2000):
+        r = measure_parse(qwen3, tokenizer, size, args.repeat)
+        print(f"| {r['tokens']:,} | {r['whole_us']:.1f} | {r['hermes_us']:.1f} |")
     return 0
 
 

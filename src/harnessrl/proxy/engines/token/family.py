@@ -94,11 +94,12 @@ class FamilyRenderer(Renderer):
             tools=_tools(request))
         if result is None:
             return None, "bridge_refused"
-        ids = result.token_ids
-        if ids[:len(earlier)] != earlier:
+        ids, n = result.token_ids, len(earlier)
+        if ids[:n] != earlier:  # the bridge trimmed the earlier turn (C speed, ~0.1 ms)
             return None, "bridge_trimmed"
-        out = array("i", ids)
-        return (state.text + self.decode(ids[len(earlier):]), out), ""
+        out = state.ids[:]  # a copy of the kept ids (memcpy), then only the new ones
+        out.extend(ids[n:])
+        return (state.text + self.decode(ids[n:]), out), ""
 
 
 def _tools(request: ChatRequest) -> list[dict[str, Any]] | None:
