@@ -203,7 +203,7 @@ def measure_parse(renderer: FamilyRenderer, tokenizer: Any, size: int,
     text = _corpus()[:size * 4]
     reply = (f"<think>\n{text[:len(text) // 2]}\n</think>\n\n{text[len(text) // 2:]}\n"
              '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>')
-    fam_ids = renderer.encode(reply) + [renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    fam_ids = [*renderer.encode(reply), renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")]
     ids = tokenizer.encode(reply, add_special_tokens=False)
     pieces = [tokenizer.decode(ids[:n + 1])[len(tokenizer.decode(ids[:n])):]
               for n in range(len(ids))]
