@@ -147,7 +147,10 @@ def test_a_turn_alone_is_committed_on_the_callers_thread(tmp_path: Path,
         await store.add_turn(make_turn("k", 1))
 
     asyncio.run(write())
-    assert threads == ["trace-writer", "MainThread", "MainThread", "trace-writer"]
+    # The row is packed where it is committed (against the rollout's latest turns), so
+    # the bad id fails inside its own commit, on the caller's thread.
+    assert threads == ["trace-writer", "MainThread", "MainThread", "MainThread",
+                       "trace-writer"]
     assert store.turns("k") == [make_turn("k", 0), make_turn("k", 1)]
     store.close()
 

@@ -1,12 +1,14 @@
 """Rows of the trace store: the columns each table is written with, and the conversions
 between `Turn` / `Rollout` / `Outcome` and those rows. Token ids and logprobs are packed
-little-endian arrays (int32, float64), not JSON."""
+little-endian arrays (int32, float64), not JSON. A turn's row as schema v4 wrote it (all
+whole) is `turn_row`/`row_turn`; what v5 stores instead is `proxy.layout`'s."""
 
 from __future__ import annotations
 
 import struct
 import sys
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -27,7 +29,10 @@ TURN_COLUMNS = (
     " error, flags, requested_sampling, used_sampling, request, completion, prompt_ids,"
     " completion_ids, logprobs, raw_request, raw_response, reply_id, error_kind"
 )
-INSERT_TURN = f"INSERT INTO turns ({TURN_COLUMNS}) VALUES ({', '.join('?' * 23)})"
+# Schema v5's layout of a row (`proxy.layout`); NULL in a row written by schema v4.
+LAYOUT_COLUMNS = "layout, prompt_parent, prompt_keep, prompt_len, body_base"
+READ_COLUMNS = f"{TURN_COLUMNS}, {LAYOUT_COLUMNS}"
+INSERT_TURN = f"INSERT INTO turns ({READ_COLUMNS}) VALUES ({', '.join('?' * 28)})"
 ROLLOUT_COLUMNS = "key, created, closed, sampling, unset_sampling, metadata, max_model_calls"
 INSERT_ROLLOUT = (f"INSERT OR REPLACE INTO rollouts ({ROLLOUT_COLUMNS}, harness, task)"
                    f" VALUES ({', '.join('?' * 9)})")
@@ -68,7 +73,9 @@ def _text(value: Any) -> str:
     return _encode(value).decode()
 
 
-def turn_row(turn: Turn) -> tuple[Any, ...]:
+def turn_row(turn: Turn, *, whole: bool = True) -> tuple[Any, ...]:
+    """The v4 columns of `turn`. Not `whole`: the request, prompt ids and raw bodies are
+    left None for the caller (`proxy.layout`) to fill with what is new."""
     completion = turn.completion
     tokens = completion.tokens if completion is not None else _NO_TOKENS
     if completion is not None:  # tokens live in their own packed columns
@@ -77,10 +84,11 @@ def turn_row(turn: Turn) -> tuple[Any, ...]:
     return (
         turn.rollout, turn.index, turn.dialect, turn.status, t.received, t.first_token, t.done,
         turn.engine, turn.model, turn.weight_version, turn.error, _text(list(turn.flags)),
-        _json(turn.requested_sampling), _json(turn.used_sampling), _json(turn.request),
-        _json(completion), pack(tokens.prompt_ids, "i"), pack(tokens.completion_ids, "i"),
-        pack(tokens.logprobs, "d"), turn.raw_request, turn.raw_response, turn.reply_id,
-        turn.error_kind,
+        _json(turn.requested_sampling), _json(turn.used_sampling),
+        _json(turn.request) if whole else None, _json(completion),
+        pack(tokens.prompt_ids, "i") if whole else None, pack(tokens.completion_ids, "i"),
+        pack(tokens.logprobs, "d"), turn.raw_request if whole else None,
+        turn.raw_response if whole else None, turn.reply_id, turn.error_kind,
     )
 
 
@@ -88,8 +96,9 @@ def _load(blob: bytes | None, kind: type) -> Any:
     return None if blob is None else msgspec.json.decode(blob, type=kind)
 
 
-def row_turn(row: tuple[Any, ...]) -> Turn:
-    """A `Turn` from a row of `SELECT {TURN_COLUMNS} FROM turns`."""
+def row_turn(row: Sequence[Any], *, request_decoded: bool = False) -> Turn:
+    """A `Turn` from the v4 columns of a row (`SELECT {TURN_COLUMNS} FROM turns`);
+    `request_decoded`: its request is a `ChatRequest` already, not JSON."""
     (rollout, idx, dialect, status, received, first_token, done, engine, model, weight_version,
      error, flags, requested, used, request, completion, prompt_ids, completion_ids, logprobs,
      raw_request, raw_response, reply_id, error_kind) = row
@@ -100,7 +109,8 @@ def row_turn(row: tuple[Any, ...]) -> Turn:
     return Turn(
         rollout=rollout, index=idx, dialect=dialect, status=status,
         timings=Timings(received, first_token, done), raw_request=raw_request,
-        raw_response=raw_response, request=_load(request, ChatRequest), completion=loaded,
+        raw_response=raw_response, completion=loaded,
+        request=request if request_decoded else _load(request, ChatRequest),
         requested_sampling=_load(requested, Sampling), used_sampling=_load(used, Sampling),
         engine=engine, model=model, weight_version=weight_version, error=error,
         error_kind=error_kind, flags=tuple(msgspec.json.decode(flags)), reply_id=reply_id,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DB_NAME = "trace.db"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 _TABLES = (
     """CREATE TABLE IF NOT EXISTS rollouts (
     key TEXT PRIMARY KEY,
@@ -46,6 +46,11 @@ _TABLES = (
     raw_response BLOB NOT NULL,
     reply_id TEXT,
     error_kind TEXT,
+    layout INTEGER,
+    prompt_parent INTEGER,
+    prompt_keep INTEGER,
+    prompt_len INTEGER,
+    body_base INTEGER,
     UNIQUE (rollout, idx)
 )""",
     """CREATE TABLE IF NOT EXISTS outcomes (
@@ -110,6 +115,10 @@ _MIGRATIONS = {
             " '$.completion_tokens'), 0)",
         )),
     3: _Step((("rollouts", "max_model_calls", "INTEGER"),)),
+    # v5 keeps what is new against an earlier turn (proxy.layout); a v4 row keeps NULL
+    # in these columns and is read as it is, whole: nothing is rewritten.
+    4: _Step(tuple(("turns", column, "INTEGER") for column in
+                   ("layout", "prompt_parent", "prompt_keep", "prompt_len", "body_base"))),
 }
 
 

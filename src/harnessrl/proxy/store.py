@@ -10,7 +10,9 @@ to the thread and back costs as much as the commit. Writers in several processes
 (`serve --workers N`) take turns on a lock file beside the store (`WriterLock`) rather than
 on SQLite's busy handler, which sleeps 1, 2, 5, 10 ms... between tries: under load that
 sleeping left cores idle and held every turn's last byte. Token ids and logprobs are
-stored as packed little-endian arrays (int32, float64), not JSON.
+stored as packed little-endian arrays (int32, float64), not JSON. A turn is stored as
+what is new against an earlier turn of its rollout (`proxy.layout`, docs/store.md): the
+readers here rebuild it whole, exactly.
 """
 
 from __future__ import annotations
@@ -22,24 +24,27 @@ import os
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any, Self
 
 import msgspec
 
+from harnessrl.proxy.delta import CorruptTurn
+from harnessrl.proxy.layout import Decoder, Recent, Staged, decode_each, decode_rollout
 from harnessrl.proxy.rows import (
     INSERT_OUTCOME,
     INSERT_ROLLOUT,
     INSERT_TURN,
+    LAYOUT_COLUMNS,
+    READ_COLUMNS,
     ROLLOUT_COLUMNS,
     TURN_COLUMNS,
     outcome_params,
     rollout_params,
     row_rollout,
-    row_turn,
-    turn_row,
 )
 from harnessrl.proxy.schema import DB_NAME, connect, migrate
 from harnessrl.types import Outcome, Rollout, Turn
@@ -61,6 +66,7 @@ class TraceReader:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._connections: list[sqlite3.Connection] = []
+        self._columns: str | None = None
 
     def __enter__(self) -> Self:
         return self
@@ -102,22 +108,58 @@ class TraceReader:
             "SELECT COUNT(*) FROM turns WHERE rollout = ? AND error_kind IS NOT 'step_cap'",
             (key,)).fetchone()[0]
 
-    def turns(self, key: str, offset: int = 0, limit: int = -1) -> list[Turn]:
+    @property
+    def columns(self) -> str:
+        """What a turn is read with: `READ_COLUMNS`, or NULL for v5's layout columns in a
+        v4 file that could not be brought up to date (read-only): its rows are all whole."""
+        if self._columns is None:
+            have = {r[1] for r in self.db.execute("PRAGMA table_info(turns)")}
+            self._columns = READ_COLUMNS if "layout" in have else (
+                f"{TURN_COLUMNS}, {', '.join(['NULL'] * len(LAYOUT_COLUMNS.split(',')))}")
+        return self._columns
+
+    def turns(self, key: str, offset: int = 0, limit: int = -1, *,
+              bodies: bool = True) -> list[Turn]:
+        """The rollout's turns in order, from the `offset`-th, at most `limit` (-1: all).
+        The turns before the page are read too (a turn is stored against earlier ones),
+        but only their small deltas. `bodies=False`: raw bodies and requests are left
+        unread (b"" and None), for readers of the ids only."""
+        stop = None if limit < 0 else offset + limit
+        return _raised(islice(self._decoded(key, bodies), offset, stop))
+
+    def turns_from(self, key: str, first: int, limit: int) -> list[Turn]:
+        """At most `limit` of the rollout's turns whose index is `first` or more."""
+        wanted = (t for t in self._decoded(key, True) if t.index >= first)
+        return _raised(islice(wanted, limit))
+
+    def _decoded(self, key: str, bodies: bool) -> Iterator[Turn | CorruptTurn]:
+        cursor = self.db.execute(
+            f"SELECT {self.columns} FROM turns WHERE rollout = ? ORDER BY idx", (key,))
+        yield from decode_each(_batches(cursor), bodies=bodies)
+
+    def turn(self, key: str, index: int) -> Turn | None:
         rows = self.db.execute(
-            f"SELECT {TURN_COLUMNS} FROM turns WHERE rollout = ? ORDER BY idx LIMIT ? OFFSET ?",
-            (key, limit, offset)).fetchall()
-        return [row_turn(r) for r in rows]
+            f"SELECT {self.columns} FROM turns WHERE rollout = ? AND idx <= ? ORDER BY idx",
+            (key, index)).fetchall()
+        if not rows or rows[-1][1] != index:
+            return None
+        *_, last = decode_each(rows)
+        return _raised([last])[0]
 
     def turn_by_reply(self, key: str, reply_id: str) -> Turn | None:
-        row = self.db.execute(
-            f"SELECT {TURN_COLUMNS} FROM turns WHERE rollout = ? AND reply_id = ?",
-            (key, reply_id)).fetchone()
-        return None if row is None else row_turn(row)
+        row = self.db.execute("SELECT idx FROM turns WHERE rollout = ? AND reply_id = ?",
+                              (key, reply_id)).fetchone()
+        return None if row is None else self.turn(key, row[0])
 
-    def iter_turns(self, batch: int = 256) -> Iterator[Turn]:
-        cursor = self.db.execute(f"SELECT {TURN_COLUMNS} FROM turns ORDER BY rollout, idx")
+    def iter_turns(self, batch: int = 256, *, bodies: bool = True) -> Iterator[Turn]:
+        """Every turn, by rollout then index."""
+        cursor = self.db.execute(f"SELECT {self.columns} FROM turns ORDER BY rollout, idx")
+        decoder, current = Decoder(bodies=bodies), None
         while rows := cursor.fetchmany(batch):
-            yield from (row_turn(r) for r in rows)
+            for row in rows:
+                if row[0] != current:
+                    decoder, current = Decoder(bodies=bodies), row[0]
+                yield decoder.add(row)
 
     def iter_rollouts(self) -> Iterator[Rollout]:
         for row in self.db.execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts ORDER BY created"):
@@ -187,6 +229,8 @@ class TraceStore(TraceReader):
         # checkpoint inside a commit stalls every turn waiting on it for milliseconds.
         self._db.execute("PRAGMA wal_autocheckpoint=0")
         self._writing = threading.Lock()
+        # The rollouts' latest committed turns, which a new turn is stored against.
+        self._recent = Recent(self._load_recent)
         self._queue: queue.SimpleQueue[_Write | None] = queue.SimpleQueue()
         # Held while a write is queued and while `close` queues the writer's end, so no
         # write lands behind the end (where nothing would ever commit it).
@@ -206,14 +250,10 @@ class TraceStore(TraceReader):
     async def add_turn(self, turn: Turn, *, alone: bool = False) -> None:
         """Returns once `turn` is committed. `alone`: the caller's is the only call in
         flight, so nothing else waits on this event loop while it commits."""
-        if not alone:  # the row is packed on the writer thread, off the event loop
-            await self._submit(INSERT_TURN, lambda: turn_row(turn))
-            return
-        row = _pack(INSERT_TURN, lambda: turn_row(turn))
-        if isinstance(row, Exception):
-            raise row
-        if not self._commit_here(row):
-            await self._submit(INSERT_TURN, lambda: row[1])
+        # The row is packed where it is committed, under the write lock: it is stored
+        # against the rollout's latest committed turns (`proxy.layout`).
+        if not alone or not self._commit_here((INSERT_TURN, turn)):
+            await self._submit(INSERT_TURN, lambda: turn)
 
     async def put_rollout(self, rollout: Rollout) -> None:
         await self._submit(INSERT_ROLLOUT, lambda: rollout_params(rollout))
@@ -222,7 +262,7 @@ class TraceStore(TraceReader):
         """The rollout's final result; a retried rollout replaces its earlier attempt."""
         await self._submit(INSERT_OUTCOME, lambda: outcome_params(outcome))
 
-    async def _submit(self, sql: str, params: Callable[[], tuple[Any, ...]]) -> None:
+    async def _submit(self, sql: str, params: Callable[[], tuple[Any, ...] | Turn]) -> None:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._queueing:
@@ -231,7 +271,7 @@ class TraceStore(TraceReader):
             self._queue.put(_Write(sql, params, loop, future))
         await future
 
-    def _commit_here(self, row: tuple[str, tuple[Any, ...]]) -> bool:
+    def _commit_here(self, row: _Row) -> bool:
         """Commits `row` on the caller's thread when the writer is idle, nothing is
         queued and no other process is writing; False (nothing done) otherwise. At c=1
         the hand-off to the writer thread and back, two thread wake-ups, cost about as
@@ -246,7 +286,6 @@ class TraceStore(TraceReader):
                 error = self._apply(self._db, [row])[0]
             finally:
                 self._writer_lock.release()
-            self._note_written([row])
         finally:
             self._writing.release()
         if error is not None:
@@ -274,12 +313,11 @@ class TraceStore(TraceReader):
 
     def _commit(self, batch: list[_Write]) -> list[Exception | None]:
         """Each write's error (None: committed)."""
-        packed = [_pack(w.sql, w.params) for w in batch]
+        packed = [_call(w) for w in batch]
         rows = [p for p in packed if not isinstance(p, Exception)]
         with self._writing, self._writer_lock:
             assert self._db is not None  # closed only when this thread ends
             done = self._apply(self._db, rows)
-            self._note_written(rows)
         committed = iter(done)
         return [p if isinstance(p, Exception) else next(committed) for p in packed]
 
@@ -293,15 +331,16 @@ class TraceStore(TraceReader):
         for loop, settled in by_loop.items():  # one wake-up per loop, not one per turn
             loop.call_soon_threadsafe(_settle_all, settled)
 
-    def _apply(self, db: sqlite3.Connection, rows: list[tuple[str, tuple[Any, ...]]]
-               ) -> list[Exception | None]:
+    def _apply(self, db: sqlite3.Connection, rows: list[_Row]) -> list[Exception | None]:
         """`rows` in one transaction, each row's error (None: committed); the caller
         holds the writer lock."""
+        staged = self._recent.stage()
         try:
             db.execute("BEGIN IMMEDIATE")
             for sql, params in rows:
-                db.execute(sql, params)
+                db.execute(sql, self._params(db, staged, params))
             db.execute("COMMIT")
+            staged.keep()
             return [None] * len(rows)
         except sqlite3.Error as exc:
             if db.in_transaction:
@@ -310,18 +349,44 @@ class TraceStore(TraceReader):
                 return [exc]
             return [self._commit_one(db, sql, params) for sql, params in rows]
 
-    @staticmethod
-    def _commit_one(db: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> Exception | None:
+    def _commit_one(self, db: sqlite3.Connection, sql: str, params: tuple[Any, ...] | Turn
+                    ) -> Exception | None:
         """After a failed group, each write alone: one bad row must not sink the others."""
+        staged = self._recent.stage()
         try:
-            db.execute(sql, params)
-            return None
+            db.execute(sql, self._params(db, staged, params))
         except sqlite3.Error as exc:
             return exc
+        staged.keep()
+        return None
 
-    def _note_written(self, rows: list[tuple[str, tuple[Any, ...]]]) -> None:
-        self._wal_bytes += sum(len(v) for _, params in rows for v in params
-                               if isinstance(v, bytes | str))
+    def _params(self, db: sqlite3.Connection, staged: Staged, params: tuple[Any, ...] | Turn
+                ) -> tuple[Any, ...]:
+        """A write's parameters: a turn is encoded against its rollout's latest turns."""
+        if isinstance(params, Turn):
+            turn = params
+            params = _pack(lambda: staged.encode(db, turn))
+        self._note_written(params)
+        return params
+
+    def _load_recent(self, db: sqlite3.Connection, key: str) -> list[Turn]:
+        """A rollout's turns as stored, for `Recent` (after a restart, or once it was
+        forgotten): a rollout whose old turns cannot be rebuilt gets new turns whole."""
+        rows = db.execute(f"SELECT {self.columns} FROM turns WHERE rollout = ? ORDER BY idx",
+                          (key,)).fetchall()
+        try:
+            return decode_rollout(rows)
+        except CorruptTurn:
+            return []
+
+    def turn_by_reply(self, key: str, reply_id: str) -> Turn | None:
+        """From memory when it is one of the rollout's latest turns (a chained reply
+        usually is), else from the store."""
+        turn = self._recent.find(key, lambda t: t.reply_id == reply_id)
+        return turn if turn is not None else super().turn_by_reply(key, reply_id)
+
+    def _note_written(self, params: tuple[Any, ...]) -> None:
+        self._wal_bytes += sum(len(v) for v in params if isinstance(v, bytes | str))
         if self._wal_bytes >= CHECKPOINT_BYTES:
             self._wal_bytes = 0
             self._checkpoint_due.set()
@@ -349,20 +414,47 @@ class TraceStore(TraceReader):
         super().close()
 
 
+# A write: its SQL and parameters, or the turn to encode into them (`proxy.layout`).
+_Row = tuple[str, tuple[Any, ...] | Turn]
+
+
 @dataclass(frozen=True, slots=True)
 class _Write:
     sql: str
-    params: Callable[[], tuple[Any, ...]]
+    params: Callable[[], tuple[Any, ...] | Turn]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[None]
 
 
-def _pack(sql: str, params: Callable[[], tuple[Any, ...]]
-          ) -> tuple[str, tuple[Any, ...]] | Exception:
-    """The row to write, or why it cannot be: a row that fails to pack fails alone, as a
-    store error its caller reports, and the writer thread goes on."""
+def _pack(params: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The row to write, or a store error saying why it cannot be packed (an id out of
+    int32 range): that row fails alone and its caller reports it."""
     try:
-        return sql, params()
+        return params()
+    except Exception as exc:
+        error = sqlite3.DataError(f"cannot pack the row: {type(exc).__name__}: {exc}")
+        raise error from exc
+
+
+def _batches(cursor: sqlite3.Cursor, size: int = 64) -> Iterator[Any]:
+    while rows := cursor.fetchmany(size):
+        yield from rows
+
+
+def _raised(turns: Iterable[Turn | CorruptTurn]) -> list[Turn]:
+    """The turns a reader asked for; the first that cannot be rebuilt fails the read."""
+    out = []
+    for turn in turns:
+        if isinstance(turn, CorruptTurn):
+            raise turn
+        out.append(turn)
+    return out
+
+
+def _call(write: _Write) -> _Row | Exception:
+    """The write's row, or why its parameters could not be made."""
+    try:
+        return write.sql, write.params()
     except Exception as exc:
         error = sqlite3.DataError(f"cannot pack the row: {type(exc).__name__}: {exc}")
         error.__cause__ = exc

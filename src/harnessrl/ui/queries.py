@@ -18,10 +18,9 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.proxy.rows import TURN_COLUMNS, row_turn, unpack
 from harnessrl.proxy.schema import DB_NAME, migrate
 from harnessrl.proxy.store import TraceReader
-from harnessrl.types import Completion, Outcome, Timings, Tokens, Turn, TurnStatus
+from harnessrl.types import Outcome, Turn
 
 MAX_PAGE = 200
 HISTOGRAM_BINS = 10
@@ -202,15 +201,10 @@ class RunReader:
     # ------------------------------------------------------------ turns
     def turns(self, key: str, offset: int = 0, limit: int = 20) -> list[Turn]:
         offset, limit = page_bounds(offset, limit)
-        rows = self.db.execute(
-            f"SELECT {TURN_COLUMNS} FROM turns WHERE rollout = ? AND idx >= ? ORDER BY idx "
-            "LIMIT ?", (key, offset, limit)).fetchall()
-        return [row_turn(r) for r in rows]
+        return self._store.turns_from(key, offset, limit)
 
     def turn(self, key: str, index: int) -> Turn | None:
-        row = self.db.execute(f"SELECT {TURN_COLUMNS} FROM turns WHERE rollout = ? AND idx = ?",
-                              (key, index)).fetchone()
-        return None if row is None else row_turn(row)
+        return self._store.turn(key, index)
 
     def turn_model(self, key: str, index: int) -> tuple[bool, str | None]:
         """(whether the turn exists, the model it named) without reading its bodies."""
@@ -232,30 +226,12 @@ class RunReader:
             cached = self._token_cache.get((key, count))
         if cached is not None:
             return cached
-        rows = self.db.execute(
-            "SELECT idx, status, error, error_kind, flags, weight_version,"
-            " completion IS NOT NULL,"
-            " prompt_ids, completion_ids, logprobs, received FROM turns WHERE rollout = ?"
-            " ORDER BY idx", (key,)).fetchall()
-        turns = [_token_turn(key, *row) for row in rows]
+        turns = self._store.turns(key, bodies=False)
         with self._lock:
             self._token_cache[(key, count)] = turns
             while len(self._token_cache) > TOKEN_CACHE:
                 self._token_cache.pop(next(iter(self._token_cache)))
         return turns
-
-
-def _token_turn(key: str, idx: int, status: TurnStatus, error: str | None,
-                error_kind: str | None, flags: str, weight_version: str | None,
-                has_completion: int, prompt: bytes | None, completion: bytes | None,
-                logprobs: bytes | None, received: float) -> Turn:
-    tokens = Tokens(unpack(prompt, "i"), unpack(completion, "i"), unpack(logprobs, "d"))
-    # Only the tokens are read; the rest of the completion is never shown from this Turn.
-    reply = Completion("", (), "stop", None, tokens) if has_completion else None
-    return Turn(rollout=key, index=idx, dialect="", status=status,
-                timings=Timings(received), raw_request=b"", completion=reply,
-                weight_version=weight_version, error=error, error_kind=error_kind,
-                flags=tuple(msgspec.json.decode(flags)))
 
 
 def _rollout_row(key: str, created: float, closed: float | None, metadata: str,

@@ -1,0 +1,289 @@
+"""How a turn is laid out in the store (schema v5): what is new against an earlier turn
+of its rollout, never the whole context again.
+
+- Prompt ids: a turn whose prompt is an earlier turn's prompt + completion (or prompt)
+  followed by new ids stores that turn's index (`prompt_parent`), how many of its ids it
+  keeps (`prompt_keep`) and the new ids; the full length (`prompt_len`) is checked on
+  read. Any other prompt is stored whole.
+- Raw request: a delta (`proxy.delta`) against a base turn's raw request (`body_base`).
+- Canonical request: the base turn's messages it starts with are kept by count, the
+  rest (new messages, tools, sampling) stored as JSON.
+- Raw response: whole, compressed. Completion, completion ids and logprobs: as in v4
+  (JSON, packed int32, packed float64), already proportional to what is new.
+
+The writer finds the parent among the rollout's last few committed turns, held in memory
+(`Recent`); after a restart it reads them from the store once. A row of an older file
+(`layout` NULL, schema v4) holds everything whole and reads as it did.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import msgspec
+
+from harnessrl.proxy import delta
+from harnessrl.proxy.delta import CorruptTurn
+from harnessrl.proxy.rows import pack, row_turn, turn_row, unpack
+from harnessrl.types import ChatRequest, Tokens, Turn
+
+LAYOUT = 1
+# How many of a rollout's latest turns are tried as the parent (a side call between two
+# turns of the main conversation must not cut its chain).
+CANDIDATES = 4
+# Rollouts whose latest turns are kept in memory, least recently written dropped first.
+ROLLOUTS_KEPT = 256
+
+_encode = msgspec.json.Encoder().encode
+_REQUEST = msgspec.json.Decoder(ChatRequest)
+
+
+# ------------------------------------------------------------------ writing
+def _tokens(turn: Turn) -> Tokens | None:
+    return turn.completion.tokens if turn.completion is not None else None
+
+
+def _extends(prompt: tuple[int, ...], turn: Turn) -> int | None:
+    """How many of `turn`'s ids (prompt, then completion) `prompt` starts with: all of
+    them, or its prompt's; None if neither. Cheap probes first, one compare at the end."""
+    tokens = _tokens(turn)
+    if tokens is None or tokens.prompt_ids is None:
+        return None
+    before, sampled = tokens.prompt_ids, tokens.completion_ids or ()
+    n = len(before)
+    if n == 0 or len(prompt) < n or prompt[n - 1] != before[-1] or prompt[0] != before[0]:
+        return None
+    if prompt[:n] != before:
+        return None
+    keep = n + len(sampled)
+    if sampled and len(prompt) >= keep and prompt[n:keep] == sampled:
+        return keep
+    return n
+
+
+def _parent(prompt: tuple[int, ...], turn: Turn, recent: Sequence[Turn]) -> tuple[Turn, int] | None:
+    for earlier in reversed(recent):  # the latest first: the likeliest parent
+        if earlier.index < turn.index and (keep := _extends(prompt, earlier)) is not None:
+            return earlier, keep
+    return None
+
+
+def _common_messages(request: ChatRequest, base: ChatRequest) -> int:
+    new, old = request.messages, base.messages
+    if len(new) >= len(old) and new[:len(old)] == old:
+        return len(old)
+    shared = 0
+    for a, b in zip(new, old, strict=False):
+        if a != b:
+            break
+        shared += 1
+    return shared
+
+
+def _request_blob(request: ChatRequest | None, base: ChatRequest | None) -> bytes | None:
+    if request is None:
+        return None
+    kept = _common_messages(request, base) if base is not None else 0
+    if kept == 0:
+        return delta.seal(delta.WHOLE, (), _encode(request))
+    rest = msgspec.structs.replace(request, messages=request.messages[kept:])
+    return delta.seal(delta.DELTA, (kept,), _encode(rest))
+
+
+def encode(turn: Turn, recent: Sequence[Turn]) -> tuple[Any, ...]:
+    """The row of `turn` (`rows.READ_COLUMNS`) against `recent`, the
+    rollout's latest committed turns, oldest first."""
+    row = list(turn_row(turn, whole=False))
+    tokens = _tokens(turn)
+    prompt = tokens.prompt_ids if tokens is not None else None
+    found = _parent(prompt, turn, recent) if prompt else None
+    parent, keep = found if found is not None else (None, 0)
+    if prompt is not None:
+        row[16] = delta.seal(delta.WHOLE, (), pack(prompt[keep:], "i") or b"")
+    base = parent or next((t for t in reversed(recent) if t.index < turn.index), None)
+    raw_blob, is_delta = delta.encode_body(turn.raw_request,
+                                           base.raw_request if base is not None else None)
+    request = _request_blob(turn.request, base.request if base is not None else None)
+    row[14], row[19], row[20] = request, raw_blob, delta.seal(delta.WHOLE, (), turn.raw_response)
+    against = is_delta or (request is not None and request[0] == delta.DELTA)
+    return (*row, LAYOUT, parent.index if parent is not None else None,
+            keep if parent is not None else None, len(prompt) if prompt is not None else None,
+            base.index if against and base is not None else None)
+
+
+class Recent:
+    """Each rollout's latest committed turns (at most CANDIDATES), for `encode`; the
+    rollouts least recently written are forgotten (read back from the store if they
+    write again). Written under the store's write lock; `find` may run on any thread."""
+
+    def __init__(self, load: Callable[[sqlite3.Connection, str], list[Turn]]) -> None:
+        self._load = load
+        self._turns: OrderedDict[str, list[Turn]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, db: sqlite3.Connection, key: str) -> list[Turn]:
+        with self._lock:
+            turns = self._turns.get(key)
+        if turns is None:  # read outside the lock: `find` must not wait on the disk
+            turns = self._load(db, key)[-CANDIDATES:]
+        with self._lock:
+            turns = self._turns.setdefault(key, turns)
+            self._turns.move_to_end(key)
+            while len(self._turns) > ROLLOUTS_KEPT:
+                self._turns.popitem(last=False)
+            return list(turns)
+
+    def find(self, key: str, predicate: Callable[[Turn], bool]) -> Turn | None:
+        with self._lock:
+            turns = list(self._turns.get(key, ()))
+        return next((t for t in reversed(turns) if predicate(t)), None)
+
+    def stage(self) -> Staged:
+        return Staged(self)
+
+    def keep(self, turns: Iterable[Turn]) -> None:
+        with self._lock:
+            for turn in turns:
+                kept = self._turns.setdefault(turn.rollout, [])
+                kept.append(turn)
+                del kept[:-CANDIDATES]
+
+
+class Staged:
+    """Turns encoded in one transaction: later turns of the batch may extend earlier
+    ones, and `Recent` learns of them only once the transaction commits (a rolled-back
+    turn must never become a parent)."""
+
+    def __init__(self, recent: Recent) -> None:
+        self._recent = recent
+        self._turns: list[Turn] = []
+
+    def encode(self, db: sqlite3.Connection, turn: Turn) -> tuple[Any, ...]:
+        recent = self._recent.get(db, turn.rollout)
+        recent += [t for t in self._turns if t.rollout == turn.rollout]
+        try:
+            row = encode(turn, recent[-CANDIDATES:])
+        except Exception:  # whatever went wrong against the others, the turn alone
+            row = encode(turn, [])
+        self._turns.append(turn)
+        return row
+
+    def keep(self) -> None:
+        self._recent.keep(self._turns)
+        self._turns = []
+
+
+# ------------------------------------------------------------------ reading
+class Decoder:
+    """Rebuilds the turns of one rollout from rows in index order (a turn's parent and
+    base come before it). Bodies are rebuilt only when asked for (`bodies`) or needed by
+    a turn asked for."""
+
+    def __init__(self, *, bodies: bool = True) -> None:
+        self.bodies = bodies
+        self._turns: dict[int, Turn] = {}
+        self._failed: dict[int, CorruptTurn] = {}
+
+    def add(self, row: Sequence[Any]) -> Turn:
+        """The row's turn; raises `CorruptTurn` if it cannot be rebuilt exactly (then
+        so does every later turn stored against it, and only those)."""
+        *v4, layout, parent, keep, length, base = row
+        try:  # a v4 row (layout NULL) holds everything whole
+            turn = self._layout(v4, parent, keep, length, base) if layout else row_turn(v4)
+        except Exception as exc:  # a damaged blob, a bad header, a missing base
+            error = exc if isinstance(exc, CorruptTurn) else CorruptTurn(
+                v4[0], v4[1], f"cannot be rebuilt: {exc}")
+            self._failed[v4[1]] = error
+            raise error from exc
+        self._turns[turn.index] = turn
+        return turn
+
+    def _earlier(self, v4: Sequence[Any], index: int, what: str) -> Turn:
+        turn = self._turns.get(index)
+        if turn is None:
+            failed = self._failed.get(index)
+            why = f"cannot be rebuilt ({failed})" if failed is not None else "is missing"
+            raise CorruptTurn(v4[0], v4[1], f"its {what} turn {index} {why}")
+        return turn
+
+    def _layout(self, v4: list[Any], parent: int | None, keep: int | None,
+                length: int | None, base: int | None) -> Turn:
+        ids = self._prompt(v4, parent, keep, length)
+        earlier = self._earlier(v4, base, "base") if base is not None and self.bodies else None
+        if self.bodies:
+            v4[14] = _read_request(v4[14], earlier)
+            v4[19] = delta.decode_body(v4[19], lambda: _base_raw(v4, earlier))
+            v4[20] = delta.decode_body(v4[20], bytes)
+        else:  # only the tokens are wanted: the bodies stay unread
+            v4[14], v4[19], v4[20] = None, b"", b""
+        v4[16] = None
+        turn = row_turn(v4, request_decoded=True)
+        if ids is not None and turn.completion is not None:
+            tokens = msgspec.structs.replace(turn.completion.tokens, prompt_ids=ids)
+            turn = msgspec.structs.replace(
+                turn, completion=msgspec.structs.replace(turn.completion, tokens=tokens))
+        return turn
+
+    def _prompt(self, v4: Sequence[Any], parent: int | None, keep: int | None,
+                length: int | None) -> tuple[int, ...] | None:
+        if v4[16] is None:
+            return None
+        new = unpack(delta.unseal(v4[16], 0)[2], "i") or ()
+        if parent is None:
+            ids = new
+        else:
+            tokens = _tokens(self._earlier(v4, parent, "prompt's parent"))
+            if tokens is None or tokens.prompt_ids is None or keep is None:
+                raise CorruptTurn(v4[0], v4[1], f"its prompt's parent turn {parent} has no ids")
+            before, sampled = tokens.prompt_ids, tokens.completion_ids or ()
+            if keep > len(before) + len(sampled):
+                raise CorruptTurn(v4[0], v4[1], f"keeps {keep} ids of parent turn {parent}, "
+                                  f"which has {len(before) + len(sampled)}")
+            if keep <= len(before):
+                ids = before[:keep] + new
+            else:
+                ids = before + sampled[:keep - len(before)] + new
+        if length is not None and len(ids) != length:
+            raise CorruptTurn(v4[0], v4[1], f"its prompt rebuilds to {len(ids)} ids, "
+                              f"{length} were written")
+        return ids
+
+
+def _base_raw(v4: Sequence[Any], base: Turn | None) -> bytes:
+    if base is None:
+        raise CorruptTurn(v4[0], v4[1], "its raw request is a delta without a base turn")
+    return base.raw_request
+
+
+def _read_request(blob: bytes | None, base: Turn | None) -> ChatRequest | None:
+    if blob is None:
+        return None
+    form, header, payload = delta.unseal(blob, 1)
+    request = _REQUEST.decode(payload)
+    if form == delta.WHOLE:
+        return request
+    if base is None or base.request is None or header[0] > len(base.request.messages):
+        raise ValueError(f"its request keeps {header[0]} messages of a base that lacks them")
+    messages = base.request.messages[:header[0]] + request.messages
+    return msgspec.structs.replace(request, messages=messages)
+
+
+def decode_rollout(rows: Iterable[Sequence[Any]], *, bodies: bool = True) -> list[Turn]:
+    decoder = Decoder(bodies=bodies)
+    return [decoder.add(row) for row in rows]
+
+
+def decode_each(rows: Iterable[Sequence[Any]], *, bodies: bool = True
+                ) -> Iterator[Turn | CorruptTurn]:
+    """Each row's turn, or why it cannot be rebuilt: a reader raises only for the turns
+    it wants, so a damaged turn leaves the turns not stored against it readable."""
+    decoder = Decoder(bodies=bodies)
+    for row in rows:
+        try:
+            yield decoder.add(row)
+        except CorruptTurn as exc:
+            yield exc
