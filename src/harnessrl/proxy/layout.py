@@ -89,7 +89,7 @@ def _request_blob(request: ChatRequest | None, base: ChatRequest | None) -> byte
         return None
     kept = _common_messages(request, base) if base is not None else 0
     if kept == 0:
-        return delta.seal(delta.WHOLE, (), _encode(request))
+        return delta.seal(delta.WHOLE, (), _encode(request), compress=True)
     rest = msgspec.structs.replace(request, messages=request.messages[kept:])
     return delta.seal(delta.DELTA, (kept,), _encode(rest))
 
@@ -108,7 +108,8 @@ def encode(turn: Turn, recent: Sequence[Turn]) -> tuple[Any, ...]:
     raw_blob, is_delta = delta.encode_body(turn.raw_request,
                                            base.raw_request if base is not None else None)
     request = _request_blob(turn.request, base.request if base is not None else None)
-    row[14], row[19], row[20] = request, raw_blob, delta.seal(delta.WHOLE, (), turn.raw_response)
+    response = delta.seal(delta.WHOLE, (), turn.raw_response, compress=True)
+    row[14], row[19], row[20] = request, raw_blob, response
     against = is_delta or (request is not None and request[0] == delta.DELTA)
     return (*row, LAYOUT, parent.index if parent is not None else None,
             keep if parent is not None else None, len(prompt) if prompt is not None else None,
