@@ -133,9 +133,11 @@ class TraceReader:
         return _raised(islice(wanted, limit))
 
     def _decoded(self, key: str, bodies: bool) -> Iterator[Turn | CorruptTurn]:
-        cursor = self.db.execute(
-            f"SELECT {self.columns} FROM turns WHERE rollout = ? ORDER BY idx", (key,))
-        yield from decode_each(_batches(cursor), bodies=bodies)
+        # Every row fetched at once (deltas: small): a cursor left open by a reader that
+        # stops early would hold its read transaction, and its snapshot, open.
+        rows = self.db.execute(
+            f"SELECT {self.columns} FROM turns WHERE rollout = ? ORDER BY idx", (key,)).fetchall()
+        return decode_each(rows, bodies=bodies)
 
     def turn(self, key: str, index: int) -> Turn | None:
         rows = self.db.execute(
@@ -434,11 +436,6 @@ def _pack(params: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...]:
     except Exception as exc:
         error = sqlite3.DataError(f"cannot pack the row: {type(exc).__name__}: {exc}")
         raise error from exc
-
-
-def _batches(cursor: sqlite3.Cursor, size: int = 64) -> Iterator[Any]:
-    while rows := cursor.fetchmany(size):
-        yield from rows
 
 
 def _raised(turns: Iterable[Turn | CorruptTurn]) -> list[Turn]:
