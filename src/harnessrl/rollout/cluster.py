@@ -294,8 +294,7 @@ class ClusterRunner:
 
     def announce(self, version: str | None) -> None:
         """Every live shard stamps `version` on its later turns."""
-        self.ray.get([n.actor.set_weight_version.remote(version)
-                      for n in self.nodes if n.alive])
+        self._each_live(lambda n: n.actor.set_weight_version.remote(version))
 
     def hold(self, timeout: float) -> None:
         """Every live shard holds its weight gate (new calls wait, running ones finish);
