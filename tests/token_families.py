@@ -133,3 +133,39 @@ def engine_settings(family: Family) -> dict[str, Any]:
     if family.template is not None:
         return dict(family.settings)
     return {"renderer": family.name, **dict(family.settings)}
+
+
+def speaking(family: Family, tokenizer: Any) -> Any:
+    """A policy wrapper: the scripted policy's replies (Hermes `<tool_call>` JSON) written
+    in `family`'s own markup, as its renderer writes an assistant message after the
+    generation prompt (what a model of the family samples)."""
+    import json
+
+    import renderers
+    from renderers.configs import config_from_name
+
+    from harnessrl.proxy.engines.scripted import Reply
+    from harnessrl.proxy.engines.token.parsers import HermesParser
+    from harnessrl.types import TextDelta, ToolCallDelta
+
+    renderer = renderers.create_renderer(tokenizer, config_from_name(family.name))
+    base = [{"role": "user", "content": "Do the task."}]
+    prompt = renderer.render_ids(base, add_generation_prompt=True)
+
+    def wrap(policy: Any) -> Any:
+        def ask(request: Any) -> Reply:
+            parser = HermesParser()
+            deltas = parser.feed(policy(request).text) + parser.finish()
+            text = "".join(d.text for d in deltas if isinstance(d, TextDelta))
+            calls = [{"id": f"call_{d.index}", "type": "function", "function": {
+                "name": d.name, "arguments": json.loads(d.arguments)}}
+                for d in deltas if isinstance(d, ToolCallDelta)]
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if calls:
+                message["tool_calls"] = calls
+            ids = renderer.render_ids([*base, message])
+            assert ids[:len(prompt)] == prompt, "the family's reply does not follow its prompt"
+            return Reply(tokenizer.decode(ids[len(prompt):], skip_special_tokens=False),
+                         eos=False)
+        return ask
+    return wrap

@@ -95,13 +95,20 @@ def _scripted_completions(tokenizer: Any) -> ScriptedCompletions:
 
 async def check(harness: Harness, *, tokenizer: Any, tools_dir: Path, root: Path,
                 timeout: float = 300.0, mode: Mode = "chat",
-                backend: Backend = _scripted_completions) -> Result:
-    """Run `harness` once in `mode` and check everything the conformance suite promises."""
+                backend: Backend = _scripted_completions,
+                token_options: dict[str, Any] | None = None,
+                speaks: Callable[[Policy], Policy] | None = None) -> Result:
+    """Run `harness` once in `mode` and check everything the conformance suite promises.
+    Token mode: `token_options` go to the TokenEngine (e.g. a `renderer` family; default:
+    the tokenizer's own template, hermes calls) and `speaks` rewrites the policy's replies
+    into the model's markup (the policy writes Hermes calls)."""
     result = Result(harness.name, harness.version, harness.dialect, mode)
     line = random_line()
-    policy = WriteFilePolicy(FILENAME, line, harness.finish)
+    policy: Policy = WriteFilePolicy(FILENAME, line, harness.finish)
+    if speaks is not None:
+        policy = speaks(policy)
     started = time.monotonic()
-    with _engine(mode, tokenizer, policy, backend) as engine, \
+    with _engine(mode, tokenizer, policy, backend, token_options) as engine, \
             running(engine, root / "run") as served:
         rollout = await open_rollout(served.url, {"harness": harness.name})
         output = await _run(harness, rollout, tools_dir, root, line, timeout, result)
@@ -112,14 +119,16 @@ async def check(harness: Harness, *, tokenizer: Any, tools_dir: Path, root: Path
 
 
 @contextlib.contextmanager
-def _engine(mode: Mode, tokenizer: Any, policy: Policy, backend: Backend) -> Iterator[Engine]:
+def _engine(mode: Mode, tokenizer: Any, policy: Policy, backend: Backend,
+            token_options: dict[str, Any] | None = None) -> Iterator[Engine]:
     if mode == "chat":
         yield ScriptedEngine(tokenizer, policy, model=MODEL)
         return
     server = backend(tokenizer)
     with in_thread(server.app()) as (url, _server):
-        yield TokenEngine(url, tokenizer, tool_parser="hermes",
-                          extra_body=server.extra_body(policy))
+        options: dict[str, Any] = ({"tool_parser": "hermes"} if token_options is None
+                                   else token_options)
+        yield TokenEngine(url, tokenizer, extra_body=server.extra_body(policy), **options)
 
 
 async def _run(harness: Harness, rollout: dict[str, Any], tools_dir: Path, root: Path,

@@ -16,6 +16,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harnessrl.proxy.engines.token.formats import template_parser
+
 # Tool-call parser by model family, for models whose chat template does not say.
 # Checked in order against the model's `model_type` and its name.
 _TOOL_PARSERS: list[tuple[str, str]] = [
@@ -139,9 +141,9 @@ class VLLMServer:
 
 
 def tool_call_parser_for(model: str) -> str | None:
-    """A local model whose template writes Qwen3-Coder XML calls (`<function=…>`) is
-    qwen3_coder, one that writes `<tool_call>` JSON is Hermes-style; otherwise the family
-    decides."""
+    """The tool-call parser the local model's chat template writes for (token mode's
+    table: `<tool_call>` JSON is hermes, with `<function=…>` qwen3_coder, `<|tool_call_start|>`
+    lfm2, ...); otherwise the family decides by name."""
     path = Path(model)
     template = ""
     config = path / "tokenizer_config.json"
@@ -150,8 +152,8 @@ def tool_call_parser_for(model: str) -> str | None:
     jinja = path / "chat_template.jinja"
     if jinja.is_file():
         template += jinja.read_text(errors="replace")
-    if "<tool_call>" in template:
-        return "qwen3_coder" if "<function=" in template else "hermes"
+    if found := template_parser(template):
+        return found
     model_type = ""
     if (path / "config.json").is_file():
         model_type = json.loads((path / "config.json").read_text()).get("model_type", "")
