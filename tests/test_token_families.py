@@ -222,3 +222,9 @@ def test_serve_run_and_train_config_carry_the_format_settings(tiny_model, tmp_pa
     spec = train_spec(config, model, tmp_path)
     assert (spec.tool_call_parser, dict(spec.chat_template_kwargs or {})) == (
         "lfm2", {"enable_thinking": False})
+
+
+def test_unknown_reasoning_parser_is_refused_naming_the_flag(tokenizers) -> None:
+    with pytest.raises(ValueError, match="--reasoning-parser 'no_such_reasoner'"):
+        TokenEngine("http://127.0.0.1:9", tokenizers["lfm2"], tool_parser="lfm2",
+                    reasoning_parser="no_such_reasoner")

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from harnessrl.proxy.engines import openai_wire
-from harnessrl.proxy.engines.token.render import Rendered, Renderer, _State
+from harnessrl.proxy.engines.token.render import Rendered, Renderer, TurnState
 from harnessrl.types import ChatRequest, Delta, Message, Text, TextDelta, ToolCall, ToolCallDelta
 
 ReplyKey = tuple[str, tuple[tuple[str, str], ...]]
@@ -71,7 +71,7 @@ class FamilyRenderer(Renderer):
         return Rendered(text, array("i", ids), 0, joined.mode, request.messages, parts,
                         messages, None, breaks)
 
-    def _bridge(self, state: _State, request: ChatRequest,
+    def _bridge(self, state: TurnState, request: ChatRequest,
                 parts: tuple[list[dict[str, Any]], ...]
                 ) -> tuple[tuple[str, array] | None, str]:
         prompt = state.prompt

@@ -67,7 +67,7 @@ class Rendered:
 
 
 @dataclass(frozen=True, slots=True)
-class _State:
+class TurnState:
     """Text and ids of one turn (prompt + completion) with the points where they align."""
 
     text: str
@@ -107,7 +107,7 @@ class Renderer:
         self._seam_tokens = [t for t in self._boundaries if t in self.template]
         self.memory = memory
         self.max_rollouts = max_rollouts
-        self._states: OrderedDict[str, list[_State]] = OrderedDict()
+        self._states: OrderedDict[str, list[TurnState]] = OrderedDict()
         # Windowed renders are checked against a full render every `verify_every`-th time;
         # one difference turns windowing off for good.
         self.windowed = windowed and self.needs_template and is_local(self._battery_render)
@@ -183,7 +183,7 @@ class Renderer:
                         request.messages, parts, messages, kwargs)
 
     def _windowed_text(self, messages: tuple[dict[str, Any], ...], kwargs: dict[str, Any],
-                       states: Sequence[_State]) -> str | None:
+                       states: Sequence[TurnState]) -> str | None:
         """The prompt from an earlier turn's prompt and the new messages alone."""
         for state in reversed(states):
             old = state.prompt
@@ -217,9 +217,9 @@ class Renderer:
             return Rendered(text, array("i", self.encode(text)), 0, "fallback")
         return Rendered(text, ids, count, "extended")
 
-    def _best_match(self, text: str, states: Sequence[_State]
-                    ) -> tuple[int, int, _State | None]:
-        best: tuple[int, int, _State | None] = (0, 0, None)
+    def _best_match(self, text: str, states: Sequence[TurnState]
+                    ) -> tuple[int, int, TurnState | None]:
+        best: tuple[int, int, TurnState | None] = (0, 0, None)
         # The common case first: the whole previous turn is a prefix of the new prompt.
         for state in states:
             if len(state.text) > best[0] and text.startswith(state.text):
@@ -291,7 +291,7 @@ class Renderer:
         # The template input, without a second copy of the ids.
         prompt = Rendered(rendered.text, array("i"), 0, rendered.mode, rendered.source,
                           rendered.parts, rendered.messages, rendered.kwargs)
-        states.append(_State(text, ids, tuple(sorted(set(anchors)))[-_ANCHORS:], prompt,
+        states.append(TurnState(text, ids, tuple(sorted(set(anchors)))[-_ANCHORS:], prompt,
                              prompt_len, reply))
         self._states[rollout] = states[-self.memory:]
         while len(self._states) > self.max_rollouts:
