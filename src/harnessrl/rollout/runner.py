@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -30,7 +30,7 @@ from harnessrl.rollout.docker import DockerBackend
 from harnessrl.rollout.rewards import Shaping, TraceStats
 from harnessrl.rollout.sandbox import ExecResult, LocalSandbox, Network, SandboxError
 from harnessrl.rollout.tasks import BUNDLED, Task, TaskError, Verdict, prepare, verify
-from harnessrl.types import Outcome
+from harnessrl.types import Outcome, Sampling
 
 # Turn errors that are the engine's fault, not the agent's (see errors.py kinds).
 _ENGINE_FAILURES = frozenset({"engine_unavailable", "timeout", "engine_error"})
@@ -91,12 +91,15 @@ class Planned:
 
 
 async def open_rollout(proxy_url: str, metadata: dict[str, Any], *,
-                       max_model_calls: int | None = None) -> dict[str, Any]:
+                       max_model_calls: int | None = None,
+                       sampling: Sampling | None = None) -> dict[str, Any]:
     """POST /rollouts: the new rollout's key and base URLs (aiohttp.ClientError if not).
-    `max_model_calls` None: the proxy's default cap."""
+    `max_model_calls` None: the proxy's default cap; `sampling` None: the proxy's policy."""
     body: dict[str, Any] = {"metadata": metadata}
     if max_model_calls is not None:
         body["max_model_calls"] = max_model_calls
+    if sampling is not None:
+        body["sampling"] = msgspec.to_builtins(sampling)
     async with aiohttp.ClientSession() as http, http.post(
             f"{proxy_url}/rollouts", json=body) as resp:
         resp.raise_for_status()
@@ -112,8 +115,14 @@ def plan(config: RunConfig, done: set[tuple[str, str, int]]) -> list[Planned]:
 
 class Runner:
     def __init__(self, config: RunConfig, store: TraceStore, proxy_url: str, run_dir: Path,
-                 on_outcome: Callable[[Outcome], None] = lambda _o: None) -> None:
+                 on_outcome: Callable[[Outcome], None] = lambda _o: None, *,
+                 metadata: Mapping[str, Any] | None = None,
+                 sampling: Sampling | None = None) -> None:
+        """`metadata`: added to every rollout's (e.g. an eval pass's tag); `sampling`:
+        every rollout's own policy instead of the proxy's."""
         self.config = config
+        self.metadata = dict(metadata or {})
+        self.sampling = sampling
         self.settings = config.settings
         self.store = store
         self.proxy_url = proxy_url
@@ -162,10 +171,12 @@ class Runner:
                        status="infra_error", attempts=self.settings.retries + 1, error=error)
 
     async def _open_rollout(self, planned: Planned, attempt: int) -> str:
-        metadata = {"harness": planned.harness.name, "harness_version": planned.harness.version,
-                    "task": planned.task.id, "sample": planned.sample, "attempt": attempt}
+        metadata = {**self.metadata, "harness": planned.harness.name,
+                    "harness_version": planned.harness.version, "task": planned.task.id,
+                    "sample": planned.sample, "attempt": attempt}
         return (await open_rollout(self.proxy_url, metadata,
-                                   max_model_calls=self.settings.max_model_calls))["key"]
+                                   max_model_calls=self.settings.max_model_calls,
+                                   sampling=self.sampling))["key"]
 
     async def _close_rollout(self, key: str) -> None:
         async with aiohttp.ClientSession() as http, http.delete(

@@ -35,12 +35,13 @@ import queue
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from harnessrl.rollout.chains import link
 from harnessrl.train.async_weights import VersionedTransfer, version_number
+from harnessrl.train.order import TaskOrder
 from harnessrl.train.samples import sample as chain_sample
 from harnessrl.train.trl import HarnessRollouts, main_chain
 from harnessrl.types import Outcome, Sample, Turn
@@ -165,7 +166,10 @@ def group_metrics(report: GroupReport, current: int) -> dict[str, Any]:
     for o in report.outcomes:
         if o.status == "done":
             by_harness.setdefault(o.harness, []).append(o)
+        else:
+            _add(out, f"harnessrl/{o.harness}/infra_errors_total", 1.0)
     for harness, outcomes in by_harness.items():
+        _add_outcome_rates(out, harness, outcomes)
         keys = {o.rollout for o in outcomes}
         rows = [r for r in report.rows if r.rollout in keys]
         captured = sum(report.captured_tokens[k] for k in keys)
@@ -181,6 +185,22 @@ def group_metrics(report: GroupReport, current: int) -> dict[str, Any]:
         if row.fate != "queued":
             _add(out, f"harnessrl/rows_{row.fate}_dropped_total", 1.0)
     return out
+
+
+# What each scored rollout adds per harness, as (sum, count) rates over scored rollouts.
+OUTCOME_RATES: dict[str, Callable[[Outcome], float]] = {
+    "reward": lambda o: o.reward or 0.0,
+    "pass_rate": lambda o: float((o.verifier_reward or 0) >= 1),
+    "tool_calls": lambda o: float(o.tool_calls),
+    "turns": lambda o: float(o.turns),
+    "completion_tokens": lambda o: float(o.completion_tokens),
+}
+
+
+def _add_outcome_rates(out: dict[str, Any], harness: str, outcomes: list[Outcome]) -> None:
+    for name, of in OUTCOME_RATES.items():
+        _add(out, f"harnessrl/{harness}/{name}", (sum(of(o) for o in outcomes),
+                                                  len(outcomes)))
 
 
 def _add(out: dict[str, Any], key: str, value: Any) -> None:
@@ -209,6 +229,13 @@ class HarnessRolloutWorker:
     max_staleness: int
     transfer: VersionedTransfer | None = None
     queue_maxsize: int = 0
+    # The order tasks are drawn in (None: the task list as given) and the first group's
+    # number, a resumed run's cursor (train.order, train.checkpoint).
+    order: TaskOrder | None = None
+    first_group: int = 0
+    # Runs once the store is open, before the first rollout (a resume marks the rollouts
+    # its crash interrupted).
+    on_start: Callable[[HarnessRollouts], None] | None = None
     # typed as TRL's protocol has them; these are in-process queues
     rollout_buffer: queue.Queue | MPQueue = field(init=False)
     metrics_queue: queue.Queue | MPQueue = field(init=False)
@@ -226,7 +253,7 @@ class HarnessRolloutWorker:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._heartbeat = time.time()
-        self._groups = 0
+        self._groups = self.first_group
         self._entered = False
 
     # ---------------------------------------------------------------- protocol
@@ -241,6 +268,10 @@ class HarnessRolloutWorker:
         if self._thread is not None:
             return
         self.open()
+        # the harness rotation goes on where the cursor is (one step per group planned)
+        self.rollouts.rotation = self.first_group
+        if self.on_start is not None:
+            self.on_start(self.rollouts)
         if self.transfer is not None:
             self.transfer.gates.extend(self.rollouts.gates())
             sync = self.transfer.sync
@@ -261,6 +292,11 @@ class HarnessRolloutWorker:
         if self._entered:
             self._entered = False
             self.rollouts.__exit__(None, None, None)
+
+    @property
+    def cursor(self) -> int:
+        """Groups planned so far: the next group's number (a checkpoint records it)."""
+        return self._groups
 
     def update_model_version(self, model_version: int) -> None:
         self._version = int(model_version)
@@ -315,7 +351,8 @@ class HarnessRolloutWorker:
         self._groups += 1
         tasks = self.rollouts.tasks
         n = len(self.rollouts.harnesses)
-        task = tasks[(group // n) % len(tasks)]
+        task = (self.order.at(group // n) if self.order is not None
+                else tasks[(group // n) % len(tasks)])
         planned = self.rollouts.plan([task.id] * self.num_generations, self.num_generations)
         groups[group] = [None] * len(planned)
         return [(group, i, p) for i, p in enumerate(planned)]

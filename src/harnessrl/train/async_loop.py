@@ -12,7 +12,7 @@ the version vLLM serves.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +20,13 @@ from rich.console import Console
 
 from harnessrl.train.config import TrainConfig, shaping_of
 from harnessrl.train.engines import PolicyEngines
+from harnessrl.train.long_run import LongRun, is_eval_log
 
 METRICS_FILE = "metrics.jsonl"
 _SHARES = ("rows_per_rollout", "tokens_trained_share", "tokens_main_chain_share")
+# per harness, also through report_to: the worker's rates (train.async_grpo.OUTCOME_RATES)
+_PER_HARNESS = (*_SHARES, "reward", "pass_rate", "tool_calls", "turns", "completion_tokens",
+                "infra_errors_total")
 
 
 def check_config(config: TrainConfig) -> None:
@@ -74,8 +78,16 @@ def async_config(config: TrainConfig, run_dir: Path, vllm_url: str) -> Any:
         max_inflight_tasks=g.max_inflight, seed=g.seed, use_cpu=not torch.cuda.is_available(),
         bf16=trainer_dtype(config) == "bfloat16", dtype=trainer_dtype(config),
         report_to=g.report_to or "none", logging_steps=1,
-        save_strategy="no", token_budget=0, vllm_server_base_url=vllm_url, disable_tqdm=True)
+        token_budget=0, vllm_server_base_url=vllm_url, disable_tqdm=True,
+        # checkpoints are harnessrl's (train.checkpoint), at TRL's save points
+        **_saving(config.checkpoint.every_steps))
     return async_trl().config(**{**values, **g.trl})
+
+
+def _saving(every_steps: int) -> dict[str, Any]:
+    if not every_steps:
+        return {"save_strategy": "no"}
+    return {"save_strategy": "steps", "save_steps": every_steps, "save_total_limit": None}
 
 
 def step_line(step: int, logs: dict[str, Any], served: str | None) -> dict[str, Any]:
@@ -95,7 +107,7 @@ def step_line(step: int, logs: dict[str, Any], served: str | None) -> dict[str, 
                       if k.startswith("harnessrl/staleness_")},
         "infra_errors": get("harnessrl/infra_errors_total"),
         "trainer_idle_share": wait / step_s if wait is not None and step_s else None,
-        "harnesses": {h: {name: get(f"harnessrl/{h}/{name}") for name in _SHARES}
+        "harnesses": {h: {name: get(f"harnessrl/{h}/{name}") for name in _PER_HARNESS}
                       for h in harnesses},
         "weight_version": served,
         "trl": {k: v for k, v in logs.items()
@@ -121,7 +133,8 @@ def _callback(path: Path, sync: Any, console: Console, steps: list[dict[str, Any
     class AsyncStepLog(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any,
                    logs: dict[str, Any] | None = None, **_: Any) -> None:
-            if not logs or "train_runtime" in logs or not state.is_world_process_zero:
+            if (not logs or "train_runtime" in logs or not state.is_world_process_zero
+                    or is_eval_log(logs)):
                 return
             line = step_line(int(state.global_step), logs, sync.agreed_version())
             steps.append(line)
@@ -136,9 +149,11 @@ def _callback(path: Path, sync: Any, console: Console, steps: list[dict[str, Any
 
 def train_async(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_dir: Path,
                 engines: PolicyEngines, run_dir: Path, console: Console,
-                on_step: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
+                on_step: Callable[[dict[str, Any]], None] | None, *,
+                long: LongRun | None = None, callbacks: Sequence[Any] = ()
+                ) -> list[dict[str, Any]]:
     """The main process: vLLM, the proxy (or the cluster's shards), the rollout worker and
-    rank 0 of the trainer."""
+    rank 0 of the trainer. `long`: its checkpoints, resume and eval (train.long_run)."""
     from harnessrl.train.async_grpo import HarnessRolloutWorker
     from harnessrl.train.async_weights import FileWeightTransfer, VersionedTransfer
     from harnessrl.train.engines import node_engines
@@ -155,8 +170,11 @@ def train_async(config: TrainConfig, tasks: list[Any], harnesses: list[Any], mod
         shaping=shaping_of(config.shaping), mix=config.rollout.mix, settings=config.rollout,
         cluster=config.cluster, engine_factory=node_engines(config, engines))
     g = config.grpo
+    long = long or LongRun(config, run_dir, tasks, console, run_dir / METRICS_FILE)
     worker = HarnessRolloutWorker(rollouts, num_generations=g.num_generations,
-                                  max_inflight=g.max_inflight, max_staleness=g.max_staleness)
+                                  max_inflight=g.max_inflight, max_staleness=g.max_staleness,
+                                  order=long.order, first_group=long.first_group,
+                                  on_start=long.on_worker_start)
     if config.cluster is not None:
         with console.status("placing the rollout nodes on Ray"):
             worker.open()  # a cluster that can run no rollout is refused here
@@ -164,16 +182,23 @@ def train_async(config: TrainConfig, tasks: list[Any], harnesses: list[Any], mod
     steps: list[dict[str, Any]] = []
     trainer = _trainer(config, tasks, model_dir, args, tokenizer, worker,
                        FileWeightTransfer(sync, model_dir) if file else None,
-                       [_callback(run_dir / METRICS_FILE, sync, console, steps, on_step)])
+                       [_callback(run_dir / METRICS_FILE, sync, console, steps, on_step),
+                        long.callback(), *callbacks], long.trainer_class)
     if not file:  # TRL built its own transfer: every swap still names a version
         trainer.weight_transfer = VersionedTransfer(trainer.weight_transfer, sync)
     worker.transfer = trainer.weight_transfer
+    # a resumed run's versions go on above every one used before its crash
+    version = long.first_version(_served(sync))
+    trainer.weight_transfer.version = version
+    long.attach(trainer, worker, version)
     try:
         with console.status("async GRPO: rollouts in flight while the trainer steps"):
-            trainer.train()
+            trainer.train(resume_from_checkpoint=long.resume_from)
     finally:
         worker.stop()
-    console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'}")
+    model = long.finish(trainer)
+    console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'} · "
+                  f"model: {model}")
     return steps
 
 
@@ -202,18 +227,30 @@ def _prepare(model_dir: Path) -> Any:
 
 
 def _trainer(config: TrainConfig, tasks: list[Any], model_dir: Path, args: Any, tokenizer: Any,
-             worker: Any, transfer: Any, callbacks: list[Any]) -> Any:
+             worker: Any, transfer: Any, callbacks: list[Any],
+             wrap: Callable[[type], type] = lambda cls: cls) -> Any:
+    """TRL's trainer, or `wrap`'s subclass of it (one whose checkpoints are harnessrl's)."""
     from datasets import Dataset
 
     from harnessrl.train.loop import _quiet
     from harnessrl.train.trl_async import async_trl
 
-    trainer = async_trl().trainer(
+    trainer = wrap(async_trl().trainer)(
         model=str(model_dir), args=args, rollout_worker=worker, weight_transfer=transfer,
         train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}),
         processing_class=tokenizer, callbacks=callbacks)
     _quiet(trainer)
     return trainer
+
+
+def _served(sync: Any) -> str | None:
+    """The version vLLM serves now, if every server agrees on one."""
+    from harnessrl.train.weights import WeightSyncError
+
+    try:
+        return sync.agreed_version()
+    except WeightSyncError:
+        return None
 
 
 def _quiet_second_interval_callback() -> None:

@@ -142,6 +142,32 @@ class ShapingConfig(_Section):
     custom: list[str] = []  # module:function, f(verdict, stats) -> float
 
 
+class CheckpointConfig(_Section):
+    """`[checkpoint]`: a whole checkpoint (model, optimizer, scheduler, RNG states, the
+    trainer's step, the weight version, the task order's cursor) every `every_steps`
+    optimizer steps and after the last, written atomically; the last `keep` are kept.
+    Each is also a servable model directory; RUN_DIR/model/ holds the newest's model."""
+
+    every_steps: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0: none (RUN_DIR/model/ still)
+    keep: Annotated[int, msgspec.Meta(ge=1)] = 2
+    dir: str | None = None  # None: RUN_DIR/checkpoints
+
+
+class EvalConfig(_Section):
+    """`[eval]`: every `every_steps` steps an eval pass on held-out tasks, through the same
+    proxy, tagged eval, never trained; it runs beside training on its own `slots`."""
+
+    every_steps: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0: no eval while training
+    # a second task set; None: `holdout` tasks of the training set, split by grpo.seed
+    tasks: str | None = None
+    holdout: Annotated[float, msgspec.Meta(gt=0, lt=1)] = 0.2  # share held out (tasks None)
+    harnesses: list[str] = []  # [] : the trained harnesses; others may be named too
+    samples: Annotated[int, msgspec.Meta(ge=1)] = 1  # per task and harness (pass@k's k)
+    max_model_calls: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    temperature: float | None = None  # None: engine.temperature
+    slots: Annotated[int, msgspec.Meta(ge=1)] = 1  # eval rollouts at once, beside training
+
+
 class TrainConfig(_Section):
     run_dir: str = "runs/train"
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
@@ -151,6 +177,8 @@ class TrainConfig(_Section):
     shaping: ShapingConfig = msgspec.field(default_factory=ShapingConfig)
     # [cluster]: the rollouts run across a Ray cluster (extra harnessrl[ray]); absent: here
     cluster: ClusterSettings | None = None
+    checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
+    eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
         several = len(self.engine.roots) > 1 or self.engine.servers > 1

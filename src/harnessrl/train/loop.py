@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -27,6 +27,7 @@ from rich.table import Table
 from harnessrl.rollout.chains import ChainStats
 from harnessrl.train.config import TrainConfig, shaping_of, trainer_dtype
 from harnessrl.train.engines import PolicyEngines, node_engines, policy_engines
+from harnessrl.train.long_run import long_run
 from harnessrl.train.processes import check_processes
 from harnessrl.train.trl import Batch, RolloutRecord
 
@@ -145,8 +146,11 @@ def resolve_model(spec: str, console: Console) -> Path:
 
 
 def train(config: TrainConfig, *, console: Console | None = None,
-          on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Run `config.grpo.steps` GRPO steps end to end; one metrics dict per step."""
+          on_step: Callable[[dict[str, Any]], None] | None = None,
+          resume: str | None = None, callbacks: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    """Run GRPO steps end to end (up to `config.grpo.steps` in all); one metrics dict per
+    step. `resume`: "latest" or a checkpoint's path, to go on from (async trainer);
+    `callbacks`: more `TrainerCallback`s for the trainer."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental"
     # TRL names the vLLM versions its own vLLM integration was tested with; harnessrl talks
     # to vLLM itself (through the proxy), so that range does not apply.
@@ -158,12 +162,18 @@ def train(config: TrainConfig, *, console: Console | None = None,
     from harnessrl.rollout.tasks import load_tasks
 
     tasks = load_tasks(config.rollout.tasks)
-    if len(tasks) < config.grpo.tasks_per_step:
-        raise ValueError(f"{len(tasks)} tasks, but tasks_per_step is "
-                         f"{config.grpo.tasks_per_step}")
     harnesses = [get(name) for name in config.rollout.harnesses]
     asynchronous = config.grpo.trainer == "async"
     processes = check_processes(config)
+    if not asynchronous or processes > 1:
+        _refuse_long_run_settings(config, resume, 'grpo.trainer = "async" in one process'
+                                  if processes > 1 else 'grpo.trainer = "async"')
+    # before anything starts: the eval split, the checkpoint and the config checked
+    long = long_run(config, tasks, console, resume) if asynchronous else None
+    tasks = list(long.tasks) if long is not None else tasks
+    if len(tasks) < config.grpo.tasks_per_step:
+        raise ValueError(f"{len(tasks)} tasks, but tasks_per_step is "
+                         f"{config.grpo.tasks_per_step}")
     if asynchronous:
         from harnessrl.train.async_loop import check_config, train_async, train_async_rank
 
@@ -180,13 +190,25 @@ def train(config: TrainConfig, *, console: Console | None = None,
     else:
         model_dir = resolve_model(config.model.path, console)
     with policy_engines(config, model_dir, run_dir, status=console.status) as engines:
-        run = train_async if asynchronous else _train
-        return run(config, tasks, harnesses, model_dir, engines, run_dir, console, on_step)
+        if long is not None:
+            return train_async(config, tasks, harnesses, model_dir, engines, run_dir,
+                               console, on_step, long=long, callbacks=callbacks)
+        return _train(config, tasks, harnesses, model_dir, engines, run_dir, console, on_step,
+                      callbacks)
+
+
+def _refuse_long_run_settings(config: TrainConfig, resume: str | None, needed: str) -> None:
+    named = [name for name, on in (("--resume", resume is not None),
+                                   ("[checkpoint] every_steps", config.checkpoint.every_steps),
+                                   ("[eval] every_steps", config.eval.every_steps)) if on]
+    if named:
+        raise ValueError(f"{', '.join(named)}: with {needed} only, for now")
 
 
 def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_dir: Path,
            engines: PolicyEngines, run_dir: Path, console: Console,
-           on_step: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
+           on_step: Callable[[dict[str, Any]], None] | None,
+           callbacks: Sequence[Any] = ()) -> list[dict[str, Any]]:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -215,11 +237,15 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
             model=model, reward_funcs=[harness_reward], args=grpo_config(config, run_dir),
             train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}),
             processing_class=tokenizer, rollout_func=rollouts,
-            callbacks=[rollouts.callback(), _callback(log)])
+            callbacks=[rollouts.callback(), _callback(log), *callbacks])
         _quiet(trainer)
         trainer.train()
+    from harnessrl.train.checkpoint import save_final_model
+
+    model = save_final_model(trainer, run_dir)
     console.print(summary_table(log.steps))
-    console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'}")
+    console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'} · "
+                  f"model: {model}")
     return log.steps
 
 

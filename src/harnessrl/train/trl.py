@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -183,6 +184,8 @@ class HarnessRollouts:
     cluster: Any = None
     engine_factory: Callable[[], Any] | None = None
     proxy_port: int | None = None  # None: any free port (`url` says which)
+    # which harness the next `plan` call starts with (it moves one on per call)
+    rotation: int = 0
 
     def __post_init__(self) -> None:
         if not self.harnesses:
@@ -193,8 +196,9 @@ class HarnessRollouts:
         self._proxy: Proxy | None = None
         self.url = ""  # the proxy's, once served
         self._runner: Runner | None = None
-        self._rotation = 0
         self._samples: dict[tuple[str, str], int] = {}
+        self._planning = threading.Lock()
+        self._extra_tasks: dict[str, Task] = {}
         self._synced_step: int | None = None
         self._sharded: Any = None
 
@@ -210,9 +214,7 @@ class HarnessRollouts:
         self._store = store = served.store
         self._proxy = served.proxy
         self.url = served.url
-        for o in store.outcomes():  # resume: sample numbers stay unique per harness and task
-            key = (o.harness, o.task)
-            self._samples[key] = max(self._samples.get(key, 0), o.sample + 1)
+        self.resume_samples(store)
         url = served.url
         config = RunConfig(harnesses=self.harnesses, tasks=self.tasks, settings=self.settings,
                            shaping=self.shaping)
@@ -226,7 +228,7 @@ class HarnessRollouts:
         if self.engine_factory is None:
             raise ValueError("HarnessRollouts on a cluster needs an engine_factory")
         self._store = store = self._stack.enter_context(TraceStore(self.run_dir))
-        self._resume_samples(store)
+        self.resume_samples(store)
         config = RunConfig(harnesses=self.harnesses, tasks=self.tasks, settings=self.settings,
                            shaping=self.shaping)
         runner = self._stack.enter_context(ClusterRunner(
@@ -238,10 +240,13 @@ class HarnessRollouts:
             self.sync.engines.append(self.versioned())
         return self
 
-    def _resume_samples(self, store: TraceStore) -> None:
-        for o in store.outcomes():  # resume: sample numbers stay unique per harness and task
-            key = (o.harness, o.task)
-            self._samples[key] = max(self._samples.get(key, 0), o.sample + 1)
+    def resume_samples(self, store: TraceStore) -> None:
+        """Sample numbers go on above every stored outcome's (a resumed run's, too), so
+        they stay unique per harness and task."""
+        with self._planning:
+            for o in store.outcomes():
+                key = (o.harness, o.task)
+                self._samples[key] = max(self._samples.get(key, 0), o.sample + 1)
 
     def __exit__(self, *_exc: object) -> None:
         self._stack.close()
@@ -302,20 +307,25 @@ class HarnessRollouts:
                              f"{sorted(self._tasks)[:10]} ...)")
         planned = []
         for position, task_id in enumerate(task_ids):
-            slot = (position // generations + self._rotation if self.mix == "group"
+            slot = (position // generations + self.rotation if self.mix == "group"
                     else position % generations)
             planned.append(self.planned_for(self.harnesses[slot % len(self.harnesses)],
                                             task_id))
         # The next call starts one harness further, so a task drawn again meets another.
-        self._rotation += 1
+        self.rotation += 1
         return planned
 
     def planned_for(self, harness: Harness, task_id: str) -> Planned:
         """`harness` on the task, with the next sample number of that pair."""
         key = (harness.name, task_id)
-        number = self._samples.get(key, 0)
-        self._samples[key] = number + 1
-        return Planned(harness, self._tasks[task_id], number)
+        with self._planning:  # training and an eval pass plan from two threads
+            number = self._samples.get(key, 0)
+            self._samples[key] = number + 1
+        return Planned(harness, self._tasks.get(task_id) or self._extra_tasks[task_id], number)
+
+    def add_tasks(self, tasks: Sequence[Task]) -> None:
+        """Tasks that `planned_for` may plan besides the training tasks (eval's)."""
+        self._extra_tasks.update({t.id: t for t in tasks})
 
     def rollouts(self, planned: Sequence[Planned]) -> list[RolloutRecord]:
         """Run `planned` (in order) and read each one's sample back from the store."""
