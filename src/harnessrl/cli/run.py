@@ -54,7 +54,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     engine = p.add_mutually_exclusive_group(required=True)
     engine.add_argument("--engine-url", help="a running vLLM server, or several "
                                              "comma-separated (each rollout sticks to one)")
-    engine.add_argument("--model", help="start vLLM for this model")
+    engine.add_argument("--model", help="start vLLM for this model: a hub id, a model "
+                                        "directory, a training run's RUN_DIR/model or one "
+                                        "of its checkpoints")
     engine.add_argument("--oracle", action="store_true",
                         help="a scripted engine that runs each task's reference solution "
                              "through the harness (checks the pipeline end to end)")
@@ -166,9 +168,22 @@ def _run_engine_spec(args: argparse.Namespace) -> Any:
         key = os.environ.get(args.teacher_key_env) if args.teacher_key_env else None
         return EngineSpec(kind="teacher", url=args.teacher, teacher_model=args.teacher_model,
                           api_key=key)
-    if args.engine_mode == "token" and not (args.tokenizer or args.model):
+    model = args.model
+    if model is not None and Path(model).is_dir():
+        import sys
+
+        from harnessrl.train.checkpoint import CheckpointError, model_dir_of
+
+        try:
+            model = str(model_dir_of(Path(model)))  # a checkpoint only when it is whole
+        except CheckpointError as exc:
+            print(f"harnessrl: --model: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+    if model is not None:  # vLLM's log goes into the run directory, new or not
+        args.run_dir.mkdir(parents=True, exist_ok=True)
+    if args.engine_mode == "token" and not (args.tokenizer or model):
         raise SystemExit("--engine-mode token needs --tokenizer DIR (or --model)")
-    return EngineSpec(kind=args.engine_mode, url=args.engine_url, model=args.model,
+    return EngineSpec(kind=args.engine_mode, url=args.engine_url, model=model,
                       tokenizer=args.tokenizer, vllm_log=args.run_dir / "vllm.log",
                       **format_settings(args))
 

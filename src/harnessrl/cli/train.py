@@ -14,6 +14,9 @@ def add_parser(sub: Any) -> None:
                                                               "examples/train.toml)")
     p.add_argument("--run-dir", type=Path, help="overrides the config's run_dir")
     p.add_argument("--steps", type=int, help="overrides the config's grpo.steps")
+    p.add_argument("--resume", nargs="?", const="latest", metavar="latest|PATH",
+                   help="go on from a checkpoint: the newest whole one under the config's "
+                        "[checkpoint] dir (latest, the default) or PATH (async trainer)")
     p.set_defaults(func=run_train)
 
 
@@ -32,7 +35,12 @@ def run_train(args: argparse.Namespace) -> int:
     if args.steps is not None:
         config = msgspec.structs.replace(
             config, grpo=msgspec.structs.replace(config.grpo, steps=args.steps))
+    from harnessrl.train.checkpoint import CheckpointError
     from harnessrl.train.loop import train
 
-    train(config)
+    try:
+        train(config, resume=args.resume)
+    except CheckpointError as exc:  # refused before anything started
+        print(f"harnessrl: {exc}", file=sys.stderr)
+        return 2
     return 0
