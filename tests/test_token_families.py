@@ -228,3 +228,15 @@ def test_unknown_reasoning_parser_is_refused_naming_the_flag(tokenizers) -> None
     with pytest.raises(ValueError, match="--reasoning-parser 'no_such_reasoner'"):
         TokenEngine("http://127.0.0.1:9", tokenizers["lfm2"], tool_parser="lfm2",
                     reasoning_parser="no_such_reasoner")
+
+
+def test_a_parser_that_fails_leaves_the_reply_as_text() -> None:
+    from harnessrl.proxy.engines.token.replies import WholeParser
+    from harnessrl.types import TextDelta
+
+    def broken(_ids, _final):
+        raise RuntimeError("parser bug")
+
+    parser = WholeParser(broken, decode=lambda ids: " ".join(map(str, ids)))
+    assert parser.feed("", [1, 2]) == []
+    assert parser.finish() == [TextDelta("1 2")] and parser.calls == 0

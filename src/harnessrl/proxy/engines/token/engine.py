@@ -197,6 +197,10 @@ class TokenEngine:
             raise ValueError(f"--tool-call-parser {name!r} cannot read this model's "
                              f"replies: {exc}") from None
 
+    def _text_of(self, ids: list[int]) -> str:
+        stops = set(self.stop_ids)
+        return self.renderer.decode([i for i in ids if i not in stops])
+
     def _started(self, request: ChatRequest, rendered: Rendered, reported: Any) -> Started:
         ids = tuple(reported) if reported is not None else tuple(rendered.ids)
         flags = ("render_fallback",) if rendered.mode == "fallback" else ()
@@ -211,11 +215,12 @@ class TokenEngine:
         if family is not None:
             tail = rendered.ids[-_PROMPT_TAIL:].tolist()
             parse = family_parse(self.format.renderer, self.tokenizer, tools, tail)
-            return WholeParser(parse, stream_text=family not in _HOLD_TEXT)
+            return WholeParser(parse, stream_text=family not in _HOLD_TEXT,
+                               decode=self._text_of)
         name = self.format.tool_call_parser or ""
         if self._vllm_parsers is not None:
             return WholeParser(self._vllm_parsers.parse_for(tools),
-                               stream_text=name not in _HOLD_TEXT)
+                               stream_text=name not in _HOLD_TEXT, decode=self._text_of)
         thinking = rendered.text.rstrip("\n").endswith("<think>")
         return TextParser(make_parser(name, request.tools, in_reasoning=thinking))
 

@@ -78,8 +78,10 @@ class WholeParser:
     special token (Llama 3's bare JSON), where early text may turn out to be a call."""
 
     def __init__(self, parse: Parse, *, stream_text: bool = True,
-                 new_id: Callable[[], str] | None = None) -> None:
+                 new_id: Callable[[], str] | None = None,
+                 decode: Callable[[list[int]], str] | None = None) -> None:
         self._parse = parse
+        self._decode = decode  # the reply as text, if the parser itself fails
         self._stream = stream_text
         self._ids: list[int] = []
         self._next = 1
@@ -120,7 +122,9 @@ class WholeParser:
         except Exception as exc:  # a parser bug must not lose the reply: pass it as text
             log.warning("token mode: the reply parser failed (%s); the reply goes on as "
                         "text", exc)
-            return Parsed(broken=[])
+            if not final or self._decode is None:
+                return Parsed()
+            return Parsed(content=self._decode(self._ids))
 
     def _text_deltas(self, parsed: Parsed, *, final: bool) -> list[Delta]:
         out: list[Delta] = []
