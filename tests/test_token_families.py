@@ -240,3 +240,11 @@ def test_a_parser_that_fails_leaves_the_reply_as_text() -> None:
     parser = WholeParser(broken, decode=lambda ids: " ".join(map(str, ids)))
     assert parser.feed("", [1, 2]) == []
     assert parser.finish() == [TextDelta("1 2")] and parser.calls == 0
+
+
+def test_a_hub_name_renderers_lists_picks_its_family(tiny_model) -> None:
+    tokenizer = family_tokenizer(tiny_model, BY_NAME["qwen3"])
+    tokenizer.name_or_path = "Qwen/Qwen3-8B"
+    engine = TokenEngine("http://127.0.0.1:9", tokenizer)
+    assert engine.format.family == "qwen3" and "the model's name" in engine.format.why
+    assert engine.stop_ids == engine.format.renderer.get_stop_token_ids()

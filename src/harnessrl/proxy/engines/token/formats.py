@@ -100,10 +100,10 @@ def resolve(tokenizer: Any, *, renderer: str | None = None,
         return _family(tokenizer, str(renderer), kwargs, tool_call_parser, "the renderer "
                        "setting")
     if renderer != GENERIC and not chat_template:
-        name = _named_family(tokenizer) or _probed_family(tokenizer, template)
-        if name is not None:
-            return _family(tokenizer, name, kwargs, tool_call_parser,
-                           "the model's chat template")
+        for find, why in ((_named_family, "the model's name"),
+                          (_probed_family, "the model's chat template")):
+            if (name := find(tokenizer, template)) is not None:
+                return _family(tokenizer, name, kwargs, tool_call_parser, why)
     return _generic(template, tool_call_parser, reasoning_parser, kwargs)
 
 
@@ -134,7 +134,7 @@ def _family(tokenizer: Any, name: str, kwargs: dict[str, Any], parser: str | Non
     return TokenFormat(name, instance, parser, None, f"{name} (from {why})", kwargs)
 
 
-def _named_family(tokenizer: Any) -> str | None:
+def _named_family(tokenizer: Any, _template: str) -> str | None:
     from renderers.base import MODEL_RENDERER_MAP
 
     return MODEL_RENDERER_MAP.get(str(getattr(tokenizer, "name_or_path", "")))
