@@ -248,3 +248,41 @@ def test_a_hub_name_renderers_lists_picks_its_family(tiny_model) -> None:
     engine = TokenEngine("http://127.0.0.1:9", tokenizer)
     assert engine.format.family == "qwen3" and "the model's name" in engine.format.why
     assert engine.stop_ids == engine.format.renderer.get_stop_token_ids()
+
+
+@pytest.mark.parametrize("name", ["qwen3.5", "glm-4.5", "kimi-k2"])
+def test_conformance_policy_in_a_familys_markup_passes_the_trace_check(tiny_model, tmp_path,
+                                                                       name) -> None:
+    """What tests/test_conformance_families.py runs with real harnesses, driven here by an
+    OpenAI client: the conformance policy speaking the family's markup, two turns, and
+    the conformance trace check (tokens, flags, the tool result's turn extends the call)."""
+    from harnessrl.harnesses import get
+    from harnessrl.proxy.engines.policy import WriteFilePolicy
+    from harnessrl.rollout.conformance import Result, _check_trace
+    from tests.token_families import speaking
+
+    family = BY_NAME[name]
+    tokenizer = family_tokenizer(tiny_model, family)
+    harness = get("pi")
+    policy = speaking(family, tokenizer)(WriteFilePolicy("hello.txt", "amber 7", "answer"))
+    server = ScriptedCompletions(tokenizer)
+    with in_thread(server.app()) as (url, _):
+        engine = TokenEngine(url, tokenizer, extra_body=server.extra_body(policy),
+                             renderer=name)
+        with running(engine, tmp_path / "run") as served:
+            key = _rollout(served.url)
+            client = openai.OpenAI(base_url=f"{served.url}/r/{key}/v1", api_key="x")
+            messages: list = [{"role": "user", "content": "write hello.txt"}]
+            for _ in range(2):
+                reply = _ask(client, messages, stream=True)
+                messages.append(reply)
+                for call in reply.get("tool_calls") or []:
+                    messages.append({"role": "tool", "tool_call_id": call["id"],
+                                     "content": "ok"})
+            turns = served.store.turns(key)
+    assert "printf" in json.loads(messages[1]["tool_calls"][0]["function"]["arguments"])[
+        "command"]
+    result = Result(harness.name, harness.version, harness.dialect, "token")
+    _check_trace(harness, turns, result)
+    assert result.passed or result.problems == [], result.problems
+    assert result.chain_extended is True and result.extension_rate == 1.0

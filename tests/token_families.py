@@ -160,12 +160,19 @@ def speaking(family: Family, tokenizer: Any) -> Any:
             calls = [{"id": f"call_{d.index}", "type": "function", "function": {
                 "name": d.name, "arguments": json.loads(d.arguments)}}
                 for d in deltas if isinstance(d, ToolCallDelta)]
-            message: dict[str, Any] = {"role": "assistant", "content": text}
+            # With reasoning, as thinking models answer (and the prompt may open it).
+            message: dict[str, Any] = {"role": "assistant", "content": text,
+                                       "reasoning_content": "Plan."}
             if calls:
                 message["tool_calls"] = calls
             ids = renderer.render_ids([*base, message])
             assert ids[:len(prompt)] == prompt, "the family's reply does not follow its prompt"
-            return Reply(tokenizer.decode(ids[len(prompt):], skip_special_tokens=False),
-                         eos=False)
+            ids = ids[len(prompt):]
+            stops = renderer.get_stop_token_ids()
+            if ids[-1] not in stops:  # GLM: the next role's token ends the reply
+                after = tokenizer.convert_tokens_to_ids(
+                    "<|observation|>" if calls else "<|user|>")
+                ids.append(after if after in stops else stops[0])
+            return Reply(tokenizer.decode(ids, skip_special_tokens=False), eos=False)
         return ask
     return wrap
