@@ -1,10 +1,16 @@
-"""The `docker` sandbox: a task's own image, built from its `environment/Dockerfile`.
+"""The `docker` sandbox: a task's own image, built from its `environment/Dockerfile` or named
+by its `[environment] docker_image` (docker_images.py says which image and how it is made).
 
-It keeps the local sandbox's layout (work/, home/, tmp/ and the verifier's tests/, logs/
-on the host) and bind-mounts that one directory into the container at the same path, so
-paths mean the same inside and out and files move without `docker cp`. Nothing else of the
-host is writable inside: a write outside the sandbox directory lands in the container's
-own filesystem and is gone with it.
+It keeps the local sandbox's directory (home/, tmp/, and for the base image work/, tests/,
+logs/) on the host and bind-mounts it into the container at the same path, so paths mean the
+same inside and out. In the task's own image the agent, the oracle and the verifier work in
+the image's WORKDIR on its files as built (nothing is mounted over it or copied into it), and
+the verifier's /tests, /logs/verifier and the oracle's /solution are the container's own,
+reached with `docker cp`: Harbor's container, as Harbor runs it. Our launcher, relay and
+runtimes are mounted elsewhere (/opt/harnessrl, and the host paths of the runtimes, which
+are absolute in their own files); a mount that would hide the WORKDIR or add to it fails the
+start, saying which. Nothing else of the host is writable inside: a write outside the sandbox
+directory lands in the container's own filesystem and is gone with it.
 
 Network: always `--network none` (the daemon needs no bridge). The capture proxy is reached
 through the local sandbox's Unix-socket relay: the relay directory is mounted in, and the
@@ -30,18 +36,23 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import hashlib
+import itertools
 import os
+import posixpath
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+# Re-exported: the sandbox's callers name them from here.
+from harnessrl.rollout.docker_images import BASE_IMAGE as BASE_IMAGE
+from harnessrl.rollout.docker_images import BuildNetwork, Images, docker
+from harnessrl.rollout.docker_images import docker_problem as docker_problem
 from harnessrl.rollout.sandbox import (
     OUTPUT_CAP,
     ExecResult,
@@ -49,11 +60,11 @@ from harnessrl.rollout.sandbox import (
     LocalSandbox,
     SandboxError,
     check_env,
+    copy_tree,
     kill_marked,
 )
 from harnessrl.rollout.tasks import Task
 
-BASE_IMAGE = os.environ.get("HARNESSRL_BASE_IMAGE", "harnessrl/base:bookworm")
 LABEL = "harnessrl.owner"  # "<pid>:<start time>" of the process that started the container
 RUN_LABEL = "harnessrl.run"  # the run directory, for `docker ps -a --filter label=...`
 OPT = "/opt/harnessrl"  # inside: the launcher, the probe and bin/node
@@ -62,37 +73,6 @@ IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _HERE = Path(__file__).parent
 _FILES = {"netns_launcher.py": f"{OPT}/relay.py", "sandbox_probe.py": f"{OPT}/probe.py"}
 _SYSTEM = ("/", "/usr", "/usr/local", "/bin", "/lib", "/opt")  # never mounted over an image
-
-
-def docker_problem() -> str | None:
-    """Why the docker sandbox cannot run here, or None."""
-    if shutil.which("docker") is None:
-        return "the docker command is not installed (scripts/docker.sh installs docker.io)"
-    try:
-        probe = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"],
-                               capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        return "`docker info` did not answer within 30 s"
-    if probe.returncode != 0:
-        return (f"no Docker daemon answers ({probe.stderr.strip()[:300]}); "
-                "scripts/docker.sh starts one as root")
-    return None
-
-
-async def docker(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """One docker CLI call (the legacy builder: no buildx plugin is needed)."""
-    env = os.environ | {"DOCKER_BUILDKIT": "0"}
-    proc = await asyncio.create_subprocess_exec(
-        "docker", *args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, env=env)
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise SandboxError(f"`docker {args[0]}` did not finish within {timeout:g} s") from None
-    return subprocess.CompletedProcess(args, proc.returncode or 0,
-                                       out.decode(errors="replace"), "")
 
 
 # -- owners, signals and the sweep ------------------------------------------------------------
@@ -158,69 +138,6 @@ async def sweep() -> list[str]:
     return dead
 
 
-# -- images ----------------------------------------------------------------------------------
-
-def _context_hash(directory: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(directory.rglob("*")):
-        if path.is_file():
-            digest.update(path.relative_to(directory).as_posix().encode() + b"\0")
-            digest.update(path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
-
-
-class Images:
-    """Task images: built once per content hash of environment/ (the tag says it), each
-    build at most once at a time; a failed build is remembered for the run, and so is an
-    image found (one `docker image inspect` per image and run, not per rollout)."""
-
-    def __init__(self, override: str | None = None) -> None:
-        self.override = override
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._failed: dict[str, str] = {}
-        self._found: dict[tuple[str | None, str], str] = {}
-
-    async def for_task(self, task: Task) -> str:
-        key = (task.dockerfile and str(task.dockerfile), task.id)
-        if (found := self._found.get(key)) is None:
-            found = self._found[key] = await self._for_task(task)
-        return found
-
-    async def _for_task(self, task: Task) -> str:
-        if self.override:
-            return await self._existing(self.override, "--image")
-        if task.dockerfile is None:
-            return await self._existing(BASE_IMAGE, f"task {task.id!r} has no Dockerfile; the "
-                                        "base image")
-        context = task.dockerfile.parent
-        tag = f"harnessrl-task/{_slug(task.id)}:{_context_hash(context)}"
-        async with self._locks.setdefault(tag, asyncio.Lock()):
-            if tag in self._failed:
-                raise SandboxError(self._failed[tag])
-            if (await docker("image", "inspect", tag)).returncode == 0:
-                return tag
-            built = await docker("build", "--network", "none", "--force-rm", "-q", "-t", tag,
-                                 "-f", str(task.dockerfile), str(context), timeout=1800)
-            if built.returncode != 0:
-                tail = "\n".join(built.stdout.strip().splitlines()[-15:])
-                self._failed[tag] = (f"task {task.id!r}: the image did not build from "
-                                     f"{task.dockerfile}:\n{tail}")
-                raise SandboxError(self._failed[tag])
-            return tag
-
-    @staticmethod
-    async def _existing(image: str, what: str) -> str:
-        if (await docker("image", "inspect", image)).returncode != 0:
-            raise SandboxError(f"{what}: image {image!r} does not exist on this daemon (no "
-                               "image is ever pulled; build it, or run scripts/docker.sh "
-                               "for the base image)")
-        return image
-
-
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "-" for c in text.lower())[:100]
-
-
 # -- limits and runtimes ---------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -232,14 +149,7 @@ class ContainerLimits:
     @classmethod
     def of(cls, task: Task) -> ContainerLimits:
         """Harbor's task.toml [environment] cpus and memory_mb (or memory = "2G")."""
-        if task.source is None or not (task.source / "task.toml").is_file():
-            return cls()
-        try:
-            table = tomllib.loads((task.source / "task.toml").read_text()).get("environment")
-        except (OSError, tomllib.TOMLDecodeError):
-            return cls()
-        if not isinstance(table, dict):
-            return cls()
+        table = task.environment
         cpus, memory = table.get("cpus"), table.get("memory_mb")
         if isinstance(table.get("memory"), str) and table["memory"][:-1].isdigit():
             scale = {"G": 1024, "M": 1}.get(table["memory"][-1].upper())
@@ -262,6 +172,31 @@ def _python_homes(tools: Path) -> list[Path]:
             if key.strip() == "home":
                 homes.add(Path(os.path.realpath(value.strip())).parent)
     return sorted(h for h in homes if h.is_dir() and str(h) not in _SYSTEM)
+
+
+def mount_targets(arguments: Sequence[str]) -> list[Path]:
+    """Where in the container the `-v`/`--mount` arguments mount something."""
+    targets = []
+    for flag, value in itertools.pairwise(arguments):
+        if flag == "-v":
+            targets.append(Path(value.split(":")[1]))
+        elif flag == "--mount":
+            targets.append(Path(value.partition("destination=")[2].split(",")[0]))
+    return targets
+
+
+def workdir_clash(workdir: Path, mounted: Sequence[Path]) -> str | None:
+    """Why our mounts would change what the image has in its WORKDIR, or None: a mount at
+    or above it hides the image's files; one below it adds a directory the agent and the
+    verifier would see (below "/" everything is, and adds nothing to a listing of it)."""
+    for target in mounted:
+        if workdir == target or workdir.is_relative_to(target):
+            return f"{target} (mounted by the sandbox) would hide the image's WORKDIR {workdir}"
+        if workdir != Path("/") and target.is_relative_to(workdir):
+            return (f"{target} (mounted by the sandbox) lies inside the image's WORKDIR "
+                    f"{workdir} and would add files there; run from another directory or "
+                    "use another WORKDIR")
+    return None
 
 
 def runtime_mounts(tools: Path) -> list[str]:
@@ -291,12 +226,17 @@ class DockerSandbox(LocalSandbox):
     async def start(cls, root: Path, name: str, *, image: str, tools: Path,
                     proxy_ports: Sequence[int] = (), allowed_env: Mapping[str, str] = {},
                     limits: ContainerLimits = ContainerLimits(), run_label: str = "",
-                    kill_grace: float = 2.0) -> DockerSandbox:
+                    kill_grace: float = 2.0, workdir: str | None = None) -> DockerSandbox:
         """A running container of `image` with the sandbox directory mounted, the proxy
-        ports relayed in, and the runtimes mounted; proved by a self-check."""
+        ports relayed in, and the runtimes mounted; proved by a self-check. With `workdir`
+        (the image's WORKDIR, for a task's own image) commands work there on the image's
+        files, and the task's tests/, logs/ and solution/ go to the container's /tests,
+        /logs and /solution, as in Harbor; without, in the mounted host workdir."""
         box = await cls.create(root, name, allowed_env=allowed_env, kill_grace=kill_grace,
                                limits=Limits(None, None, None, None))
         box.container, box.image = f"harnessrl-{name[:80]}-{box.token[:8]}", image
+        if workdir is not None:
+            box.workdir, box.task_root, box.image_workdir = Path(workdir), Path("/"), True
         try:
             await box._start_container(tools, proxy_ports, limits, run_label)
             await box._check()
@@ -313,14 +253,17 @@ class DockerSandbox(LocalSandbox):
             raise SandboxError(f"cannot start the proxy relay: {error}") from error
         relays = [a for port, path in self._relays for a in ("--relay", f"{port}={path}")]
         python = os.path.realpath(sys.executable)
+        mounts = ["-v", f"{self.directory}:{self.directory}",
+                  "-v", f"{self._relay_dir}:{self._relay_dir}", *runtime_mounts(tools)]
+        if self.image_workdir and (clash := workdir_clash(self.workdir,
+                                                          mount_targets(mounts))):
+            raise SandboxError(f"image {self.image!r}: {clash}")
         _install_cleanup()
         _LIVE.add(self.container)
         started = await docker(
             "run", "-d", "--name", self.container, "--label", f"{LABEL}={owner()}",
             "--label", f"{RUN_LABEL}={run_label}", "--network", "none", "--init",
-            "--security-opt", "no-new-privileges", *limits.args(),
-            "-v", f"{self.directory}:{self.directory}",
-            "-v", f"{self._relay_dir}:{self._relay_dir}", *runtime_mounts(tools),
+            "--security-opt", "no-new-privileges", *limits.args(), *mounts,
             "-w", str(self.workdir), "--entrypoint", python, self.image,
             "-I", _FILES["netns_launcher.py"], *relays, "--", *self._probe())
         if started.returncode != 0:
@@ -403,6 +346,51 @@ class DockerSandbox(LocalSandbox):
         await asyncio.to_thread(kill_marked, self.token)
         await asyncio.wait({talk}, timeout=10)
 
+    # -- files: the mounted sandbox directory on the host, the rest with `docker cp` -------
+
+    def _inside(self, path: str) -> Path:
+        if not self.image_workdir:
+            return super()._inside(path)
+        # A container path: normalised (not resolved: the host has no such tree).
+        return Path(posixpath.normpath(posixpath.join(str(self.workdir), path)))
+
+    def _mounted(self, path: Path) -> bool:
+        return path.is_relative_to(self.directory)
+
+    async def copy_in(self, src: Path, dest: str) -> None:
+        target = self._inside(dest)
+        if self._mounted(target):  # resolved on the host: a link cannot lead out
+            target = LocalSandbox._inside(self, str(target))
+            return await asyncio.to_thread(copy_tree, Path(src), target)
+        src = Path(src)
+        made = await self.run(["mkdir", "-p", str(target if src.is_dir() else target.parent)],
+                              timeout=60)
+        if made.exit_code != 0:
+            raise SandboxError(f"cannot make {target} in the container: "
+                               f"{(made.stdout + made.stderr).decode(errors='replace')}")
+        # "src/." copies a directory's contents into the existing target.
+        copied = await docker("cp", f"{src}/." if src.is_dir() else str(src),
+                              f"{self.container}:{target}", timeout=600)
+        if copied.returncode != 0:
+            raise SandboxError(f"cannot copy {src} to {target} in the container: "
+                               f"{copied.stdout.strip()[-500:]}")
+
+    async def copy_out(self, src: str, dest: Path) -> None:
+        source = self._inside(src)
+        if self._mounted(source):
+            source = LocalSandbox._inside(self, str(source.parent)) / source.name
+            return await asyncio.to_thread(copy_tree, source, Path(dest))
+        # Through a fresh host directory: `docker cp` copies links as links (never follows
+        # one the agent made), and puts a directory inside an existing destination.
+        with tempfile.TemporaryDirectory(prefix="hrl-cp-") as staging:
+            landed = Path(staging) / "out"
+            copied = await docker("cp", f"{self.container}:{source}", str(landed),
+                                  timeout=600)
+            if copied.returncode != 0:
+                raise SandboxError(f"cannot copy {source} out of the container: "
+                                   f"{copied.stdout.strip()[-500:]}")
+            await asyncio.to_thread(copy_tree, landed, Path(dest))
+
     async def close(self) -> None:
         """Kill what runs, remove the host directories and the container. With `removals`
         set (a runner's sandboxes), `docker rm` goes on in the background, into that set:
@@ -428,8 +416,8 @@ class DockerBackend:
     the containers still being removed (`drain` before the runner returns)."""
 
     def __init__(self, *, image: str | None, tools: Path, starts: int = 2,
-                 run_label: str = "") -> None:
-        self.images = Images(image)
+                 run_label: str = "", build_network: BuildNetwork = "none") -> None:
+        self.images = Images(image, build_network)
         self.tools = tools
         self.run_label = run_label
         self._starts = asyncio.Semaphore(starts)
@@ -446,10 +434,10 @@ class DockerBackend:
             await sweep()
         image = await self.images.for_task(task)
         async with self._starts:
-            box = await DockerSandbox.start(root, name, image=image, tools=self.tools,
+            box = await DockerSandbox.start(root, name, image=image.name, tools=self.tools,
                                             proxy_ports=proxy_ports,
                                             limits=ContainerLimits.of(task),
-                                            run_label=self.run_label)
+                                            run_label=self.run_label, workdir=image.workdir)
         box.removals = self._removals
         return box
 

@@ -58,6 +58,10 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # environment/Dockerfile, and how many containers may be starting at once.
     image: str | None = None
     sandbox_starts: int = 2
+    # Docker sandbox: the network `docker build` steps get. "host" (opt-in) lets a
+    # Dockerfile install from the package registries this machine reaches; the agent's
+    # container stays on `--network none` either way (see rollout/docker_images.py).
+    build_network: Literal["none", "host"] = "none"
     # Caps every task's own agent deadline (seconds): a small model that never finishes
     # keeps a harness busy until the deadline, and a training step waits for its slowest.
     agent_timeout: float | None = None
@@ -129,6 +133,7 @@ class Runner:
         self.sandboxes = run_dir / "sandboxes"
         self.docker = DockerBackend(image=self.settings.image, tools=self.settings.tools,
                                     starts=self.settings.sandbox_starts,
+                                    build_network=self.settings.build_network,
                                     run_label=str(run_dir.resolve()))
         self.on_outcome = on_outcome
 

@@ -74,6 +74,10 @@ class ExecResult:
 class Sandbox(Protocol):
     workdir: Path
     home: Path
+    # Harbor's "/" for the task's scripts: tests/, logs/verifier and solution/ under it.
+    task_root: Path
+    # True when the workdir and its files are an image's as built (nothing is copied in).
+    image_workdir: bool
 
     async def run(self, command: str | list[str], *, env: Mapping[str, str] | None = None,
                   timeout: float, cwd: Path | None = None) -> ExecResult: ...
@@ -160,6 +164,8 @@ class LocalSandbox:
                  network: Network, kill_grace: float) -> None:
         self.directory = directory
         self.workdir = directory / "work"
+        self.task_root = directory
+        self.image_workdir = False
         self.home = directory / "home"
         self.tmp = directory / "tmp"
         self.limits = limits
@@ -348,13 +354,13 @@ class LocalSandbox:
 
     async def copy_in(self, src: Path, dest: str) -> None:
         target = self._inside(dest)
-        await asyncio.to_thread(_copy, Path(src), target)
+        await asyncio.to_thread(copy_tree, Path(src), target)
 
     async def copy_out(self, src: str, dest: Path) -> None:
         # Symlinks are copied as links, never followed: a link the agent made to a host
         # file must not pull that file out.
         source = self.workdir / src
-        await asyncio.to_thread(_copy, self._inside(str(source.parent)) / source.name,
+        await asyncio.to_thread(copy_tree, self._inside(str(source.parent)) / source.name,
                                 Path(dest))
 
     # -- network relays ------------------------------------------------------------------
@@ -420,7 +426,8 @@ def kill_marked(token: str, sig: signal.Signals = signal.SIGKILL) -> int:
     return killed
 
 
-def _copy(src: Path, dest: Path) -> None:
+def copy_tree(src: Path, dest: Path) -> None:
+    """A file or a tree (links copied as links) to `dest`, merged into what is there."""
     if not src.exists() and not src.is_symlink():
         raise SandboxError(f"cannot copy {src}: no such file or directory")
     dest.parent.mkdir(parents=True, exist_ok=True)

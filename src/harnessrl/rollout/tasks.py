@@ -5,8 +5,10 @@ Two formats load into one `Task`:
 - the Harbor layout, one directory per task::
 
       instruction.md          the prompt
-      task.toml               [agent] timeout_sec, [verifier] timeout_sec, [metadata]
-      environment/            copied into the workdir (a Dockerfile there is recorded, not run)
+      task.toml               [agent] timeout_sec, [verifier] timeout_sec, [metadata],
+                              [environment] docker_image, docker_image_archive, cpus, memory_mb
+      environment/            the image's build context (environment/Dockerfile), or without
+                              an image of its own, copied into the workdir
       tests/test.sh           the verifier; writes reward.txt or reward.json
       solution/solve.sh       the reference solution (optional)
 
@@ -15,9 +17,13 @@ Two formats load into one `Task`:
       {"id", "instruction", "files": {path: content}, "setup": [cmd], "verify": [cmd]
        | "test_file": {"path", "content"}, "timeout", "verifier_timeout", "solution": [cmd]}
 
-Where things live. Harbor's container has the agent in /app, the tests uploaded to /tests
-only after the agent finishes, the verifier writing /logs/verifier/reward.{txt,json}, and the
-reference solution in /solution. A sandbox mirrors that with its workdir's parent as "/":
+Where things live. Harbor's container has the agent in the image's WORKDIR (/app in most
+tasks) with the image's files there as built, the tests uploaded to /tests only after the
+agent finishes, the verifier writing /logs/verifier/reward.{txt,json}, and the reference
+solution in /solution. A container of the task's own image (the docker sandbox, a task with
+environment/Dockerfile or docker_image) is exactly that: its `task_root` is "/" and its
+`workdir` the image's WORKDIR. Any other sandbox mirrors it with its workdir's parent as "/"
+and environment/ copied into the workdir:
 
     <base>/work  (= /app, the workdir)    <base>/tests      (= /tests)
     <base>/logs/verifier (= /logs/verifier) <base>/solution (= /solution)
@@ -74,8 +80,10 @@ class Task:
     verifier_timeout: float = 120.0
     setup_timeout: float = 120.0
     files: Mapping[str, bytes] = field(default_factory=dict)  # placed in the workdir
-    environment_dir: Path | None = None  # Harbor environment/, copied into the workdir
-    dockerfile: Path | None = None  # recorded for container backends; local does not run it
+    environment_dir: Path | None = None  # Harbor environment/ (see the module docstring)
+    dockerfile: Path | None = None  # built by container backends; local does not run it
+    docker_image: str | None = None  # [environment] docker_image: a prebuilt image, by name
+    image_archive: Path | None = None  # a `docker save` tarball holding docker_image
     setup: tuple[str, ...] = ()
     tests_dir: Path | None = None  # Harbor tests/ with test.sh
     test_files: Mapping[str, bytes] = field(default_factory=dict)  # inline test_file
@@ -86,6 +94,13 @@ class Task:
     difficulty: str | None = None
     tags: tuple[str, ...] = ()
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    environment: Mapping[str, Any] = field(default_factory=dict)  # [environment] as written
+
+    @property
+    def own_image(self) -> bool:
+        """Whether a container backend runs this task in an image of its own (built from
+        its Dockerfile or named by docker_image), whose WORKDIR and files are the agent's."""
+        return self.dockerfile is not None or self.docker_image is not None
 
 
 @dataclass(frozen=True)
@@ -135,6 +150,10 @@ def load_harbor_task(directory: Path) -> Task:
     environment = directory / "environment"
     dockerfile = environment / "Dockerfile"
     tags = metadata.get("tags") or ()
+    table = config.get("environment") or {}
+    if not isinstance(table, dict):
+        raise TaskError(f"task {task_id!r}: {toml_path}: [environment] must be a table")
+    image, archive = _image(task_id, toml_path, directory, table)
     return Task(
         id=task_id,
         instruction=_read(task_id, directory / "instruction.md"),
@@ -142,6 +161,7 @@ def load_harbor_task(directory: Path) -> Task:
         verifier_timeout=_timeout(task_id, toml_path, config.get("verifier"), 120.0),
         environment_dir=environment if environment.is_dir() else None,
         dockerfile=dockerfile if dockerfile.is_file() else None,
+        docker_image=image, image_archive=archive, environment=table,
         tests_dir=directory / "tests",
         solution_dir=directory / "solution" if (directory / "solution").is_dir() else None,
         source=directory,
@@ -149,6 +169,29 @@ def load_harbor_task(directory: Path) -> Task:
         tags=tuple(tags) if isinstance(tags, list) else (str(tags),),
         metadata=metadata,
     )
+
+
+def _image(task_id: str, path: Path, directory: Path, table: dict[str, Any]
+           ) -> tuple[str | None, Path | None]:
+    """[environment] docker_image (a name, name:tag, name@sha256:... or an image id) and
+    docker_image_archive (a tarball in the task directory that `docker load` reads)."""
+    image, archive = table.get("docker_image"), table.get("docker_image_archive")
+    if image is not None and (not isinstance(image, str) or not image.strip()
+                              or any(c.isspace() for c in image)):
+        raise TaskError(f"task {task_id!r}: {path}: docker_image must be an image name, "
+                        f"not {image!r}")
+    if archive is None:
+        return image, None
+    if image is None:
+        raise TaskError(f"task {task_id!r}: {path}: docker_image_archive needs docker_image "
+                        "(the name the tarball holds)")
+    if not isinstance(archive, str):
+        raise TaskError(f"task {task_id!r}: {path}: docker_image_archive must be a path")
+    found = (directory / _relative(f"task {task_id!r}: {path}", archive)).resolve()
+    if not found.is_file():
+        raise TaskError(f"task {task_id!r}: {path}: docker_image_archive {archive!r} is "
+                        f"not a file in {directory}")
+    return image, found
 
 
 # -- inline JSONL ----------------------------------------------------------------------------
@@ -267,20 +310,21 @@ def _check_unique(tasks: list[Task], where: Path) -> list[Task]:
 PYTEST_RUNNER = Path(__file__).with_name("pytest_runner.py")
 PYTEST_COMMAND = 'PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$PYTHON" -P "$TESTS_DIR/run_tests.py"'
 _HARBOR_PATH = re.compile(r"(?<![\w./-])/(app|tests|logs|solution)(?=[/\s\"'`;:)|&]|$)")
-_HARBOR_DIR = {"app": "work", "tests": "tests", "logs": "logs", "solution": "solution"}
+
 
 
 @dataclass(frozen=True)
 class Layout:
-    base: Path
+    base: Path  # Harbor's "/": tests/, logs/verifier and solution/ are under it
+    workdir: Path  # the agent's (Harbor's /app)
 
     @classmethod
     def of(cls, sandbox: Sandbox) -> Layout:
-        return cls(Path(sandbox.workdir).parent)
+        return cls(Path(sandbox.task_root), Path(sandbox.workdir))
 
     def env(self) -> dict[str, str]:
         """What task scripts are told about where things are (see the module docstring)."""
-        return {"WORKDIR": str(self.base / "work"), "TESTS_DIR": str(self.base / "tests"),
+        return {"WORKDIR": str(self.workdir), "TESTS_DIR": str(self.base / "tests"),
                 "LOGS_DIR": str(self.base / "logs" / "verifier"),
                 "SOLUTION_DIR": str(self.base / "solution"), "PYTHON": sys.executable,
                 "PYTHONDONTWRITEBYTECODE": "1"}
@@ -288,7 +332,8 @@ class Layout:
     def relocate(self, text: str) -> str:
         if self.base == Path("/"):
             return text
-        return _HARBOR_PATH.sub(lambda m: str(self.base / _HARBOR_DIR[m[1]]), text)
+        return _HARBOR_PATH.sub(lambda m: str(self.workdir if m[1] == "app"
+                                              else self.base / m[1]), text)
 
     def relocate_bytes(self, data: bytes) -> bytes:
         try:
@@ -324,9 +369,11 @@ async def _place(sandbox: Sandbox, dest: str, directory: Path | None,
 
 
 async def prepare(task: Task, sandbox: Sandbox) -> None:
-    """Place the task's files in the workdir and run its setup commands."""
-    await _place(sandbox, str(sandbox.workdir), task.environment_dir, task.files,
-                 skip=frozenset({"Dockerfile"}))
+    """Place the task's files in the workdir and run its setup commands. In a container of
+    the task's own image the workdir's files are the image's, as built: nothing is copied."""
+    if not sandbox.image_workdir:
+        await _place(sandbox, str(sandbox.workdir), task.environment_dir, task.files,
+                     skip=frozenset({"Dockerfile", ".dockerignore"}))
     env = Layout.of(sandbox).env()
     for command in task.setup:
         result = await sandbox.run(command, env=env, timeout=task.setup_timeout)
