@@ -1,5 +1,5 @@
 """The one command line: `harnessrl serve | run | eval | train | export | report | ui |
-demo | harness list|install|doctor | conformance`.
+demo | harness list|install|doctor | conformance | tasks check|list|split`.
 
 One module per command, each adding its own subparser and a thin handler; flags are read
 there and passed down as plain values. `build_parser()` is the whole parser (the docs'
@@ -19,14 +19,16 @@ from harnessrl.cli import (
     report,
     run,
     serve,
+    tasks,
     train,
     ui,
 )
 
 DESCRIPTION = ("The one command line: `harnessrl serve | run | eval | train | export | report "
-               "| ui | demo | harness list|install|doctor | conformance`.")
+               "| ui | demo | harness list|install|doctor | conformance | tasks check|list|split`.")
 # The commands in the order `harnessrl --help` lists them.
-COMMANDS = (serve, export, train, harness, conformance, run, eval, report, ui, demo)
+COMMANDS = (serve, export, train, harness, conformance, tasks, run, eval, report, ui,
+            demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ from harnessrl.cli.common import (
     format_settings,
     harnesses,
 )
+from harnessrl.cli.tasks import add_build_network
 from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR
 
 
@@ -41,6 +42,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "(both need root for a mount namespace)")
     p.add_argument("--image", help="docker sandbox: this image for every task (default: each "
                                    "task's own, built from its environment/Dockerfile)")
+    add_build_network(p)
     p.add_argument("--agent-timeout", type=float, metavar="SECONDS",
                    help="cap every task's own agent deadline")
     p.add_argument("--cluster", choices=["ray"],
@@ -110,6 +112,7 @@ def execute_run(args: argparse.Namespace) -> list[Any]:
     settings = RolloutSettings(concurrency=args.concurrency, retries=args.retries,
                                tools_dir=str(args.tools_dir), network=args.network,
                                sandbox=args.sandbox, image=args.image,
+                               build_network=args.build_network,
                                hide_host=not args.no_hide, agent_timeout=args.agent_timeout,
                                max_model_calls=args.max_model_calls)
     config = RunConfig(harnesses=harnesses(args.harness.split(",")), tasks=tasks,

@@ -1,0 +1,146 @@
+"""`harnessrl tasks check|list|split`: a task set as its author handles it (the logic is in
+rollout/taskset.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR
+
+SET_HELP = "a task dir, a directory of tasks, a .jsonl file, or bundled[:...]"
+
+
+def add_parser(sub: Any) -> None:
+    tasks = sub.add_parser("tasks", help="task sets: check, list, split")
+    actions = tasks.add_subparsers()
+    check = actions.add_parser(
+        "check", help="every task's reference solution passes and an empty attempt fails, "
+                      "in the chosen sandbox; exit 1 when one does not (for CI)")
+    check.add_argument("tasks", help=SET_HELP)
+    check.add_argument("--sandbox", choices=["local", "docker"], default="local")
+    check.add_argument("--concurrency", type=int, default=2, help="tasks checked at once")
+    check.add_argument("--image", help="docker sandbox: this image for every task (default: "
+                                       "each task's own)")
+    add_build_network(check)
+    check.add_argument("--tools-dir", type=Path, default=DEFAULT_TOOLS_DIR)
+    check.add_argument("--json", action="store_true", help="one JSON object per task")
+    check.set_defaults(func=tasks_check)
+    listing = actions.add_parser("list", help="the tasks of a set")
+    listing.add_argument("tasks", help=SET_HELP)
+    listing.add_argument("--json", action="store_true", help="one JSON object per task")
+    listing.set_defaults(func=tasks_list)
+    split = actions.add_parser("split", help="a seeded held-out split, written as two task "
+                                             "sets: OUT/train and OUT/held_out")
+    split.add_argument("tasks", help=SET_HELP)
+    split.add_argument("--out", type=Path, required=True, help="a new directory")
+    split.add_argument("--held-out", type=float, default=0.2,
+                       help="the share of tasks held out (default 0.2)")
+    split.add_argument("--seed", type=int, default=0)
+    split.set_defaults(func=tasks_split)
+
+
+def add_build_network(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--build-network", choices=["none", "host"], default="none",
+                   help="docker sandbox: the network of `docker build` steps; host lets a "
+                        "Dockerfile install from the package registries this machine "
+                        "reaches (the agent's container stays on --network none)")
+
+
+def _load(spec: str) -> list[Any] | None:
+    from rich.console import Console
+
+    from harnessrl.rollout.tasks import TaskError, load_tasks
+
+    try:
+        return load_tasks(spec)
+    except TaskError as error:
+        Console(stderr=True).print(f"[bold red]error[/]: {error}", highlight=False)
+        return None
+
+
+def tasks_check(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from harnessrl.rollout.taskset import check_exit_code, check_tasks
+
+    if (tasks := _load(args.tasks)) is None:
+        return 2
+    console = Console()
+    if args.sandbox == "docker":
+        from harnessrl.rollout.docker import docker_problem
+
+        if (problem := docker_problem()) is not None:
+            Console(stderr=True).print(f"[bold red]error[/]: the docker sandbox is not "
+                                       f"available: {problem}", highlight=False)
+            return 2
+    with console.status(f"checking {len(tasks)} tasks in the {args.sandbox} sandbox"):
+        rows = asyncio.run(check_tasks(tasks, sandbox=args.sandbox,
+                                       concurrency=args.concurrency, image=args.image,
+                                       build_network=args.build_network,
+                                       tools=args.tools_dir))
+    if args.json:
+        for row in rows:
+            print(json.dumps({"task": row.task, "ok": row.ok, "solution": row.solution,
+                              "empty": row.empty, "problems": list(row.problems),
+                              "seconds": round(row.seconds, 2)}))
+        return check_exit_code(rows)
+    table = Table("task", "solution", "empty attempt", "seconds", "what failed and why")
+    for row in rows:
+        table.add_row(row.task, _mark(row.solution, "passes"), _mark(row.empty, "fails"),
+                      f"{row.seconds:.1f}", "\n".join(row.problems) or "[green]ok[/]")
+    console.print(table)
+    failed = sum(1 for row in rows if not row.ok)
+    console.print(f"{len(rows) - failed} of {len(rows)} tasks pass the check"
+                  + (f"; [bold red]{failed} fail[/]" if failed else ""))
+    return check_exit_code(rows)
+
+
+def _mark(value: str, good: str) -> str:
+    return f"[green]{value}[/]" if value == good else f"[bold red]{value}[/]"
+
+
+def tasks_list(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from harnessrl.rollout.taskset import describe
+
+    if (tasks := _load(args.tasks)) is None:
+        return 2
+    rows = describe(tasks)
+    if args.json:
+        for row in rows:
+            print(json.dumps(row))
+        return 0
+    table = Table("task", "difficulty", "tags", "environment", "solution")
+    for row in rows:
+        table.add_row(str(row["id"]), str(row["difficulty"] or "-"),
+                      ", ".join(row["tags"]) or "-",  # type: ignore[arg-type]
+                      str(row["environment"]), "yes" if row["solution"] else "no")
+    Console().print(table)
+    print(f"{len(rows)} tasks")
+    return 0
+
+
+def tasks_split(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from harnessrl.rollout.tasks import TaskError
+    from harnessrl.rollout.taskset import split_task_set
+
+    if (tasks := _load(args.tasks)) is None:
+        return 2
+    try:
+        train, held_out = split_task_set(tasks, args.out, held_out=args.held_out,
+                                         seed=args.seed)
+    except TaskError as error:
+        Console(stderr=True).print(f"[bold red]error[/]: {error}", highlight=False)
+        return 2
+    print(f"train: {train}\nheld out: {held_out}")
+    return 0
