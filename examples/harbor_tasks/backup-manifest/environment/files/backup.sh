@@ -1,0 +1,3 @@
+#!/bin/bash
+. /usr/share/backup/lib.sh
+list_sizes ./file > manifest.txt

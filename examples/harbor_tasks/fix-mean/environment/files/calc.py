@@ -1,0 +1,5 @@
+import calcbase
+
+
+def mean(values):
+    return calcbase.total(values) / 2

@@ -1,0 +1,5 @@
+"""Arithmetic helpers."""
+
+
+def total(values):
+    return float(sum(values))
