@@ -479,6 +479,9 @@ grpo: {{trainer: {trainer}, steps: 2, num_generations: 2, tasks_per_step: 1,
     lines = [json.loads(line) for line in
              (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2]
+    # the trained model, servable as it is: weights, config, tokenizer, chat template
+    served = {p.name for p in (tmp_path / "run" / "model").iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= served
     logged = _tensorboard_scalars(tmp_path / "run" / "trainer")
     assert "train/loss" in logged, sorted(logged)
     if trainer == "async":
