@@ -47,7 +47,27 @@ def test_demo_config_names_real_tasks_harnesses_and_terms(tmp_path: Path) -> Non
     assert [get(name).name for name in config.rollout.harnesses] == ["mini-swe-agent"]
     assert config.model.path == "smollm2" and config.grpo.steps == 2
     assert set(shaping_of(config.shaping).custom) == {"brevity"}
-    assert config.rollout.max_model_calls is not None  # a rollout ends after a few calls
+
+
+def test_many_rollouts_are_shown_by_task_and_weights() -> None:
+    from harnessrl.demo import _rollout_table
+
+    outcomes = [Outcome(harness="h", harness_version="1", task=f"t{i % 2}", sample=i,
+                        rollout=f"r{i}", status="done" if i else "infra_error",
+                        reward=None if i == 0 else -0.01 * i, verifier_reward=0.0, turns=3,
+                        completion_tokens=100) for i in range(20)]
+    turns = {o.rollout: [msgspec_replace(t, rollout=o.rollout,
+                                         weight_version="v1" if int(o.rollout[1:]) < 10
+                                         else "v2") for t in _tool_rollout()]
+             for o in outcomes}
+    out = io.StringIO()
+    Console(file=out, width=200).print(_rollout_table(outcomes, turns))
+    text = out.getvalue()
+    assert "20 rollouts, by task" in text and text.count("│ h ") == 4  # 2 tasks x 2 versions
+    assert "-0.18..-0.10" in text  # t0 with v2: samples 10, 12, .., 18
+    few = io.StringIO()
+    Console(file=few, width=200).print(_rollout_table(outcomes[:3], turns))
+    assert few.getvalue().count("│ h ") == 3
 
 
 def test_failed_rollouts_of_different_length_get_different_rewards() -> None:

@@ -49,13 +49,6 @@ def brevity(verdict: Verdict, stats: TraceStats) -> float:
     return -0.1 * stats.completion_tokens / 1000
 
 
-# A 135M model rarely makes a call that solves the task; what a rollout shows (a reply, the
-# harness running it or answering with a format error, the chain it forms) it shows in its
-# first few calls. The step cap ends a rollout after them, scored as it stands (`capped`),
-# instead of at its 120 s deadline: each GRPO group comes sooner.
-DEMO_MAX_MODEL_CALLS = 5
-
-
 def demo_config(run_dir: Path, model: str | None, steps: int = 2) -> TrainConfig:
     return TrainConfig(
         run_dir=str(run_dir),
@@ -64,7 +57,7 @@ def demo_config(run_dir: Path, model: str | None, steps: int = 2) -> TrainConfig
         # every turn a harness sends back unchanged extends the last one exactly
         engine=EngineConfig(mode="token", max_model_len=8192, max_tokens=160),
         rollout=RolloutConfig(harnesses=["mini-swe-agent"], tasks=DEMO_TASKS, concurrency=4,
-                              agent_timeout=120, max_model_calls=DEMO_MAX_MODEL_CALLS),
+                              agent_timeout=120),
         grpo=GRPOSettings(steps=steps, num_generations=2, tasks_per_step=2,
                           learning_rate=1e-5),
         shaping=ShapingConfig(fewer_tool_calls=0.1, tool_call_budget=10,
@@ -265,15 +258,38 @@ def _show_turn(console: Console, chosen: Chosen, outcomes: dict[str, Outcome],
     console.print(_token_table(tokenizer, tokens.completion_ids or (), tokens.logprobs))
 
 
-def _rollout_table(outcomes: list[Outcome], turns: dict[str, list[Turn]]) -> Table:
-    table = Table("harness", "task", "status", "verifier", "reward", "shaping", "turns",
-                  "tool calls", "completion tokens", "weights", title="rollouts")
-    for o in sorted(outcomes, key=lambda o: (o.task, o.sample, o.rollout)):
-        versions = sorted({t.weight_version or "?" for t in turns[o.rollout]})
-        table.add_row(o.harness, o.task, o.status, _num(o.verifier_reward), _num(o.reward),
-                      " ".join(f"{k} {v:+.2f}" for k, v in o.shaping.items()) or "-",
-                      str(o.turns), str(o.tool_calls), str(o.completion_tokens),
-                      ",".join(versions))
+def _rollout_table(outcomes: list[Outcome], turns: dict[str, list[Turn]],
+                   rows: int = 12) -> Table:
+    """One row per rollout; past `rows` rollouts (the async trainer runs many more than it
+    trains on), one row per task and the weight versions that sampled its rollouts."""
+    def versions(o: Outcome) -> str:
+        return ",".join(sorted({t.weight_version or "?" for t in turns[o.rollout]}))
+
+    if len(outcomes) <= rows:
+        table = Table("harness", "task", "status", "verifier", "reward", "shaping", "turns",
+                      "tool calls", "completion tokens", "weights", title="rollouts")
+        for o in sorted(outcomes, key=lambda o: (o.task, o.sample, o.rollout)):
+            table.add_row(o.harness, o.task, o.status, _num(o.verifier_reward), _num(o.reward),
+                          " ".join(f"{k} {v:+.2f}" for k, v in o.shaping.items()) or "-",
+                          str(o.turns), str(o.tool_calls), str(o.completion_tokens),
+                          versions(o))
+        return table
+    groups: dict[tuple[str, str, str], list[Outcome]] = {}
+    for o in outcomes:
+        groups.setdefault((o.harness, o.task, versions(o)), []).append(o)
+    table = Table("harness", "task", "weights", "rollouts", "passed", "infra errors",
+                  "reward (min..max)", "turns", "tool calls", "completion tokens",
+                  title=f"{len(outcomes)} rollouts, by task and the weights that sampled them "
+                        "(every rollout: harnessrl ui)")
+    for (harness, task, weights), group in sorted(groups.items()):
+        done = [o for o in group if o.status == "done"]
+        rewards = [o.reward for o in done if o.reward is not None]
+        table.add_row(harness, task, weights, str(len(group)),
+                      str(sum((o.verifier_reward or 0) >= 1 for o in done)),
+                      str(len(group) - len(done)),
+                      f"{min(rewards):.2f}..{max(rewards):.2f}" if rewards else "-",
+                      str(sum(o.turns for o in group)), str(sum(o.tool_calls for o in group)),
+                      str(sum(o.completion_tokens for o in group)))
     return table
 
 
