@@ -177,7 +177,8 @@ def test_live_progress_counts_rollouts_turns_tokens_and_steps(tmp_path: Path) ->
         asyncio.run(write())
         live.step({})
         deadline = time.monotonic() + 10
-        while not any("turns 2" in line for _, line in out.lines) and time.monotonic() < deadline:
+        while not any("step 1/2" in line and "1 finished" in line for _, line in out.lines) \
+                and time.monotonic() < deadline:
             time.sleep(0.05)
     store.close()
     last = out.lines[-1][1]
