@@ -182,6 +182,16 @@ SECTIONS: tuple[Section, ...] = (
                  "is printed beside each figure"),
     Section("samples", "sample building (vs reading the same turns)", "sample_build",
             ("--turns", "10000"), ("--turns", "10000")),
+    Section("store", "the trace store: schema v4's layout (every turn whole) vs v5's (what is "
+            "new against an earlier turn), same run", "store",
+            ("--repeats", "2", "--store-turns", "20000", "--old-store-turns", "5000"),
+            ("--repeats", "3", "--store-turns", "100000", "--old-store-turns", "10000"),
+            note="both layouts written by the same TraceStore (v4's through a subclass that "
+                 "packs rows as v4 did); commit CPU is the committing thread's process CPU "
+                 "for one turn committed alone (`_commit_here`); the context rollout is "
+                 "this repository's text tokenized by the tiny model's tokenizer (4,096 "
+                 "ids); the many-turn store is scaled down from the issue's million turns "
+                 "(v4 at ~200 KiB/turn would be ~200 GB): rates, not totals, are compared"),
     Section("rollouts", "rollout overhead (vs the agent's own time)", "rollout_overhead",
             ("--rollouts", "32"), ("--rollouts", "64"),
             details=("bench/rollouts.md", "bench/rollouts.md")),

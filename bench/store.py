@@ -200,7 +200,8 @@ def context_rows(tmp: Path, repeats: int) -> list[Row]:
     for name in LAYOUTS:
         per[name] = {}
         for target in (4_000, 16_000, 64_000):
-            near = [i for i, c in enumerate(contexts) if abs(c - target) <= 0.08 * target]
+            # The three turns whose context is closest to the target.
+            near = sorted(range(len(contexts)), key=lambda i: abs(contexts[i] - target))[:3]
             ms = statistics.median(cpu[name][r][i] for r in range(repeats) for i in near) * 1e3
             stored = statistics.median(size[name][i] for i in near)
             per[name][target] = ms
@@ -271,14 +272,16 @@ def store_rows(tmp: Path, turns: dict[str, int]) -> list[Row]:
         size = db_bytes(run_dir)
         with TraceStore(run_dir) as store:
             start = time.perf_counter()
-            samples = sum(1 for _ in iter_samples(store))
-            sample_rate = samples / (time.perf_counter() - start)
+            built = [len(sample.turns) for sample in iter_samples(store)]
+            took = time.perf_counter() - start
+            sample_rate, turn_rate = len(built) / took, sum(built) / took
         page, chain = _viewer(run_dir, keys)
         figures[name] = (sample_rate, page)
         rows.append(Row(f"{name}: store of {made:,} turns ({len(keys)}+ rollouts of 17-40)",
                         f"{size / 1e9:.2f} GB ({size / made / 1024:.1f} KiB/turn); "
-                        f"{made / wall:,.0f} turns/s written ({cpu / made * 1e3:.2f} ms CPU/turn); "
-                        f"{sample_rate:,.0f} samples/s; viewer page (turns 20-39) "
+                        f"{made / wall:,.0f} turns/s written "
+                        f"({cpu / made * 1e3:.2f} ms CPU/turn); {sample_rate:,.0f} samples/s "
+                        f"({turn_rate:,.0f} turns/s); viewer page (turns 20-39) "
                         f"{page:.1f} ms, token view {chain:.1f} ms"))
     (new_rate, new_page), (old_rate, old_page) = figures["v5 (delta)"], figures["v4 (whole)"]
     rows.append(Row("v5 samples/s and viewer page vs v4", f"samples {new_rate / old_rate:.2f}x,"
@@ -313,7 +316,7 @@ def _median_ms(read: Any, keys: list[str]) -> float:
 
 
 def rows(argv: list[str] | None = None) -> list[Row]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--store-turns", type=int, default=20_000)
     ap.add_argument("--old-store-turns", type=int, default=0,

@@ -34,9 +34,10 @@ from harnessrl.types import ChatRequest, Tokens, Turn
 LAYOUT = 1
 # How many of a rollout's latest turns are tried as the parent (a side call between two
 # turns of the main conversation must not cut its chain).
-CANDIDATES = 4
-# Rollouts whose latest turns are kept in memory, least recently written dropped first.
-ROLLOUTS_KEPT = 256
+CANDIDATES = 3
+# What the kept turns may weigh (`_weight`), least recently written rollouts dropped
+# first: a 4k-token turn weighs ~0.2 MB, a 64k-token one ~3 MB.
+KEPT_BYTES = 256 * 1024 * 1024
 
 _encode = msgspec.json.Encoder().encode
 _REQUEST = msgspec.json.Decoder(ChatRequest)
@@ -121,22 +122,34 @@ class Recent:
     rollouts least recently written are forgotten (read back from the store if they
     write again). Written under the store's write lock; `find` may run on any thread."""
 
-    def __init__(self, load: Callable[[sqlite3.Connection, str], list[Turn]]) -> None:
+    def __init__(self, load: Callable[[sqlite3.Connection, str], list[Turn]],
+                 budget: int = KEPT_BYTES) -> None:
         self._load = load
         self._turns: OrderedDict[str, list[Turn]] = OrderedDict()
         self._lock = threading.Lock()
+        self._budget, self._bytes = budget, 0
 
     def get(self, db: sqlite3.Connection, key: str) -> list[Turn]:
         with self._lock:
             turns = self._turns.get(key)
         if turns is None:  # read outside the lock: `find` must not wait on the disk
             turns = self._load(db, key)[-CANDIDATES:]
+            with self._lock:
+                if key not in self._turns:
+                    self._turns[key] = turns
+                    self._bytes += sum(map(_weight, turns))
         with self._lock:
-            turns = self._turns.setdefault(key, turns)
+            turns = self._turns[key]
             self._turns.move_to_end(key)
-            while len(self._turns) > ROLLOUTS_KEPT:
-                self._turns.popitem(last=False)
+            self._trim(keep=key)
             return list(turns)
+
+    def _trim(self, keep: str) -> None:
+        while self._bytes > self._budget and len(self._turns) > 1:
+            oldest = next(iter(self._turns))
+            if oldest == keep:
+                break
+            self._bytes -= sum(map(_weight, self._turns.pop(oldest)))
 
     def find(self, key: str, predicate: Callable[[Turn], bool]) -> Turn | None:
         with self._lock:
@@ -151,7 +164,18 @@ class Recent:
             for turn in turns:
                 kept = self._turns.setdefault(turn.rollout, [])
                 kept.append(turn)
+                self._bytes += _weight(turn)
+                for dropped in kept[:-CANDIDATES]:
+                    self._bytes -= _weight(dropped)
                 del kept[:-CANDIDATES]
+
+
+def _weight(turn: Turn) -> int:
+    """About what a kept turn holds in memory: its ids (a pointer and an int object
+    each), its raw request, and its messages (about the raw request again)."""
+    tokens = _tokens(turn)
+    ids = len(tokens.prompt_ids or ()) + len(tokens.completion_ids or ()) if tokens else 0
+    return 40 * ids + 2 * len(turn.raw_request) + len(turn.raw_response)
 
 
 class Staged:
