@@ -268,16 +268,16 @@ def store_rows(tmp: Path, turns: dict[str, int]) -> list[Row]:
             made = asyncio.run(fill(store, turns[name], seed=1))
             wall, cpu = time.perf_counter() - start, time.process_time() - cpu
             keys = [r[0] for r in store.db.execute("SELECT DISTINCT rollout FROM turns"
-                                                   " ORDER BY rollout LIMIT 50")]
+                                                   " ORDER BY rollout")]
         size = db_bytes(run_dir)
         with TraceStore(run_dir) as store:
             start = time.perf_counter()
             built = [len(sample.turns) for sample in iter_samples(store)]
             took = time.perf_counter() - start
             sample_rate, turn_rate = len(built) / took, sum(built) / took
-        page, chain = _viewer(run_dir, keys)
+        page, chain = _viewer(run_dir, keys[:50])
         figures[name] = (sample_rate, page)
-        rows.append(Row(f"{name}: store of {made:,} turns ({len(keys)}+ rollouts of 17-40)",
+        rows.append(Row(f"{name}: store of {made:,} turns ({len(keys):,} rollouts of 17-40)",
                         f"{size / 1e9:.2f} GB ({size / made / 1024:.1f} KiB/turn); "
                         f"{made / wall:,.0f} turns/s written "
                         f"({cpu / made * 1e3:.2f} ms CPU/turn); {sample_rate:,.0f} samples/s "
