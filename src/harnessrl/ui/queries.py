@@ -124,9 +124,11 @@ class RunReader:
     def harness_stats(self) -> list[dict[str, Any]]:
         """Per harness, from the outcomes: pass rate among scored rollouts (infrastructure
         errors left out, as in the eval report), tool calls and tokens per solved task."""
+        # An outcome scored without a verifier reward (NULL) passes nothing: the SUM of
+        # only NULLs is NULL, and the page failed on it.
         rows = self.db.execute(
             "SELECT harness, MAX(harness_version), COUNT(*), SUM(status = 'done'),"
-            " SUM(status = 'done' AND verifier_reward >= 1), AVG(reward), MIN(reward),"
+            " COALESCE(SUM(status = 'done' AND verifier_reward >= 1), 0), AVG(reward), MIN(reward),"
             " MAX(reward) FROM outcomes GROUP BY harness ORDER BY harness").fetchall()
         # One reward axis for every harness of the run, 0 and 1 included, so that the
         # small plots compare at a glance.
