@@ -87,7 +87,8 @@ def engine_events(engine, request, *, stream: bool) -> list:
 
 
 def make_proxy(engine, run_dir: Path, **config):
-    from harnessrl.proxy.app import Proxy, ProxyConfig
+    from harnessrl.proxy.app import Proxy
+    from harnessrl.proxy.config import ProxyConfig
     from harnessrl.proxy.sessions import Sessions
     from harnessrl.proxy.store import TraceStore
 

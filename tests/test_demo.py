@@ -21,7 +21,6 @@ from harnessrl.harnesses import get
 from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.rewards import TraceStats
 from harnessrl.rollout.tasks import Verdict, load_tasks
-from harnessrl.train.config import shaping_of
 from harnessrl.train.live import Live
 from harnessrl.types import (
     ChatRequest,
@@ -46,7 +45,7 @@ def test_demo_config_names_real_tasks_harnesses_and_terms(tmp_path: Path) -> Non
     assert len(tasks) >= config.grpo.tasks_per_step
     assert [get(name).name for name in config.rollout.harnesses] == ["mini-swe-agent"]
     assert config.model.path == "smollm2" and config.grpo.steps == 2
-    assert set(shaping_of(config.shaping).custom) == {"brevity"}
+    assert set(config.shaping.custom_terms) == {"brevity"}
 
 
 def test_many_rollouts_are_shown_by_task_and_weights() -> None:
@@ -71,7 +70,7 @@ def test_many_rollouts_are_shown_by_task_and_weights() -> None:
 
 
 def test_failed_rollouts_of_different_length_get_different_rewards() -> None:
-    shaping = shaping_of(demo_config(Path("unused"), None).shaping)
+    shaping = demo_config(Path("unused"), None).shaping
     failed = Verdict(reward=0.0, passed=False, output="1 failed", seconds=1.0)
     short, long = (shaping.reward(failed, TraceStats(turns=2, tool_calls=0,
                                                      completion_tokens=n))[0]

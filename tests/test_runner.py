@@ -22,9 +22,14 @@ from harnessrl.rollout.tasks import Verdict, load_tasks
 TOOLS = Path("~/.cache/harnessrl/tools").expanduser()
 
 
+def flat(_verdict: Verdict, _stats: TraceStats) -> float:
+    """A custom shaping term (`module:function`) for the test below."""
+    return -0.05
+
+
 def test_shaping_terms_are_recorded_apart_and_only_for_passes() -> None:
     shaping = Shaping(fewer_tool_calls=0.2, tool_call_budget=10, fewer_tokens=0.1,
-                      token_budget=1000, custom={"flat": lambda verdict, stats: -0.05})
+                      token_budget=1000, custom=("tests.test_runner:flat",))
     stats = TraceStats(turns=3, tool_calls=2, completion_tokens=250)
     passed = Verdict(1.0, True, "", 0.1)
     reward, terms = shaping.reward(passed, stats)

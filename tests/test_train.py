@@ -6,6 +6,7 @@ real harness against real vLLM serving the tiny model, takes a GRPO step and syn
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -246,13 +247,20 @@ def _trainer_logprobs(model, prompt: list[int], completion: list[int]) -> list[f
         1, torch.tensor(completion)[:, None])[:, 0].tolist()
 
 
+ORDER = itertools.count()
+
+
+def order_term(_verdict: object, _stats: object) -> float:
+    """A test-only shaping term: rewards that differ where every rollout fails alike."""
+    return float(next(ORDER))
+
+
 @pytest.mark.vllm
 @pytest.mark.harness
 @pytest.mark.slow
 def test_grpo_step_on_cpu_from_real_rollouts_syncs_vllm(vllm_tiny, tiny_model, tokenizer,
                                                         tmp_path):
     import dataclasses
-    import itertools
 
     import torch
     from datasets import Dataset
@@ -273,8 +281,7 @@ def test_grpo_step_on_cpu_from_real_rollouts_syncs_vllm(vllm_tiny, tiny_model, t
         *stock.argv(ctx, instruction), "-c", "agent.step_limit=2"])
     # Noise fails every task alike; a test-only term makes the rewards differ, so the
     # step has a gradient (the runner records it as a shaping term like any other).
-    order = itertools.count()
-    shaping = Shaping(custom={"test_order": lambda _verdict, _stats: float(next(order))})
+    shaping = Shaping(custom=("tests.test_train:order_term",))
     tasks = load_tasks("bundled:create-hello-file")
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     initial = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)

@@ -23,14 +23,13 @@ from rich.console import Console
 from rich.table import Table
 
 from harnessrl.proxy.store import TraceReader
-from harnessrl.rollout.rewards import TraceStats
+from harnessrl.rollout.rewards import Shaping, TraceStats
 from harnessrl.rollout.tasks import Verdict
 from harnessrl.train.config import (
     EngineConfig,
     GRPOSettings,
     ModelConfig,
     RolloutConfig,
-    ShapingConfig,
     TrainConfig,
 )
 from harnessrl.types import Outcome, Text, ToolCall, ToolResult, Turn
@@ -60,8 +59,8 @@ def demo_config(run_dir: Path, model: str | None, steps: int = 2) -> TrainConfig
                               agent_timeout=120),
         grpo=GRPOSettings(steps=steps, num_generations=2, tasks_per_step=2,
                           learning_rate=1e-5),
-        shaping=ShapingConfig(fewer_tool_calls=0.1, tool_call_budget=10,
-                              custom=["harnessrl.demo:brevity"]))
+        shaping=Shaping(fewer_tool_calls=0.1, tool_call_budget=10,
+                        custom=("harnessrl.demo:brevity",)))
 
 
 def run_demo(run_dir: Path, model: str | None = None, *, steps: int = 2,

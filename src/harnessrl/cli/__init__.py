@@ -1,14 +1,15 @@
 """The one command line: `harnessrl serve | run | eval | train | export | report | ui |
 demo | harness list|install|doctor | conformance | tasks check|list|split`.
 
-One module per command, each adding its own subparser and a thin handler; flags are read
-there and passed down as plain values. `build_parser()` is the whole parser (the docs'
-CLI reference is generated from it).
+One module per command: its `HELP`, `add_arguments` (flags of settings fields declared
+through the settings layer, harnessrl/settings.py) and a thin handler. `build_parser()` is
+the whole parser (the docs' CLI reference is generated from it).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Collection
 
 from harnessrl.cli import (
     conformance,
@@ -27,21 +28,29 @@ from harnessrl.cli import (
 DESCRIPTION = ("The one command line: `harnessrl serve | run | eval | train | export | report "
                "| ui | demo | harness list|install|doctor | conformance | tasks check|list|split`.")
 # The commands in the order `harnessrl --help` lists them.
-COMMANDS = (serve, export, train, harness, conformance, tasks, run, eval, report, ui,
-            demo)
+COMMANDS = {"serve": serve, "export": export, "train": train, "harness": harness,
+            "conformance": conformance, "tasks": tasks, "run": run, "eval": eval,
+            "report": report, "ui": ui, "demo": demo}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full `harnessrl` parser: every command with its flags, defaults and help."""
+def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The full `harnessrl` parser: every command with its flags, defaults and help.
+    `commands`: declare only these commands' flags (the others keep their name and help),
+    so a command does not import the settings types of every other."""
     parser = argparse.ArgumentParser(prog="harnessrl", description=DESCRIPTION)
     sub = parser.add_subparsers()
-    for command in COMMANDS:
-        command.add_parser(sub)
+    for name, command in COMMANDS.items():
+        p = sub.add_parser(name, help=command.HELP)
+        if commands is None or name in commands:
+            command.add_arguments(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[:1])
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):
         parser.print_help()

@@ -7,17 +7,18 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
-from typing import Any
 
 from harnessrl.cli.common import harnesses
-from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR
+from harnessrl.settings import add_flags
+
+HELP = "every harness writes a file through the proxy; print the matrix"
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("conformance", help="every harness writes a file through the proxy; "
-                                           "print the matrix")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from harnessrl.rollout.runner import RolloutSettings
+
     p.add_argument("names", nargs="*")
-    p.add_argument("--tools-dir", type=Path, default=DEFAULT_TOOLS_DIR)
+    add_flags(p, RolloutSettings, "tools_dir")
     p.add_argument("--markdown", type=Path, help="also write the matrix here")
     p.add_argument("--mode", default="chat,token",
                    help="chat (the scripted chat engine), token (the proxy's token mode "

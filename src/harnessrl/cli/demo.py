@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+
+HELP = ("the embedded default: SmolLM2 on vLLM, mini-swe-agent on bundled tasks through "
+        "the proxy, two GRPO steps")
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("demo", help="the embedded default: SmolLM2 on vLLM, mini-swe-agent on "
-                                    "bundled tasks through the proxy, two GRPO steps")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", type=Path, default=Path("runs/demo"))
     p.add_argument("--model", help="a local model directory (default: SmolLM2-135M)")
     p.set_defaults(func=demo)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from harnessrl.cli.run import add_run_arguments, execute_run, report_broken
 
+HELP = ("the same model across harnesses: pass rate, pass@k, cost per solved task (md, "
+        "csv, png)")
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("eval", help="the same model across harnesses: pass rate, pass@k, "
-                                    "cost per solved task (md, csv, png)")
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_run_arguments(p)
     p.add_argument("--out", type=Path, help="where eval.md/.csv/.png go (default: "
                                             "RUN_DIR/eval)")

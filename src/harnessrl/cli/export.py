@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+
+HELP = "write a run's turns or rollouts as JSONL/Parquet"
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("export", help="write a run's turns or rollouts as JSONL/Parquet")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path)
     p.add_argument("--what", choices=["turns", "rollouts"], default="turns")
     p.add_argument("--format", choices=["jsonl", "parquet"], default="jsonl")

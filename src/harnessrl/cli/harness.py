@@ -4,16 +4,17 @@ the named ones)."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
-from typing import Any
 
 from harnessrl.cli.common import harnesses
 from harnessrl.cli.conformance import run_conformance
-from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR
+from harnessrl.settings import add_flags
+
+HELP = "the real harnesses: list, install, doctor"
 
 
-def add_parser(sub: Any) -> None:
-    harness = sub.add_parser("harness", help="the real harnesses: list, install, doctor")
+def add_arguments(harness: argparse.ArgumentParser) -> None:
+    from harnessrl.rollout.runner import RolloutSettings
+
     actions = harness.add_subparsers()
     listing = actions.add_parser("list", help="known harnesses and whether installed")
     listing.set_defaults(func=harness_list)
@@ -25,7 +26,7 @@ def add_parser(sub: Any) -> None:
     doctor.add_argument("names", nargs="+")
     doctor.set_defaults(func=run_conformance, markdown=None, mode="chat,token")
     for p in (listing, install, doctor):
-        p.add_argument("--tools-dir", type=Path, default=DEFAULT_TOOLS_DIR)
+        add_flags(p, RolloutSettings, "tools_dir")
 
 
 def harness_list(args: argparse.Namespace) -> int:

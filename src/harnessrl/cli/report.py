@@ -6,12 +6,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+
+HELP = "chains per rollout and harness: extension rate and why chains broke"
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("report", help="chains per rollout and harness: extension rate and "
-                                      "why chains broke")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path)
     p.set_defaults(func=run_report)
 

@@ -5,89 +5,58 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harnessrl.cli.common import (
-    DEFAULT_RUN_DIR,
-    add_format_arguments,
-    at_least_one,
-    format_settings,
-    harnesses,
-)
-from harnessrl.cli.tasks import add_build_network
-from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR
+from harnessrl.cli.common import DEFAULT_RUN_DIR, FORMAT, harnesses
+from harnessrl.settings import add_flags, from_flags
+
+if TYPE_CHECKING:
+    from harnessrl.proxy.engines.build import EngineSpec
+
+HELP = "harnesses on tasks through the proxy, scored by the tasks' verifiers"
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("run", help="harnesses on tasks through the proxy, scored by the "
-                                   "tasks' verifiers")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_run_arguments(p)
     p.set_defaults(func=run)
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    from harnessrl.proxy.engines.build import EngineSpec
+    from harnessrl.rollout.cluster import ClusterSettings
+    from harnessrl.rollout.rewards import Shaping
+    from harnessrl.rollout.runner import RolloutSettings, RunConfig
+    from harnessrl.types import Sampling
+
     p.add_argument("--harness", required=True, help="one or more, comma-separated")
     p.add_argument("--tasks", required=True, help="a task dir, a .jsonl file, or bundled[:...]")
-    p.add_argument("-k", "--samples", type=int, default=1, help="rollouts per task and harness")
-    p.add_argument("--concurrency", type=int, default=2)
-    p.add_argument("--retries", type=int, default=2, help="retries of infrastructure failures")
+    add_flags(p, RunConfig, "samples")
+    add_flags(p, RolloutSettings, "concurrency", "retries")
     p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
-    p.add_argument("--tools-dir", type=Path, default=DEFAULT_TOOLS_DIR)
-    p.add_argument("--network", choices=["host", "none", "loopback-proxy"], default="host",
-                   help="local sandbox: loopback-proxy lets the agent reach only the proxy")
-    p.add_argument("--sandbox", choices=["local", "docker"], default="local")
-    p.add_argument("--no-hide", action="store_true",
-                   help="local sandbox: do not hide the tasks' tests and other rollouts' "
-                        "files from the agent, nor keep its writes inside its sandbox "
-                        "(both need root for a mount namespace)")
-    p.add_argument("--image", help="docker sandbox: this image for every task (default: each "
-                                   "task's own, built from its environment/Dockerfile)")
-    add_build_network(p)
-    p.add_argument("--agent-timeout", type=float, metavar="SECONDS",
-                   help="cap every task's own agent deadline")
+    add_flags(p, RolloutSettings, "tools_dir", "network", "sandbox", "hide_host", "image",
+              "build_network", "agent_timeout")
     p.add_argument("--cluster", choices=["ray"],
                    help="run the rollouts across the nodes of a Ray cluster (extra "
                         "harnessrl[ray]): a capture-proxy shard per node")
-    p.add_argument("--ray-address", help="--cluster ray: the cluster to join (e.g. "
-                                         "host:6379, auto); default: a local Ray")
-    p.add_argument("--slots-per-node", type=int,
-                   help="--cluster ray: rollouts at once per node (default: the node's "
-                        "harness_slots resource, else --concurrency)")
+    add_flags(p, ClusterSettings, "address", "slots_per_node")
     engine = p.add_mutually_exclusive_group(required=True)
-    engine.add_argument("--engine-url", help="a running vLLM server, or several "
-                                             "comma-separated (each rollout sticks to one)")
-    engine.add_argument("--model", help="start vLLM for this model: a hub id, a model "
-                                        "directory, a training run's RUN_DIR/model or one "
-                                        "of its checkpoints")
+    add_flags(engine, EngineSpec, "url", "model", helps={
+        "model": "start vLLM for this model: a hub id, a model directory, a training run's "
+                 "RUN_DIR/model or one of its checkpoints"})
     engine.add_argument("--oracle", action="store_true",
                         help="a scripted engine that runs each task's reference solution "
                              "through the harness (checks the pipeline end to end)")
     engine.add_argument("--teacher", metavar="API_BASE",
                         help="any OpenAI-compatible endpoint (its /v1 root): text only, no "
                              "token ids; for `export --sft messages` (distillation)")
-    p.add_argument("--teacher-model", help="--teacher: the model name every call is sent with")
-    p.add_argument("--tokenizer", help="--engine-mode token with --engine-url: the model's "
-                                       "local directory (default: --model)")
-    add_format_arguments(p)
+    add_flags(p, EngineSpec, "teacher_model", "tokenizer", "kind", *FORMAT)
     p.add_argument("--teacher-key-env", metavar="VAR",
                    help="--teacher: the environment variable holding its API key")
-    p.add_argument("--fewer-tool-calls", type=float, default=0.0,
-                   help="shaping: bonus weight for passing with fewer tool calls")
-    p.add_argument("--fewer-tokens", type=float, default=0.0,
-                   help="shaping: bonus weight for passing with fewer sampled tokens")
-    p.add_argument("--tool-call-bonus", type=float, default=0.0, metavar="W",
-                   help="shaping: the reference's form, a passing reward times "
-                        "(1 + W*B/(B + tool calls)), B = --tool-call-budget")
-    p.add_argument("--tool-call-budget", type=at_least_one, default=20, metavar="B",
-                   help="shaping: tool calls at which --fewer-tool-calls reaches 0 and "
-                        "--tool-call-bonus halves (default 20)")
-    p.add_argument("--max-model-calls", type=at_least_one, metavar="N",
-                   help="each rollout's step cap: the call after N is refused and the "
-                        "rollout is scored as it stands, marked capped")
-    p.add_argument("--shaping", action="append", default=[], metavar="MODULE:FUNCTION",
-                   help="a custom shaping term f(verdict, stats) -> float (repeat)")
-    p.add_argument("--temperature", type=float, help="override the harnesses' temperature")
-    p.add_argument("--max-tokens", type=int, help="override the harnesses' max tokens per call")
+    add_flags(p, Shaping, "fewer_tool_calls", "fewer_tokens", "tool_call_bonus",
+              "tool_call_budget")
+    add_flags(p, RolloutSettings, "max_model_calls")
+    add_flags(p, Shaping, "custom")
+    add_flags(p, Sampling, "temperature", "max_tokens")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,27 +67,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def execute_run(args: argparse.Namespace) -> list[Any]:
-    from harnessrl.rollout.rewards import Shaping, load_term
+    from harnessrl.rollout.rewards import Shaping
     from harnessrl.rollout.run import execute, oracle_engine
     from harnessrl.rollout.runner import RolloutSettings, RunConfig
     from harnessrl.rollout.tasks import load_tasks
     from harnessrl.types import Sampling
 
     tasks = load_tasks(args.tasks)
-    shaping = Shaping(fewer_tool_calls=args.fewer_tool_calls, fewer_tokens=args.fewer_tokens,
-                      tool_call_bonus=args.tool_call_bonus,
-                      tool_call_budget=args.tool_call_budget,
-                      custom=dict(load_term(spec) for spec in args.shaping))
-    settings = RolloutSettings(concurrency=args.concurrency, retries=args.retries,
-                               tools_dir=str(args.tools_dir), network=args.network,
-                               sandbox=args.sandbox, image=args.image,
-                               build_network=args.build_network,
-                               hide_host=not args.no_hide, agent_timeout=args.agent_timeout,
-                               max_model_calls=args.max_model_calls)
-    config = RunConfig(harnesses=harnesses(args.harness.split(",")), tasks=tasks,
-                       samples=args.samples, settings=settings, shaping=shaping)
-    sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens)
-    sampling = None if sampling == Sampling() else sampling
+    config = from_flags(RunConfig, args, harnesses=harnesses(args.harness.split(",")),
+                        tasks=tasks, settings=from_flags(RolloutSettings, args),
+                        shaping=from_flags(Shaping, args))
+    sampling = Sampling.from_flags(args)
     if args.cluster:
         return _execute_on_cluster(args, config, sampling)
     if args.oracle:
@@ -149,7 +108,7 @@ def _execute_on_cluster(args: argparse.Namespace, config: Any, sampling: Any) ->
     from harnessrl.rollout.cluster_run import engines_from, execute_on_cluster
     from harnessrl.rollout.run import oracle_engine
 
-    cluster = ClusterSettings(address=args.ray_address, slots_per_node=args.slots_per_node)
+    cluster = from_flags(ClusterSettings, args)
     if args.oracle:
         factory = functools.partial(oracle_engine, config.tasks, config.harnesses)
         return execute_on_cluster(config, factory, args.run_dir, cluster, sampling=sampling)
@@ -161,7 +120,7 @@ def _execute_on_cluster(args: argparse.Namespace, config: Any, sampling: Any) ->
         return execute_on_cluster(config, factory, args.run_dir, cluster, sampling=sampling)
 
 
-def _run_engine_spec(args: argparse.Namespace) -> Any:
+def _run_engine_spec(args: argparse.Namespace) -> EngineSpec:
     """`run`/`eval`: a teacher, a running vLLM, or one started for --model."""
     import os
 
@@ -169,8 +128,7 @@ def _run_engine_spec(args: argparse.Namespace) -> Any:
 
     if args.teacher:
         key = os.environ.get(args.teacher_key_env) if args.teacher_key_env else None
-        return EngineSpec(kind="teacher", url=args.teacher, teacher_model=args.teacher_model,
-                          api_key=key)
+        return from_flags(EngineSpec, args, kind="teacher", url=args.teacher, api_key=key)
     model = args.model
     if model is not None and Path(model).is_dir():
         import sys
@@ -186,9 +144,7 @@ def _run_engine_spec(args: argparse.Namespace) -> Any:
         args.run_dir.mkdir(parents=True, exist_ok=True)
     if args.engine_mode == "token" and not (args.tokenizer or model):
         raise SystemExit("--engine-mode token needs --tokenizer DIR (or --model)")
-    return EngineSpec(kind=args.engine_mode, url=args.engine_url, model=model,
-                      tokenizer=args.tokenizer, vllm_log=args.run_dir / "vllm.log",
-                      **format_settings(args))
+    return from_flags(EngineSpec, args, model=model, vllm_log=args.run_dir / "vllm.log")
 
 
 def report_broken(outcomes: list[Any]) -> bool:

@@ -8,24 +8,26 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR
+from harnessrl.settings import add_flags
 
 SET_HELP = "a task dir, a directory of tasks, a .jsonl file, or bundled[:...]"
 
 
-def add_parser(sub: Any) -> None:
-    tasks = sub.add_parser("tasks", help="task sets: check, list, split")
+HELP = "task sets: check, list, split"
+
+
+def add_arguments(tasks: argparse.ArgumentParser) -> None:
+    from harnessrl.rollout.runner import RolloutSettings
+
     actions = tasks.add_subparsers()
     check = actions.add_parser(
         "check", help="every task's reference solution passes and an empty attempt fails, "
                       "in the chosen sandbox; exit 1 when one does not (for CI)")
     check.add_argument("tasks", help=SET_HELP)
-    check.add_argument("--sandbox", choices=["local", "docker"], default="local")
-    check.add_argument("--concurrency", type=int, default=2, help="tasks checked at once")
-    check.add_argument("--image", help="docker sandbox: this image for every task (default: "
-                                       "each task's own)")
-    add_build_network(check)
-    check.add_argument("--tools-dir", type=Path, default=DEFAULT_TOOLS_DIR)
+    add_flags(check, RolloutSettings, "sandbox", "concurrency", "image", "build_network",
+              "tools_dir", helps={"concurrency": "tasks checked at once",
+                                  "image": "docker sandbox: this image for every task "
+                                           "(default: each task's own)"})
     check.add_argument("--json", action="store_true", help="one JSON object per task")
     check.set_defaults(func=tasks_check)
     listing = actions.add_parser("list", help="the tasks of a set")
@@ -40,13 +42,6 @@ def add_parser(sub: Any) -> None:
                        help="the share of tasks held out (default 0.2)")
     split.add_argument("--seed", type=int, default=0)
     split.set_defaults(func=tasks_split)
-
-
-def add_build_network(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--build-network", choices=["none", "host"], default="none",
-                   help="docker sandbox: the network of `docker build` steps; host lets a "
-                        "Dockerfile install from the package registries this machine "
-                        "reaches (the agent's container stays on --network none)")
 
 
 def _load(spec: str) -> list[Any] | None:

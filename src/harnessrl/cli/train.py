@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+
+HELP = "GRPO on real harness rollouts, from one config file"
 
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("train", help="GRPO on real harness rollouts, from one config file")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, required=True, help="TOML or YAML (see "
                                                               "examples/train.toml)")
     p.add_argument("--run-dir", type=Path, help="overrides the config's run_dir")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from harnessrl.cli.common import DEFAULT_RUN_DIR, is_loopback
 
+HELP = "the trace viewer: a web page over runs, rollouts and tokens"
 
-def add_parser(sub: Any) -> None:
-    p = sub.add_parser("ui", help="the trace viewer: a web page over runs, rollouts and tokens")
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", type=Path, nargs="?", default=DEFAULT_RUN_DIR.parent,
                    help="a run directory, or a directory of them (default: runs)")
     p.add_argument("--host", default="127.0.0.1")

@@ -34,6 +34,7 @@ from harnessrl.proxy.boundary import (
     read_body,
     request_key,
 )
+from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.dialects import Endpoint, endpoints
 from harnessrl.proxy.dialects.base import (
     CountTokens,
@@ -65,13 +66,6 @@ from harnessrl.types import (
 _encode = msgspec.json.Encoder().encode
 _JSON = "application/json"
 _NO_TOKENS = Tokens(None, None, None)
-
-
-@dataclass
-class ProxyConfig:
-    max_body_bytes: int = 32 * 1024 * 1024
-    strict_model: bool = False  # reject model names the engine does not serve
-    admin_token: str | None = None  # required on /rollouts endpoints when set
 
 
 @dataclass

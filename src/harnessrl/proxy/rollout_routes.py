@@ -10,7 +10,7 @@ import asyncio
 import re
 import sqlite3
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from starlette.requests import Request
@@ -25,14 +25,12 @@ from harnessrl.errors import (
 )
 from harnessrl.proxy import nesting
 from harnessrl.proxy.boundary import as_error, bearer, credential, error_response, page, read_body
+from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.dialects import openai_chat
 from harnessrl.proxy.dialects.base import integer
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.sessions import Sessions
 from harnessrl.types import Sampling
-
-if TYPE_CHECKING:
-    from harnessrl.proxy.app import ProxyConfig
 
 _encode = msgspec.json.Encoder().encode
 _JSON = "application/json"

@@ -17,7 +17,8 @@ from typing import Any
 import uvicorn
 import uvloop
 
-from harnessrl.proxy.app import Proxy, ProxyConfig
+from harnessrl.proxy.app import Proxy
+from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.vllm_server import free_port
 from harnessrl.proxy.sessions import Sessions

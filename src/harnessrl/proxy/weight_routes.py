@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -27,13 +27,10 @@ from starlette.routing import Route
 
 from harnessrl.errors import AuthenticationFailed, EngineTimeout, InvalidRequest
 from harnessrl.proxy.boundary import as_error, bearer, error_response, read_body
+from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.dialects import openai_chat
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.gate import GateTimeout, WeightGate
-
-if TYPE_CHECKING:
-    from harnessrl.proxy.app import ProxyConfig
-
 
 _T = TypeVar("_T")
 

@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -39,6 +39,7 @@ from harnessrl.rollout.cluster_node import (
     reach,
 )
 from harnessrl.rollout.runner import Planned, RunConfig, plan
+from harnessrl.settings import flag
 from harnessrl.types import Outcome, Sampling
 
 SLOT_RESOURCE = "harness_slots"
@@ -49,10 +50,15 @@ class ClusterSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     and its flags for `run`/`eval`."""
 
     backend: str = "ray"  # the only one
-    address: str | None = None  # "auto", "ray://host:10001", "host:6379"; None: local Ray
+    # "auto", "ray://host:10001", "host:6379"; None: local Ray
+    address: Annotated[str | None, flag(
+        "--cluster ray: the cluster to join (e.g. host:6379, auto); default: a local Ray",
+        "--ray-address")] = None
     # Rollouts at once per node: the node's `harness_slots` resource when it has one,
     # else this (default: the rollout settings' concurrency), capped by its CPU and memory.
-    slots_per_node: int | None = None
+    slots_per_node: Annotated[int | None, flag(
+        "--cluster ray: rollouts at once per node (default: the node's harness_slots "
+        "resource, else --concurrency)")] = None
     cpus_per_rollout: float = 0.25
     memory_per_rollout_mb: float = 0.0  # 0: not reserved
     # Reruns of a rollout after the node it ran on died (not counted against `retries`).

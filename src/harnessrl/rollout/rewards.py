@@ -13,12 +13,16 @@ record, when it keeps one (`ExitState.actions`).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, cast
+from dataclasses import dataclass
+from typing import Annotated, Literal, cast
+
+import msgspec
 
 from harnessrl.rollout.tasks import Verdict
+from harnessrl.settings import at_least_one, flag
 from harnessrl.types import Turn
 
 ToolCallSource = Literal["native", "harness"]
@@ -54,26 +58,41 @@ class TraceStats:
 ShapingTerm = Callable[[Verdict, TraceStats], float]
 
 
-@dataclass(frozen=True)
-class Shaping:
-    """Weights of the built-in terms (0 turns a term off) and any custom terms.
+class Shaping(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Weights of the built-in terms (0 turns a term off) and any custom terms: the
+    `[shaping]` table of the train config and `run`/`eval`'s shaping flags alike.
 
     `fewer_tool_calls` adds w * (1 - n/B), falling to 0 at the budget B. `tool_call_bonus`
     is the reference recipe's own form: a passing rollout's reward r becomes
     r * (1 + w * B/(B + n)), so the term is r * w * B/(B + n) (w at no call, w/2 at B).
     """
 
-    fewer_tool_calls: float = 0.0
-    tool_call_budget: int = 20
-    fewer_tokens: float = 0.0
+    fewer_tool_calls: Annotated[float, flag(
+        "shaping: bonus weight for passing with fewer tool calls")] = 0.0
+    tool_call_budget: Annotated[int, msgspec.Meta(ge=1), flag(
+        "shaping: tool calls at which --fewer-tool-calls reaches 0 and --tool-call-bonus "
+        "halves (default %(default)s)", metavar="B", parse=at_least_one)] = 20
+    fewer_tokens: Annotated[float, flag(
+        "shaping: bonus weight for passing with fewer sampled tokens")] = 0.0
     token_budget: int = 20_000
-    tool_call_bonus: float = 0.0
-    custom: dict[str, ShapingTerm] = field(default_factory=dict)
+    tool_call_bonus: Annotated[float, flag(
+        "shaping: the reference's form, a passing reward times (1 + W*B/(B + tool calls)), "
+        "B = --tool-call-budget", metavar="W")] = 0.0
+    # `module:function` names of f(verdict, stats) -> float, each recorded by its name
+    custom: Annotated[tuple[str, ...], flag(
+        "a custom shaping term f(verdict, stats) -> float (repeat)", "--shaping",
+        metavar="MODULE:FUNCTION")] = ()
 
     def __post_init__(self) -> None:
         if self.tool_call_bonus and self.tool_call_budget < 1:
             raise ValueError(f"tool_call_budget must be at least 1 for tool_call_bonus, got "
                              f"{self.tool_call_budget}")
+        for spec in self.custom:  # a name that does not load is an error now, not mid-run
+            load_term(spec)
+
+    @property
+    def custom_terms(self) -> dict[str, ShapingTerm]:
+        return dict(load_term(spec) for spec in self.custom)
 
     def terms(self, verdict: Verdict, stats: TraceStats) -> dict[str, float]:
         terms: dict[str, float] = {}
@@ -87,7 +106,7 @@ class Shaping:
         if self.fewer_tokens and verdict.passed:
             terms["fewer_tokens"] = self.fewer_tokens * _under(
                 stats.completion_tokens, self.token_budget)
-        for name, term in self.custom.items():
+        for name, term in self.custom_terms.items():
             terms[name] = float(term(verdict, stats))
         return terms
 
@@ -101,12 +120,17 @@ def _under(used: int, budget: int) -> float:
     return max(0.0, 1.0 - used / budget) if budget > 0 else 0.0
 
 
+@functools.cache
 def load_term(spec: str) -> tuple[str, ShapingTerm]:
-    """`package.module:function` -> (function name, function)."""
+    """`package.module:function` -> (function name, function); a ValueError naming `spec`
+    if it does not name a function."""
     module, _, name = spec.partition(":")
     if not module or not name:
         raise ValueError(f"shaping term {spec!r}: write it as module:function")
-    term = getattr(importlib.import_module(module), name)
+    try:
+        term = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"shaping term {spec!r}: {error}") from None
     if not callable(term):
         raise ValueError(f"shaping term {spec!r} is not a function")
     return name, cast(ShapingTerm, term)  # its signature is the user's promise

@@ -30,6 +30,7 @@ from harnessrl.rollout.docker import DockerBackend
 from harnessrl.rollout.rewards import Shaping, TraceStats
 from harnessrl.rollout.sandbox import ExecResult, LocalSandbox, Network, SandboxError
 from harnessrl.rollout.tasks import BUNDLED, Task, TaskError, Verdict, prepare, verify
+from harnessrl.settings import at_least_one, flag
 from harnessrl.types import Outcome, Sampling
 
 # Turn errors that are the engine's fault, not the agent's (see errors.py kinds).
@@ -46,28 +47,42 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """How every rollout runs, whoever starts it: `harnessrl run`/`eval`, the train
     config's `[rollout]` table (which extends this) and `HarnessRollouts`."""
 
-    concurrency: int = 2
-    retries: int = 2  # of infrastructure failures
-    tools_dir: str = str(DEFAULT_TOOLS_DIR)  # harness prefixes, installed once, reused
-    network: Network = "host"
-    sandbox: Literal["local", "docker"] = "local"
+    concurrency: Annotated[int, flag("rollouts at once")] = 2
+    retries: Annotated[int, flag("retries of infrastructure failures")] = 2
+    # harness prefixes, installed once, reused
+    tools_dir: Annotated[str, flag("where harnesses are installed", parse=Path)] = str(
+        DEFAULT_TOOLS_DIR)
+    network: Annotated[Network, flag("local sandbox: loopback-proxy lets the agent reach "
+                                     "only the proxy")] = "host"
+    sandbox: Annotated[Literal["local", "docker"], flag()] = "local"
     # Show the agent an empty directory where the task's source (tests, solution), the
     # bundled tasks and other rollouts' sandboxes are (local sandbox; needs root).
-    hide_host: bool = True
+    hide_host: Annotated[bool, flag(
+        "local sandbox: do not hide the tasks' tests and other rollouts' files from the "
+        "agent, nor keep its writes inside its sandbox (both need root for a mount "
+        "namespace)", "--no-hide", negate=True)] = True
     # Docker sandbox: an image for every task instead of the one built from its
     # environment/Dockerfile, and how many containers may be starting at once.
-    image: str | None = None
+    image: Annotated[str | None, flag("docker sandbox: this image for every task (default: "
+                                      "each task's own, built from its "
+                                      "environment/Dockerfile)")] = None
     sandbox_starts: int = 2
     # Docker sandbox: the network `docker build` steps get. "host" (opt-in) lets a
     # Dockerfile install from the package registries this machine reaches; the agent's
     # container stays on `--network none` either way (see rollout/docker_images.py).
-    build_network: Literal["none", "host"] = "none"
+    build_network: Annotated[Literal["none", "host"], flag(
+        "docker sandbox: the network of `docker build` steps; host lets a Dockerfile install "
+        "from the package registries this machine reaches (the agent's container stays on "
+        "--network none)")] = "none"
     # Caps every task's own agent deadline (seconds): a small model that never finishes
     # keeps a harness busy until the deadline, and a training step waits for its slowest.
-    agent_timeout: float | None = None
+    agent_timeout: Annotated[float | None, flag("cap every task's own agent deadline",
+                                                metavar="SECONDS")] = None
     # Each rollout's step cap in the proxy: the call after this many is refused in the
     # harness's dialect, and the rollout is scored as it stands, marked `capped`.
-    max_model_calls: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    max_model_calls: Annotated[Annotated[int, msgspec.Meta(ge=1)] | None, flag(
+        "each rollout's step cap: the call after N is refused and the rollout is scored as "
+        "it stands, marked capped", metavar="N", parse=at_least_one)] = None
 
     @property
     def tools(self) -> Path:
@@ -78,7 +93,7 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 class RunConfig:
     harnesses: Sequence[Harness]
     tasks: Sequence[Task]
-    samples: int = 1
+    samples: Annotated[int, flag("rollouts per task and harness", "-k", "--samples")] = 1
     settings: RolloutSettings = field(default_factory=RolloutSettings)
     shaping: Shaping = field(default_factory=Shaping)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
-from harnessrl.train.config import TrainConfig, shaping_of
+from harnessrl.train.config import TrainConfig
 from harnessrl.train.engines import PolicyEngines
 from harnessrl.train.long_run import LongRun, is_eval_log
 
@@ -167,7 +167,7 @@ def train_async(config: TrainConfig, tasks: list[Any], harnesses: list[Any], mod
     rollouts = HarnessRollouts(
         tasks=tasks, harnesses=harnesses, engine=engines.engine, run_dir=run_dir,
         pad_token_id=tokenizer.pad_token_id, sampling=sampling_of(config),
-        shaping=shaping_of(config.shaping), mix=config.rollout.mix, settings=config.rollout,
+        shaping=config.shaping, mix=config.rollout.mix, settings=config.rollout,
         cluster=config.cluster, engine_factory=node_engines(config, engines))
     g = config.grpo
     long = long or LongRun(config, run_dir, tasks, console, run_dir / METRICS_FILE)

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from harnessrl.rollout.cluster import ClusterSettings
+from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.runner import RolloutSettings
 
 
@@ -132,16 +133,6 @@ class GRPOSettings(_Section):
     weight_transfer: Literal["file", "trl"] = "file"
 
 
-class ShapingConfig(_Section):
-    fewer_tool_calls: float = 0.0
-    tool_call_budget: Annotated[int, msgspec.Meta(ge=1)] = 20
-    # the reference's form: a passing reward r becomes r * (1 + w * B/(B + tool calls))
-    tool_call_bonus: float = 0.0
-    fewer_tokens: float = 0.0
-    token_budget: int = 20_000
-    custom: list[str] = []  # module:function, f(verdict, stats) -> float
-
-
 class CheckpointConfig(_Section):
     """`[checkpoint]`: a whole checkpoint (model, optimizer, scheduler, RNG states, the
     trainer's step, the weight version, the task order's cursor) every `every_steps`
@@ -174,7 +165,7 @@ class TrainConfig(_Section):
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
     grpo: GRPOSettings = msgspec.field(default_factory=GRPOSettings)
-    shaping: ShapingConfig = msgspec.field(default_factory=ShapingConfig)
+    shaping: Shaping = msgspec.field(default_factory=Shaping)
     # [cluster]: the rollouts run across a Ray cluster (extra harnessrl[ray]); absent: here
     cluster: ClusterSettings | None = None
     checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
@@ -217,13 +208,3 @@ def load_config(path: Path) -> TrainConfig:
         if type(exc).__module__.startswith("yaml"):
             raise ConfigError(f"{path}: {exc}") from None
         raise
-
-
-def shaping_of(config: ShapingConfig) -> Any:
-    from harnessrl.rollout.rewards import Shaping, load_term
-
-    return Shaping(fewer_tool_calls=config.fewer_tool_calls,
-                   tool_call_budget=config.tool_call_budget,
-                   tool_call_bonus=config.tool_call_bonus,
-                   fewer_tokens=config.fewer_tokens, token_budget=config.token_budget,
-                   custom=dict(load_term(spec) for spec in config.custom))

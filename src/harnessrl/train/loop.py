@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from harnessrl.rollout.chains import ChainStats
-from harnessrl.train.config import TrainConfig, shaping_of, trainer_dtype
+from harnessrl.train.config import TrainConfig, trainer_dtype
 from harnessrl.train.engines import PolicyEngines, node_engines, policy_engines
 from harnessrl.train.long_run import long_run
 from harnessrl.train.processes import check_processes
@@ -228,7 +228,7 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
         tasks=tasks, harnesses=harnesses, engine=engines.engine,
         run_dir=run_dir,
         pad_token_id=tokenizer.pad_token_id, sync=sync, sampling=sampling_of(config),
-        shaping=shaping_of(config.shaping), mix=config.rollout.mix, settings=config.rollout,
+        shaping=config.shaping, mix=config.rollout.mix, settings=config.rollout,
         on_outcome=lambda _o: progress.advance(task_id), cluster=config.cluster,
         engine_factory=node_engines(config, engines))
     log = StepLog(run_dir / METRICS_FILE, rollouts, progress.console, on_step)

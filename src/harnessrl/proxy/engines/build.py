@@ -8,11 +8,12 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Annotated, Any, Literal, TypedDict
 
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.upstream import FIRST_BYTE_TIMEOUT
 from harnessrl.proxy.engines.vllm_server import VLLMServer
+from harnessrl.settings import flag, interval_ms, json_object
 
 EngineKind = Literal["chat", "token", "scripted", "teacher"]
 Status = Callable[[str], contextlib.AbstractContextManager[Any]]
@@ -32,29 +33,57 @@ class EngineSpec:
     the OpenAI root at `url`, every call sent as `teacher_model` with `api_key`.
     """
 
-    kind: EngineKind = "chat"
-    url: str | None = None
-    model: str | None = None
-    tokenizer: str | None = None
-    tool_call_parser: str | None = None
-    reasoning_parser: str | None = None
-    renderer: str | None = None  # a `renderers` family, "default" (the template), or auto
+    kind: Annotated[EngineKind, flag(
+        "chat: vLLM renders the chat template and parses tool calls; token: the proxy renders "
+        "with the model's tokenizer, reuses a rollout's earlier token ids, and parses replies "
+        "itself", "--engine-mode", choices=("chat", "token"))] = "chat"
+    url: Annotated[str | None, flag(
+        "a running vLLM server (its OpenAI API root), or several comma-separated (each "
+        "rollout sticks to one)", "--engine-url")] = None
+    model: Annotated[str | None, flag(
+        "start vLLM for this model (local path or hub id)")] = None
+    tokenizer: Annotated[str | None, flag(
+        "token mode: the model's local directory (default: --model)")] = None
+    tool_call_parser: Annotated[str | None, flag(
+        "vLLM's tool-call parser name (e.g. hermes, qwen3_coder, lfm2, llama3_json); default: "
+        "from the model")] = None
+    reasoning_parser: Annotated[str | None, flag(
+        "vLLM's reasoning parser name (e.g. qwen3, deepseek_r1)")] = None
+    # a `renderers` family, "default" (the template), or auto
+    renderer: Annotated[str | None, flag(
+        "token mode: a renderers family (qwen3, qwen3.5, glm-4.5, kimi-k2, deepseek-v3, "
+        "llama-3, gpt-oss, ...), or 'default' for the model's chat template; default: found "
+        "from the model")] = None
     chat_template: str | None = None
-    chat_template_kwargs: Mapping[str, Any] | None = None
-    read_timeout: float = 600.0
-    first_byte_timeout: float = FIRST_BYTE_TIMEOUT
-    stream_interval: float = 0.0  # seconds between reads of a streamed answer (Upstream)
+    chat_template_kwargs: Annotated[Mapping[str, Any] | None, flag(
+        "token mode: template options, e.g. '{\"enable_thinking\": false}' or "
+        "'{\"thinking_retention\": \"all\"}' (keep earlier reasoning)", metavar="JSON",
+        parse=json_object)] = None
+    read_timeout: Annotated[float, flag(
+        "seconds the engine may stay silent once it has begun to answer (the generation "
+        "limit)", "--engine-timeout")] = 600.0
+    first_byte_timeout: Annotated[float, flag(
+        "seconds the engine may stay silent before it begins to answer; then it must answer "
+        "GET /health (within 10 s) or the call fails",
+        "--engine-first-byte-timeout")] = FIRST_BYTE_TIMEOUT
+    # seconds between reads of a streamed answer (Upstream)
+    stream_interval: Annotated[float, flag(
+        "read a streamed answer from the engine at most once per MS milliseconds after its "
+        "first token: the tokens of an interval go on together, for a fraction of the CPU per "
+        "token, and the last one may wait up to MS (default 0: each as it arrives)",
+        "--stream-interval-ms", metavar="MS", parse=interval_ms, scale=1000)] = 0.0
     # a vLLM started here
-    served_name: str | None = None
-    max_model_len: int | None = None
-    dtype: str | None = None
-    vllm_args: Sequence[str] = ()
-    vllm_log: Path | None = None
+    served_name: Annotated[str | None, flag(None, "--served-model-name")] = None
+    max_model_len: Annotated[int | None, flag()] = None
+    dtype: Annotated[str | None, flag()] = None
+    vllm_args: Annotated[Sequence[str], flag("extra vLLM flag (repeat)", "--vllm-arg")] = ()
+    vllm_log: Annotated[Path | None, flag()] = None
     # scripted
     script: Sequence[str] = ()
-    token_delay: float = 0.0
+    token_delay: Annotated[float, flag("scripted engine: s/token")] = 0.0
     # teacher
-    teacher_model: str | None = None
+    teacher_model: Annotated[str | None, flag(
+        "--teacher: the model name every call is sent with")] = None
     api_key: str | None = None
 
     @property
