@@ -172,7 +172,7 @@ def toml_value(value: Any) -> str:
         return "unset"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, str | list | dict):
+    if isinstance(value, str | list | tuple | dict):  # a tuple is a TOML array too
         return json.dumps(value)
     return str(value)
 

@@ -3,7 +3,6 @@ and the harness lookup by name."""
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 from pathlib import Path
 from typing import TYPE_CHECKING
