@@ -209,7 +209,6 @@ def evaluation_of(config: TrainConfig, tasks: Sequence[Any], run_dir: Path
     import msgspec
 
     from harnessrl.harnesses import get
-    from harnessrl.train.config import shaping_of
     from harnessrl.train.trl import on_policy_sampling
     from harnessrl.types import Sampling
 
@@ -224,4 +223,4 @@ def evaluation_of(config: TrainConfig, tasks: Sequence[Any], run_dir: Path
     return EvalDuringTraining(
         every_steps=e.every_steps, tasks=list(tasks), harnesses=[get(n) for n in names],
         samples=e.samples, settings=settings, sampling=sampling,
-        shaping=shaping_of(config.shaping), run_dir=run_dir)
+        shaping=config.shaping, run_dir=run_dir)
