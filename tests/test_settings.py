@@ -25,6 +25,7 @@ REQUIRED = {
     "run": ["--harness", "h", "--tasks", "t", "--oracle"],
     "eval": ["--harness", "h", "--tasks", "t", "--oracle"],
     "doctor": ["some-harness"],
+    "check": ["some-task-set"],
 }
 
 
