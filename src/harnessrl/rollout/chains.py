@@ -289,7 +289,7 @@ def report(store: TraceReader) -> Report:
     """Chain statistics of every rollout in the store, turns streamed one rollout at a time."""
     meta = {r.key: r for r in store.iter_rollouts()}
     grouped = ((key, list(turns)) for key, turns in
-               groupby(store.iter_turns(), key=attrgetter("rollout")))
+               groupby(store.iter_turns(bodies=False), key=attrgetter("rollout")))
     result = build_report((meta.pop(key, None), turns) for key, turns in grouped)
     for rollout in meta.values():  # rollouts that made no call
         result.add(rollout.key, harness_of(rollout), ChainStats(rollouts=1))

@@ -54,5 +54,6 @@ def samples_for_rollout(turns: Sequence[Turn]) -> list[Sample]:
 
 def iter_samples(store: TraceReader) -> Iterator[Sample]:
     """Every sample of a run, one rollout at a time (the store yields turns by rollout)."""
-    for _key, turns in groupby(store.iter_turns(), key=attrgetter("rollout")):
+    # Only the ids, status and flags are read: the raw bodies and requests stay unread.
+    for _key, turns in groupby(store.iter_turns(bodies=False), key=attrgetter("rollout")):
         yield from samples_for_rollout(list(turns))
