@@ -165,6 +165,19 @@ def test_harness_reference_names_every_registered_harness(site: Path):
     assert "copilot@anthropic" in page
 
 
+def test_layout_reference_names_every_module(site: Path):
+    import harnessrl
+
+    page = _page(site, "reference/layout")
+    package = Path(harnessrl.__file__).parent
+    modules = [p for p in package.rglob("*.py") if "bundled_tasks" not in p.parts
+               and (p.name != "__init__.py" or p.read_text().lstrip().startswith('"""'))]
+    assert len(modules) > 100
+    for module in modules:
+        folder = str(module.parent.relative_to(package.parent))
+        assert f"<code>{folder}/</code>" in page and f"<code>{module.name}</code>" in page
+
+
 def test_a_page_left_out_of_the_nav_is_added(tmp_path: Path):
     sys.path.insert(0, str(ROOT / "scripts"))
     try:

@@ -16,6 +16,7 @@ import tokenize
 import types
 import typing
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -426,11 +427,45 @@ def chain_reasons(which: str) -> str:
     return table(["reason", "what happened"], [[f"`{k}`", v] for k, v in reasons.items()])
 
 
+# ------------------------------------------------------------------ the source layout
+def module_rows(package: Path) -> list[tuple[str, list[list[str]]]]:
+    """Per folder of the package: each module and the first sentence of its docstring
+    (read with ast: nothing is imported)."""
+    sections: dict[str, list[list[str]]] = {}
+    for path in sorted(package.rglob("*.py")):
+        if "bundled_tasks" in path.parts:
+            continue
+        folder = str(path.parent.relative_to(package.parent)).replace("\\", "/")
+        doc = ast.get_docstring(ast.parse(path.read_text()))
+        if path.name == "__init__.py" and not doc:
+            continue
+        sections.setdefault(folder, []).append([f"`{path.name}`", first_sentence(doc)])
+    return sorted(sections.items())
+
+
+def layout_page() -> str:
+    import harnessrl
+
+    out = [GENERATED, "# Source layout", "",
+           "Every module under `src/harnessrl/`, with the first sentence of its docstring "
+           "(generated: a new module shows up here by itself). Layers import only downward: "
+           "proxy <- harnesses <- rollout <- train <- ui / cli (`tests/test_layers.py` walks "
+           "every import and fails on one running back up). The [design](../design.md) says "
+           "why the parts are cut this way.", ""]
+    for folder, rows in module_rows(Path(harnessrl.__file__).parent):
+        out += [f"## `{folder}/`", "", table(["module", "what it is"], rows), ""]
+    out += ["Beside it: `tests/` (the suite; `helpers.py`, `dialects.py`, recorded requests "
+            "and outcomes of each harness), `bench/` (every benchmark; `bench/run.py` writes "
+            "`bench/results.md`), `docs/` (this site), `examples/` (a train config).", ""]
+    return "\n".join(out)
+
+
 PAGES = {
     "reference/cli.md": cli_page,
     "reference/config.md": config_page,
     "reference/http-api.md": http_page,
     "reference/harnesses.md": harness_page,
+    "reference/layout.md": layout_page,
 }
 # `<!-- generated: NAME -->` in a written page is replaced by SNIPPETS[NAME]().
 SNIPPETS = {
