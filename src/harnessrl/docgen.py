@@ -78,7 +78,11 @@ def _argument_row(action: argparse.Action) -> list[str]:
         shown = ""
     else:
         shown = f"`{default}`"
-    return [name, shown, action.help or ""]
+    try:  # argparse's own expansion of %(default)s and the like
+        text = (action.help or "") % {**vars(action), "prog": "harnessrl"}
+    except (KeyError, TypeError, ValueError):
+        text = action.help or ""
+    return [name, shown, text]
 
 
 def cli_page() -> str:
@@ -140,9 +144,9 @@ def _comments_of(source: str) -> dict[str, str]:
 
 def type_name(kind: Any) -> str:
     origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if origin is typing.Annotated:
+    if origin is typing.Annotated:  # msgspec.Meta limits; a settings Flag is shown apart
         limits = [f"{k.replace('ge', '≥').replace('le', '≤')} {v}" for meta in args[1:]
-                  for k, v in (getattr(meta, "__dict__", {}) or _meta_limits(meta)).items()]
+                  if isinstance(meta, msgspec.Meta) for k, v in _meta_limits(meta).items()]
         return type_name(args[0]) + (f" ({', '.join(limits)})" if limits else "")
     if origin is typing.Literal:
         return " | ".join(json.dumps(a) for a in args)
@@ -150,12 +154,36 @@ def type_name(kind: Any) -> str:
         return " or ".join("unset" if a is type(None) else type_name(a) for a in args)
     if origin is not None:
         return f"{origin.__name__}[{', '.join(type_name(a) for a in args)}]"
+    if kind is Ellipsis:
+        return "..."
     return "Any" if kind is Any else getattr(kind, "__name__", str(kind))
 
 
 def _meta_limits(meta: Any) -> dict[str, Any]:
     return {k: getattr(meta, k) for k in ("ge", "gt", "le", "lt")
             if getattr(meta, k, None) is not None}
+
+
+def flag_of(kind: Any) -> Any:
+    """The settings `Flag` in a field's `Annotated` (harnessrl.settings), if it has one."""
+    for candidate in (kind, *typing.get_args(kind)):
+        if typing.get_origin(candidate) is typing.Annotated:
+            for meta in typing.get_args(candidate)[1:]:
+                if type(meta).__name__ == "Flag" and hasattr(meta, "names"):
+                    return meta
+    return None
+
+
+def meaning(field: msgspec.structs.FieldInfo, comments: dict[str, str]) -> str:
+    """The comments beside the field, else its flag's help; and the flag that sets it."""
+    flag = flag_of(field.type)
+    helped = (flag.help or "") if flag is not None else ""
+    helped = helped.replace("%(default)s", toml_value(default_of(field)))  # argparse's form
+    text = comments.get(field.name, "") or helped
+    if flag is not None:
+        names = flag.names or ("--" + field.name.replace("_", "-"),)
+        text += f" (flag: {', '.join(f'`{n}`' for n in names)})"
+    return text.strip()
 
 
 def default_of(field: msgspec.structs.FieldInfo) -> Any:
@@ -215,7 +243,7 @@ def config_page() -> str:
             else ""
         comments = field_comments(section)
         rows = [[f"`{prefix}{f.name}`", type_name(f.type), f"`{toml_value(default_of(f))}`",
-                 comments.get(f.name, "")]
+                 meaning(f, comments)]
                 for f in msgspec.structs.fields(section) if _struct_of(f.type) is None]
         out += [f"## {title}", "", doc, "", table(["field", "type", "default", "meaning"], rows),
                 ""]
