@@ -35,6 +35,8 @@ WHOLE, DELTA = ord("W"), ord("D")
 _ZSTD, _RAW = ord("z"), ord("r")
 # Below this a zstd frame (~10 bytes of overhead) is not worth trying.
 _MIN_COMPRESS = 64
+# A delta must reuse at least this many bytes of its base (and a quarter of the body).
+_MIN_SHARED = 64
 
 
 class CorruptTurn(sqlite3.DatabaseError):
@@ -136,7 +138,9 @@ def encode_body(body: bytes, base: bytes | None) -> tuple[bytes, bool]:
     if base:
         prefix = shared_prefix(body, base)
         suffix = shared_suffix(body, base, min(len(body), len(base)) - prefix)
-        if prefix + suffix > 0:
+        # A body that shares little with the base (a side call's) is kept whole and
+        # compressed, and depends on no other turn.
+        if prefix + suffix >= max(_MIN_SHARED, len(body) // 4):
             return seal(DELTA, (prefix, suffix), body[prefix:len(body) - suffix]), True
     return seal(WHOLE, (), body, compress=True), False
 
