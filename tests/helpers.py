@@ -151,3 +151,50 @@ class DropsAToken(ScriptedCompletions):
         pieces = [*s.pieces[:n - 1], s.pieces[n - 1] + s.pieces[n], *s.pieces[n + 1:]]
         return Sample(s.prompt_ids, s.ids[:n] + s.ids[n + 1:], pieces,
                       s.logprobs[:n] + s.logprobs[n + 1:], s.finish)
+
+
+# ------------------------------------------------------------------ serve --workers N
+@contextlib.contextmanager
+def serve_workers_cli(args: list[str], run_dir: Path, n: int = 2,
+                      timeout: float = 240.0) -> Iterator[tuple[str, list[int]]]:
+    """`harnessrl serve --workers N ARGS` as real processes on a free port, until every
+    worker answers; yields (shared URL, each worker's private port)."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    import httpx
+
+    from harnessrl.proxy.engines.vllm_server import free_port
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "harnessrl.cli", "serve", "--workers", str(n), *args,
+         "--run-dir", str(run_dir), "--port", str(port)], stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        lines = [process.stderr.readline()]
+        while not (found := re.search(r"their own ports ([\d, ]+);", lines[-1])):
+            assert lines[-1] and len(lines) < 50, "".join(lines)
+            lines.append(process.stderr.readline())
+        threading.Thread(target=process.stderr.read, daemon=True).start()  # never blocks
+        private = [int(p) for p in found.group(1).split(", ")]
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        for base in [f"http://127.0.0.1:{p}" for p in private] + [url]:
+            while True:
+                with contextlib.suppress(httpx.TransportError):
+                    if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                        break
+                assert time.monotonic() < deadline, f"{base} did not come up"
+                time.sleep(0.2)
+        yield url, private
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        finally:
+            process.kill()

@@ -5,6 +5,9 @@ HTTP/1.1 allows a server (RFC 9112 section 6), and ones that are really broken.
 It answers `GET /v1/models`, `GET /health` and `POST /v1/chat/completions` (streamed or
 whole, in vLLM's shapes with token ids and logprobs) with `tokens` tokens; token i is the
 text `text_of(i)`, id `id_of(i)`, logprob `logprob_of(i)`. Anything else gets a 404.
+
+And raw clients of the proxy for issue 32's tests: slow readers with small receive buffers
+(`read_stream`, `READERS`) and clients that leave before their answer (`call_and_leave`).
 """
 
 from __future__ import annotations
@@ -12,10 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from harnessrl.types import Turn
+from tests.dialects import WireDialect
 
 PROMPT_IDS = [1, 2, 3, 4]
 
@@ -210,6 +218,8 @@ class RawEngine:
     tokens: int = 6
     gap: float = 0.0
     pad: int = 0  # characters of an unused field in each streamed chunk (vLLM's are long)
+    width: int = 0  # characters added to each token's text (a long answer in few tokens)
+    delay: float = 0.0  # seconds before a model call is answered (a long generation)
     url: str = ""
     connections: int = 0
     requests: list[tuple[str, str, dict]] = field(default_factory=list)
@@ -223,9 +233,12 @@ class RawEngine:
     def logprobs(self) -> list[float]:
         return [logprob_of(i) for i in range(self.tokens)]
 
+    def piece(self, i: int) -> str:
+        return text_of(i) + "x" * self.width
+
     @property
     def text(self) -> str:
-        return "".join(text_of(i) for i in range(self.tokens))
+        return "".join(self.piece(i) for i in range(self.tokens))
 
     @contextlib.contextmanager
     def running(self) -> Iterator[RawEngine]:
@@ -269,6 +282,8 @@ class RawEngine:
                     await w.drain()
                     continue
                 # A broken framing breaks the model calls only: the proxy must start.
+                if path == "/v1/chat/completions" and self.delay:
+                    await asyncio.sleep(self.delay)
                 writer = (FRAMINGS[self.framing] if self.framing in FRAMINGS
                           else BROKEN[self.framing][0] if path == "/v1/chat/completions"
                           else _length)
@@ -298,10 +313,11 @@ class RawEngine:
                              "token_ids": [], "logprobs": None}]}]
         for i in range(self.tokens):
             out.append({**head, "choices": [{
-                "index": 0, "delta": {"content": text_of(i)},
+                "index": 0, "delta": {"content": self.piece(i)},
                 "finish_reason": "stop" if i == self.tokens - 1 else None,
                 "token_ids": [id_of(i)],
-                "logprobs": {"content": [{"token": text_of(i), "logprob": logprob_of(i)}]}}]})
+                "logprobs": {"content": [{"token": self.piece(i),
+                                          "logprob": logprob_of(i)}]}}]})
         out.append({**head, "choices": [],
                     "usage": {"prompt_tokens": len(PROMPT_IDS),
                               "completion_tokens": self.tokens}})
@@ -313,7 +329,103 @@ class RawEngine:
             "choices": [{"index": 0, "finish_reason": "stop",
                          "message": {"role": "assistant", "content": self.text},
                          "token_ids": self.ids,
-                         "logprobs": {"content": [{"token": text_of(i), "logprob": logprob_of(i)}
+                         "logprobs": {"content": [{"token": self.piece(i),
+                                                   "logprob": logprob_of(i)}
                                                   for i in range(self.tokens)]}}],
             "usage": {"prompt_tokens": len(PROMPT_IDS),
                       "completion_tokens": self.tokens}}).encode()
+
+
+# ------------------------------------------------------------------ raw clients
+ENGINE_TIMEOUT = 2.0  # s: every reader below is behind the engine for longer than this
+
+
+def read_stream(url: str, key: str, *, step: int = 2048, every: float = 0.02,
+                stall: float = 0.0, rcvbuf: int = 4096, timeout: float = 120.0) -> bytes:
+    """A streamed chat call read by a raw client with a `rcvbuf` receive buffer: nothing
+    for `stall` s, then `step` bytes every `every` s, until the server closes."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps({"model": "raw", "stream": True,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)  # before connecting
+        sock.settimeout(timeout)
+        sock.connect((host, int(port)))
+        sock.sendall(b"POST /r/%s/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n"
+                     b"Connection: close\r\n\r\n%s" % (key.encode(), len(body), body))
+        time.sleep(stall)
+        got = bytearray()
+        while data := sock.recv(step):
+            got += data
+            time.sleep(every)
+    return bytes(got)
+
+
+def whole_and_exact(raw: bytes, turns: list, engine: RawEngine) -> None:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert b"data: [DONE]" in body[-200:] and b'"error"' not in body, body[-300:]
+    assert body.count(b"chat.completion.chunk") >= 2
+    assert len(turns) == 1 and turns[0].status == "ok", turns[0].error
+    tokens = turns[0].completion.tokens
+    assert list(tokens.prompt_ids) == PROMPT_IDS
+    assert list(tokens.completion_ids) == engine.ids
+    assert list(tokens.logprobs) == engine.logprobs
+
+
+@dataclass(frozen=True)
+class Reader:
+    """An engine's answer (`tokens`, each `width` characters longer than its id's text)
+    and how the client reads it (see `read_stream`)."""
+
+    tokens: int
+    width: int = 0
+    step: int = 2048
+    every: float = 0.02
+    stall: float = 0.0
+
+    def read(self, url: str, key: str) -> bytes:
+        return read_stream(url, key, step=self.step, every=self.every, stall=self.stall)
+
+
+# The issue's reader (1,500 tokens, 2 KB every 20 ms), and one that stalls past the engine
+# timeout on an answer longer than the kernel buffers between it and the proxy hold (so
+# the proxy must stop reading the engine; before issue 32 that pause timed the call out).
+READERS = {
+    "slow": Reader(tokens=1500),
+    "stalled": Reader(tokens=1500, width=4000, stall=1.5 * ENGINE_TIMEOUT, step=1 << 20,
+                      every=0.0),
+}
+
+
+ENGINE_DELAY = 0.4  # s the engine takes over a non-streamed answer
+LEAVE_AFTER = 0.1  # s after sending its request the client disconnects
+
+
+def call_and_leave(base: str, dialect: WireDialect, *, after: float = LEAVE_AFTER) -> None:
+    """A non-streamed call in `dialect` to a rollout's base URL by a raw client that
+    closes its connection `after` s, before any answer."""
+    host_port, _, prefix = base.removeprefix("http://").partition("/")
+    host, port = host_port.rsplit(":", 1)
+    path, body, _ = dialect.streamed(dialect.plain, False)
+    data = json.dumps(body).encode()
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(b"POST /%s%s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (prefix.encode(), path.encode(),
+                                                       len(data), data))
+        time.sleep(after)
+        sock.setblocking(False)
+        with contextlib.suppress(BlockingIOError):  # nothing yet, as meant
+            assert not sock.recv(1), "an answer came before the client left"
+
+
+def stored(read: Callable[[], list[Turn]], n: int, timeout: float = 15.0) -> list[Turn]:
+    """The rollout's turns once `n` are stored (the owner commits when the engine is
+    done, after the client has gone)."""
+    deadline = time.monotonic() + timeout
+    while len(turns := read()) < n:
+        assert time.monotonic() < deadline, f"{len(turns)} of {n} turns stored"
+        time.sleep(0.05)
+    time.sleep(0.3)  # a cancellation after a commit lands in its own write
+    return read()

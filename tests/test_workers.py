@@ -281,8 +281,12 @@ def test_a_worker_serves_its_own_rollouts_and_relays_the_others():
                  "server": ("127.0.0.1", 1), "root_path": ""}
         sent: list[dict] = []
 
-        async def receive():
-            return {"type": "http.request", "body": b"{}", "more_body": False}
+        bodies = iter([{"type": "http.request", "body": b"{}", "more_body": False}])
+
+        async def receive():  # the body, then (as a server does) nothing until the end
+            if (message := next(bodies, None)) is not None:
+                return message
+            await asyncio.sleep(3600)
 
         async def send(message):
             sent.append(message)

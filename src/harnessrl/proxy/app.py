@@ -2,7 +2,10 @@
 root, with the key as the API key), forwards to the engine, and records every call.
 
 A turn is committed to the store *before* the last bytes of its reply leave, so a call
-the client saw finish is never missing from the store.
+the client saw finish is never missing from the store. It is committed `ok` only if the
+client is still there then, and becomes `cancelled` if the client turns out to have left
+before the last byte was handed to the server (docs/concepts/engine-http.md): a reply the harness
+never got must not be trained as a step it took.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
@@ -28,7 +32,10 @@ from harnessrl.errors import EngineError, HarnessRLError, NotFound, StoreFailed
 from harnessrl.proxy import nesting
 from harnessrl.proxy.accumulate import Accumulator
 from harnessrl.proxy.boundary import (
+    RELAYED,
+    TURN,
     as_error,
+    client_gone,
     decode_json,
     error_response,
     read_body,
@@ -86,7 +93,16 @@ class _Call:
     first_token: float | None = None
     sent: list[bytes] = field(default_factory=list)
     recorded: bool = False
+    stored_ok: bool = False  # its turn was committed ok
+    delivered: bool = False  # its reply's last byte was handed to a client still there
+    relayed: bool = False  # it came through another worker's relay
     left: bool = False
+
+    def headers(self, **headers: str) -> dict[str, str]:
+        """The answer's headers; to a relay, the turn's index too (`proxy/relay.py`)."""
+        if self.relayed:
+            headers[TURN.decode()] = str(self.index)
+        return headers
 
     def leave(self) -> None:
         """Out of the gate, once, whichever path ends the call."""
@@ -218,10 +234,11 @@ class Proxy:
             raw=raw, request=parsed, used=used,
             ctx=ReplyContext(f"{dialect.id_prefix}{uuid.uuid4().hex}", int(received),
                              parsed.model or engine_model),
-            gate=self.gate, weight_version=self.engine.weight_version)
+            gate=self.gate, weight_version=self.engine.weight_version,
+            relayed=RELAYED.decode() in request.headers)
         engine_request = msgspec.structs.replace(parsed, model=engine_model, sampling=used)
         if parsed.stream:
-            return await self._open_stream(call, engine_request, op.options)
+            return await self._open_stream(call, engine_request, op.options, request.receive)
         try:
             return await self._complete(call, engine_request, request)
         finally:
@@ -256,10 +273,13 @@ class Proxy:
             if acc.finish_reason is None:
                 raise _unfinished()
             body = call.dialect.render_completion(acc.completion(), call.ctx)
-            await self._record(call, acc, body)
+            # Gone while the answer was being put together: cancelled, never ok.
+            await self._record(call, acc, body, cancelled=client_gone(request.receive))
         except Exception as exc:
             return await self._failed(call, acc, exc)
-        return Response(body, media_type=_JSON)
+        if not call.stored_ok:
+            return Response(status_code=499)
+        return _Reply(body, call.headers(), partial(self._undelivered, call))
 
     async def _failed(self, call: _Call, acc: Accumulator, exc: Exception) -> Response:
         err = as_error(exc)
@@ -269,7 +289,7 @@ class Proxy:
         return Response(body, status_code=status, media_type=_JSON)
 
     async def _open_stream(self, call: _Call, engine_request: ChatRequest,
-                           options: StreamOptions) -> Response:
+                           options: StreamOptions, receive: Any) -> Response:
         """Wait for the engine to accept the call before answering 200, so an engine that
         is down or refuses the request gets a real HTTP error status, not an SSE event."""
         encoder = call.dialect.stream_encoder(call.request, call.ctx, options)
@@ -285,14 +305,14 @@ class Proxy:
             raise
         # The stream leaves the gate when it ends; the background task covers a body
         # that is never iterated (the client gone before the first byte).
-        return StreamingResponse(self._stream(call, encoder, events, first),
+        return StreamingResponse(self._stream(call, encoder, events, first, receive),
                                  media_type=encoder.media_type,
-                                 headers={"Cache-Control": "no-cache"},
+                                 headers=call.headers(**{"Cache-Control": "no-cache"}),
                                  background=BackgroundTask(call.leave_async))
 
     async def _stream(self, call: _Call, encoder: StreamEncoder,
                       rest: AsyncGenerator[EngineEvent, None],
-                      first: EngineEvent) -> AsyncIterator[bytes]:
+                      first: EngineEvent, receive: Any) -> AsyncIterator[bytes]:
         acc = Accumulator()
         feed, encode, sent = acc.feed, encoder.feed, call.sent
         try:
@@ -310,6 +330,11 @@ class Proxy:
                         await self._record(call, acc, b"".join(sent))
                     if out:
                         yield out
+                    if call.stored_ok and not call.delivered:
+                        # The final event is handed over; was anyone there to take it?
+                        call.delivered = True
+                        if client_gone(receive):
+                            await self._undelivered(call)
                     event = await anext(rest, None)
             if not call.recorded:  # the engine's events ended without a finish
                 raise _unfinished()
@@ -321,9 +346,12 @@ class Proxy:
                 await self._record(call, acc, b"".join(call.sent), err)
             yield out
         except BaseException:
-            # The client went away (or we are shutting down): keep what was sampled.
+            # The client went away (or we are shutting down): keep what was sampled. A turn
+            # already committed ok whose final event never left is cancelled too.
             with anyio.CancelScope(shield=True), contextlib.suppress(StoreFailed):
                 await self._record(call, acc, b"".join(call.sent), cancelled=True)
+                if call.stored_ok and not call.delivered:
+                    await self._undelivered(call)
             raise
         finally:
             call.leave()
@@ -358,8 +386,15 @@ class Proxy:
             raise
         if kept_failed is not None:
             raise kept_failed  # in the store, but as failed: the call did not succeed
+        call.stored_ok = status == "ok"
         if completion is not None and status == "ok":
             call.rollout.remember_calls(completion.tool_calls)
+
+    async def _undelivered(self, call: _Call) -> None:
+        """The client left before the last byte of a reply whose turn is committed ok."""
+        call.stored_ok = False
+        with contextlib.suppress(sqlite3.Error):
+            await self.store.cancel_turn(call.rollout.record.key, call.index)
 
     async def _add_or_keep_failed(self, turn: Turn) -> StoreFailed | None:
         """Writes `turn`; if the store refuses the row, writes it as a failed turn without
@@ -402,6 +437,27 @@ class Proxy:
 
 
 # -------------------------------------------------------------------- helpers
+class _Reply(Response):
+    """A model call's whole answer, its turn committed ok. The client is looked at just
+    before the answer is handed to the server, in the same step of the event loop as the
+    writes (uvicorn writes head and body at once, nothing in between waits): gone, nothing
+    is sent and the turn becomes cancelled (`undelivered`). Once handed over it counts as
+    delivered: what a client does with bytes in its socket no server can see."""
+
+    def __init__(self, body: bytes, headers: dict[str, str],
+                 undelivered: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(body, media_type=_JSON, headers=headers)
+        self.undelivered = undelivered
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if client_gone(receive):
+            await self.undelivered()
+            return
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body})
+
+
 async def _probe(_request: Request) -> Response:
     """Answers a client's reachability probe; says nothing about the server's state,
     since it needs no key."""

@@ -101,3 +101,24 @@ def as_error(exc: Exception) -> HarnessRLError:
 def error_response(dialect: Dialect, err: HarnessRLError) -> Response:
     status, body = dialect.render_error(err)
     return Response(body, status_code=status, media_type="application/json")
+
+
+# Between workers (`serve --workers N`): a relay marks the calls it passes on, and the owner
+# names the turn of each model call's answer to a relay, so the relay can tell the store
+# when its own client left before the answer's last byte (proxy/relay.py).
+RELAYED = b"x-harnessrl-relayed"
+TURN = b"x-harnessrl-turn"
+
+
+def client_gone(receive: Any) -> bool:
+    """Whether the client has disconnected, looked at now, without waiting: the server's
+    next message is taken only if it is already there. The body has been read, so it can
+    only be the disconnect. uvicorn answers at once once the connection is lost; a server
+    that cannot say without waiting counts as the client still being there."""
+    waiting = receive()
+    try:
+        waiting.send(None)
+    except StopIteration as done:
+        return done.value.get("type") == "http.disconnect"
+    waiting.close()  # it would have waited: nothing has happened yet
+    return False

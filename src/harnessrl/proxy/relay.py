@@ -4,7 +4,11 @@ must not serve itself go elsewhere, before the proxy's app sees them.
 - A model call (any dialect route) or `DELETE /rollouts/<key>` for a rollout another
   worker owns is relayed to the owner's private port: request and answer bytes unchanged,
   the answer streamed as it comes, the owner's connection closed when the client leaves
-  (so the owner records the call as cancelled, as it does for a direct client).
+  (so the owner records the call as cancelled, as it does for a direct client), also
+  while the owner has not begun to answer. The owner commits a turn before its answer's
+  last byte leaves; when that byte reached this relay but the client had left before it
+  could be passed on, the relay cancels the turn itself (the owner names it in a header,
+  `x-harnessrl-turn`, which goes no further): a reply the client never got is never `ok`.
 - `POST /weights/hold` and `/weights/release` on the shared port go to every worker: the
   gate holds them all, and a hold that fails on one is released on the others. On a
   private port they act on that worker alone (the fan-out's own requests).
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -26,13 +31,21 @@ from starlette.types import ASGIApp as App
 from starlette.types import Receive, Scope, Send
 
 from harnessrl.errors import HarnessRLError, TooLarge, WorkerUnavailable
-from harnessrl.proxy.boundary import as_error, error_response, request_key
+from harnessrl.proxy.boundary import (
+    RELAYED,
+    TURN,
+    as_error,
+    client_gone,
+    error_response,
+    request_key,
+)
 from harnessrl.proxy.dialects import Endpoint, endpoints, openai_chat
 from harnessrl.proxy.dialects.base import Dialect
 from harnessrl.proxy.engines.http1 import Client, Response, TransportError
 from harnessrl.proxy.workers import Plan, owner
 
 Answer = tuple[int, bytes]
+CancelTurn = Callable[[str, int], Awaitable[None]]
 
 # Headers that describe one hop, not the message: each side writes its own.
 _REQUEST_HOP = frozenset({"host", "connection", "keep-alive", "transfer-encoding",
@@ -45,9 +58,13 @@ _JSON = [(b"content-type", b"application/json")]
 class Front:
     """The ASGI app one worker serves on both its sockets, around the proxy's app."""
 
-    def __init__(self, app: App, plan: Plan, index: int, max_body_bytes: int) -> None:
+    def __init__(self, app: App, plan: Plan, index: int, max_body_bytes: int,
+                 cancel_turn: CancelTurn | None = None) -> None:
         self.app, self.plan, self.index = app, plan, index
         self.max_body_bytes = max_body_bytes
+        # (key, index): a turn the owner committed ok whose answer the client left before
+        # it was passed on whole; the run's store is every worker's
+        self.cancel_turn = cancel_turn
         self._client: Client | None = None
         by_path: dict[str, dict[str, Endpoint | None]] = {}
         for endpoint in endpoints():
@@ -113,7 +130,7 @@ class Front:
 
     # ---------------------------------------------------------------- relaying
     async def relay(self, worker: int, scope: Scope, receive: Receive, send: Send,
-                    dialect: Dialect) -> None:
+                    dialect: Dialect, key: str) -> None:
         body = await _body(receive, self.max_body_bytes)
         if isinstance(body, HarnessRLError):
             return await _send_error(send, dialect, body)
@@ -121,13 +138,24 @@ class Front:
             return  # the client left before it finished sending
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
                    if k.decode("latin-1") not in _REQUEST_HOP]
+        headers.append((RELAYED.decode(), "1"))
         try:
-            answer = await self.client.request(scope["method"], self.url(worker, scope), body,
-                                               headers=headers)
+            answer = await _unless_gone(receive, self.client.request(
+                scope["method"], self.url(worker, scope), body, headers=headers))
         except (TransportError, TimeoutError, OSError) as exc:
             return await _send_error(send, dialect, self.unavailable(worker, exc))
+        if answer is None:
+            return  # the client left first: the owner's connection is closed, it cancels
         async with answer:  # an answer cut short closes the owner's connection
-            await _pass_on(answer, receive, send)
+            if not await _pass_on(answer, receive, send):
+                await self._undelivered(answer, key)
+
+    async def _undelivered(self, answer: Response, key: str) -> None:
+        """The client left before the owner's answer was passed on whole."""
+        turn = answer.headers.get(TURN.decode())
+        if turn is not None and turn.isdigit() and self.cancel_turn is not None:
+            with contextlib.suppress(Exception):  # the store's own errors: nothing to add
+                await self.cancel_turn(key, int(turn))
 
     async def post_all(self, path: str, body: bytes, scope: Scope
                        ) -> list[Answer | BaseException]:
@@ -168,7 +196,8 @@ class _ByKey:
         if worker is None:
             return await self.front.app(scope, receive, send)
         dialect = openai_chat.DIALECT if endpoint is None else endpoint.pick(request.headers)[0]
-        await self.front.relay(worker, scope, receive, send, dialect)
+        assert key is not None  # a worker owns it
+        await self.front.relay(worker, scope, receive, send, dialect, key)
 
 
 class _Create:
@@ -271,15 +300,48 @@ async def _body(receive: Receive, limit: int) -> bytes | HarnessRLError | None:
             return b"".join(chunks)
 
 
-async def _pass_on(answer: Response, receive: Receive, send: Send) -> None:
+async def _unless_gone(receive: Receive, work: Awaitable[Response]) -> Response | None:
+    """`work`'s answer, or None (`work` cancelled, its connection closed) if the client
+    disconnects first: a non-streamed call's answer begins only when it is done."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        return None
+    return task.result()
+
+
+async def _pass_on(answer: Response, receive: Receive, send: Send) -> bool:
     """The owner's answer to the client as it arrives; stops (closing the owner's
-    connection) when the client disconnects."""
-    headers = [(k.lower(), v) for k, v in answer.raw_headers if k.lower() not in _ANSWER_HOP]
-    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    connection) when the client disconnects. Whether the answer's last byte was handed
+    over to a client still there."""
+    headers = [(k.lower(), v) for k, v in answer.raw_headers
+               if k.lower() not in _ANSWER_HOP and k.lower() != TURN]
+    passed = False
 
     async def pump() -> None:
+        nonlocal passed
+        if "content-length" in answer.headers:  # whole: looked at once, then handed over
+            body = await answer.read()
+            if client_gone(receive):
+                return
+            await send({"type": "http.response.start", "status": answer.status,
+                        "headers": headers})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+            passed = True
+            return
+        await send({"type": "http.response.start", "status": answer.status,
+                    "headers": headers})
         while chunk := await answer.readany():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        passed = not client_gone(receive)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     pumping = asyncio.ensure_future(pump())
@@ -294,11 +356,12 @@ async def _pass_on(answer: Response, receive: Receive, send: Send) -> None:
                 await pumping
     if pumping.done() and not pumping.cancelled() and (exc := pumping.exception()):
         raise exc  # the owner's answer broke off: the client's connection is cut too
+    return passed
 
 
 async def _disconnected(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
-        pass
+        await asyncio.sleep(0)  # a server that repeats itself must not hold the loop
 
 
 async def _send(send: Send, status: int, body: bytes) -> None:
@@ -347,7 +410,8 @@ async def serve_worker(proxy: Any, plan: Plan, index: int) -> None:
     fronts: list[Front] = []
 
     def wrap(app: Any) -> Front:
-        fronts.append(Front(app, plan, index, proxy.config.max_body_bytes))
+        fronts.append(Front(app, plan, index, proxy.config.max_body_bytes,
+                            proxy.store.cancel_turn))
         return fronts[0]
 
     try:

@@ -49,6 +49,8 @@ from harnessrl.proxy.rows import (
 from harnessrl.proxy.schema import DB_NAME, connect, migrate
 from harnessrl.types import Outcome, Rollout, Turn
 
+CANCEL_TURN = ("UPDATE turns SET status = 'cancelled'"
+               " WHERE rollout = ? AND idx = ? AND status = 'ok'")
 # Fold the WAL back into the database after about this much has been written to it.
 CHECKPOINT_BYTES = 8 * 1024 * 1024
 
@@ -256,6 +258,12 @@ class TraceStore(TraceReader):
         # against the rollout's latest committed turns (`proxy.layout`).
         if not alone or not self._commit_here((INSERT_TURN, turn)):
             await self._submit(INSERT_TURN, lambda: turn)
+
+    async def cancel_turn(self, key: str, index: int) -> None:
+        """A turn committed `ok` whose reply its client never got whole (it left before the
+        last byte was handed over): `cancelled`, as if it had left earlier. Turns of any
+        other status are left as they are."""
+        await self._submit(CANCEL_TURN, lambda: (key, index))
 
     async def put_rollout(self, rollout: Rollout) -> None:
         await self._submit(INSERT_ROLLOUT, lambda: rollout_params(rollout))
