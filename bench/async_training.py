@@ -166,6 +166,8 @@ def swap_holds(model: Path, urls: list[str], swaps: int, root: Path
     from harnessrl.train.weights import VLLMWeightSync
 
     weights = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    # the training runs left the first server at their last version: one name for both
+    VLLMWeightSync(urls[0], root / "unused", more_urls=urls[1:]).name("bench-0")
     modes = {"1 server": (urls[:1], True), "2 servers, one after the other": (urls, False),
              "2 servers at once": (urls, True)}
     transfers = {}
@@ -226,10 +228,11 @@ def main() -> None:
             model=str(model), served_name="policy", dtype="float32", max_model_len=8192,
             log_path=Path(tmp) / "vllm.log") as server:
         results = []
-        for run in args.runs.split(","):
+        for run in filter(None, args.runs.split(",")):
             with ray_cluster() if run == "async-cluster" else contextlib.nullcontext() as at:
                 results.append(run_one(run, args, Path(tmp), server.url, console, at))
-        text = report(results, args)
+        text = report(results, args) if results else ""
+        args.out.write_text(text)  # kept if the swaps below fail
         if args.swaps:
             with VLLMServer(model=str(model), served_name="policy", dtype="float32",
                             max_model_len=8192, log_path=Path(tmp) / "vllm-2.log") as second:
