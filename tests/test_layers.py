@@ -92,3 +92,85 @@ def test_relative_imports_resolve(tmp_path: Path, module: str, relative: str, ex
     source = tmp_path / "m.py"
     source.write_text(relative + "\n")
     assert _imports(source, module) == [(1, expected)]
+
+
+def _resolve(name: str, modules: set[str]) -> str | None:
+    """The module of ours an imported name is: itself, or the package/module it is in."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports (module level, in functions and under
+    TYPE_CHECKING alike; `from package import module` names the module, not the package)."""
+    sources = {_module_of(p): p for p in _sources()}
+    modules = set(sources)
+    graph: dict[str, set[str]] = {}
+    for module, path in sources.items():
+        targets = {_resolve(name, modules) for name in _imported_names(path, module, modules)}
+        graph[module] = {t for t in targets if t is not None and t != module}
+    return graph
+
+
+def _imported_names(path: Path, module: str, modules: set[str]) -> list[str]:
+    """Every dotted name of ours imported; `from a import b` is `a.b` when b is a module."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                name = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                name = node.module or ""
+            names += [f"{name}.{a.name}" if f"{name}.{a.name}" in modules else name
+                      for a in node.names]
+    return [n for n in names if n == "harnessrl" or n.startswith("harnessrl.")]
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles: each strongly connected group of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circles():
+    circles = _cycles(_graph())
+    assert not circles, "modules that import each other (at any depth):\n" + "\n".join(
+        " <-> ".join(c) for c in circles)
+
+
+def test_the_circle_check_finds_a_circle():
+    """The check itself can fail: a -> b -> c -> a is one circle, d outside it."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]

@@ -18,6 +18,7 @@ from typing import Any
 
 from rich.console import Console
 
+from harnessrl.train.common import quiet, sampling_of
 from harnessrl.train.config import TrainConfig
 from harnessrl.train.engines import PolicyEngines
 from harnessrl.train.long_run import LongRun, is_eval_log
@@ -157,7 +158,6 @@ def train_async(config: TrainConfig, tasks: list[Any], harnesses: list[Any], mod
     from harnessrl.train.async_grpo import HarnessRolloutWorker
     from harnessrl.train.async_weights import FileWeightTransfer, VersionedTransfer
     from harnessrl.train.engines import node_engines
-    from harnessrl.train.loop import sampling_of
     from harnessrl.train.trl import HarnessRollouts
 
     tokenizer = _prepare(model_dir)
@@ -232,14 +232,13 @@ def _trainer(config: TrainConfig, tasks: list[Any], model_dir: Path, args: Any, 
     """TRL's trainer, or `wrap`'s subclass of it (one whose checkpoints are harnessrl's)."""
     from datasets import Dataset
 
-    from harnessrl.train.loop import _quiet
     from harnessrl.train.trl_async import async_trl
 
     trainer = wrap(async_trl().trainer)(
         model=str(model_dir), args=args, rollout_worker=worker, weight_transfer=transfer,
         train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}),
         processing_class=tokenizer, callbacks=callbacks)
-    _quiet(trainer)
+    quiet(trainer)
     return trainer
 
 

@@ -25,6 +25,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from harnessrl.rollout.chains import ChainStats
+from harnessrl.train.async_loop import check_config, train_async, train_async_rank
+from harnessrl.train.common import quiet, sampling_of
 from harnessrl.train.config import TrainConfig, trainer_dtype
 from harnessrl.train.engines import PolicyEngines, node_engines, policy_engines
 from harnessrl.train.long_run import long_run
@@ -175,8 +177,6 @@ def train(config: TrainConfig, *, console: Console | None = None,
         raise ValueError(f"{len(tasks)} tasks, but tasks_per_step is "
                          f"{config.grpo.tasks_per_step}")
     if asynchronous:
-        from harnessrl.train.async_loop import check_config, train_async, train_async_rank
-
         check_config(config)
     if processes > 1:  # under accelerate launch / torchrun: one rollout worker, on rank 0
         from accelerate import PartialState
@@ -238,7 +238,7 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
             train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}),
             processing_class=tokenizer, rollout_func=rollouts,
             callbacks=[rollouts.callback(), _callback(log), *callbacks])
-        _quiet(trainer)
+        quiet(trainer)
         trainer.train()
     from harnessrl.train.checkpoint import save_final_model
 
@@ -247,25 +247,6 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
     console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'} · "
                   f"model: {model}")
     return log.steps
-
-
-def sampling_of(config: TrainConfig) -> Any:
-    """What every call is sampled with, overriding the harness (see EngineConfig)."""
-    from harnessrl.train.trl import on_policy_sampling
-    from harnessrl.types import Sampling
-
-    e = config.engine
-    if not e.on_policy:
-        return Sampling(max_tokens=e.max_tokens, temperature=e.temperature)
-    return on_policy_sampling(e.temperature, e.max_tokens)
-
-
-def _quiet(trainer: Any) -> None:
-    """Our step lines and progress replace the trainer's printed log dicts and tqdm bar."""
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    trainer.remove_callback(PrinterCallback)
-    trainer.remove_callback(ProgressCallback)
 
 
 def grpo_config(config: TrainConfig, run_dir: Path) -> Any:
