@@ -154,7 +154,7 @@ class ForeignTransfer:
 def test_a_transfer_that_names_no_version_still_gets_its_rows_tagged_and_trained(
         two_vllm, tiny_model, tmp_path):
     from harnessrl.proxy.engines.build import make
-    from harnessrl.rollout.cluster_engines import routed
+    from harnessrl.proxy.engines.routed import routed
     from harnessrl.rollout.runner import RolloutSettings
     from harnessrl.train.async_grpo import HarnessRolloutWorker
     from harnessrl.train.async_weights import VersionedTransfer, version_number

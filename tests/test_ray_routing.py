@@ -1,4 +1,4 @@
-"""Several engines behind one shard (rollout/cluster_engines.py), without Ray: stable
+"""Several engines behind one shard (proxy/engines/routed.py), without Ray: stable
 routing by rollout key, health checks, failover. The engines are the scripted engine
 (named as such), one of them down while its stop flag is set."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from harnessrl.errors import EngineUnavailable
+from harnessrl.proxy.engines.routed import RoutedEngine, rank
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
-from harnessrl.rollout.cluster_engines import RoutedEngine, rank
 from harnessrl.types import ChatRequest, Message, Started, Text
 
 
@@ -76,8 +76,26 @@ async def test_the_version_is_every_engines_or_none(engines) -> None:
     await routed.start()
     try:
         assert routed.weight_version == "scripted"
-        routed.set_weight_version("step-3")
+        routed.weight_version = "step-3"
         assert [e.weight_version for e in engines] == ["step-3", "step-3"]
         assert routed.weight_version == "step-3"
     finally:
         await routed.close()
+
+
+def test_one_spec_with_several_urls_builds_the_router_serve_and_run_use() -> None:
+    """`serve`/`run --engine-url A,B` and `train`'s several servers: one EngineSpec naming
+    several URLs is one RoutedEngine with an engine per URL; one URL is that engine."""
+    from harnessrl.cli import build_parser
+    from harnessrl.cli.serve import engine_spec
+    from harnessrl.proxy.engines.build import EngineSpec, make
+
+    args = build_parser().parse_args(["serve", "--engine-url",
+                                      "http://127.0.0.1:9/v1,http://127.0.0.1:10"])
+    engine = make(engine_spec(args))
+    assert isinstance(engine, RoutedEngine)
+    assert [e.base_url for e in engine.engines] == ["http://127.0.0.1:9",  # type: ignore[attr-defined]
+                                                    "http://127.0.0.1:10"]
+    engine.weight_version = "v2"  # set as on any engine: each routed one serves it
+    assert [e.weight_version for e in engine.engines] == ["v2", "v2"]
+    assert not isinstance(make(EngineSpec(url="http://127.0.0.1:9")), RoutedEngine)

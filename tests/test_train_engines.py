@@ -24,9 +24,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from harnessrl.proxy.engines.routed import RoutedEngine
 from harnessrl.proxy.gate import WeightGate
 from harnessrl.proxy.serve import in_thread
-from harnessrl.rollout.cluster_engines import RoutedEngine
 from harnessrl.train.config import ConfigError, TrainConfig, load_config
 from harnessrl.train.engines import PolicyEngines, policy_engines
 from harnessrl.train.weights import WeightSyncError
@@ -115,7 +115,7 @@ def two_servers(tmp_path: Path, *, fail: str | None = None, gate: WeightGate | N
         config = TrainConfig(engine=msgspec_engine([f"{url_a}/v1", url_b]))
         with policy_engines(config, tmp_path, tmp_path / "run") as engines:
             assert isinstance(engines.engine, RoutedEngine)
-            engines.engine.set_weight_version("v1")
+            engines.engine.weight_version = "v1"
             box["engine"] = engines.engine
             yield engines, log, (url_a, url_b)
 

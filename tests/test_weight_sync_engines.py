@@ -139,8 +139,8 @@ class Routed(Stamp):
 
 
 def test_the_router_sends_no_call_to_a_retired_server() -> None:
+    from harnessrl.proxy.engines.routed import RoutedEngine
     from harnessrl.proxy.engines.vllm import VLLMEngine
-    from harnessrl.rollout.cluster_engines import RoutedEngine
 
     router = RoutedEngine([VLLMEngine("http://127.0.0.1:1/v1"), VLLMEngine("http://127.0.0.1:2")])
     keys = [f"rollout-{n}" for n in range(40)]

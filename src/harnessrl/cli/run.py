@@ -83,17 +83,9 @@ def execute_run(args: argparse.Namespace) -> list[Any]:
     if args.oracle:
         return execute(config, oracle_engine(tasks, config.harnesses), args.run_dir,
                        sampling=sampling)
-    from harnessrl.proxy.engines.build import built, make
-    from harnessrl.rollout.cluster_engines import routed
+    from harnessrl.proxy.engines.build import built
 
-    urls = (args.engine_url or "").split(",")
-    if len(urls) > 1:
-        from dataclasses import replace
-
-        spec = _run_engine_spec(args)
-        engine = routed([make(replace(spec, url=url)) for url in urls])
-        return execute(config, engine, args.run_dir, sampling=sampling)
-    with built(_run_engine_spec(args)) as engine:
+    with built(_run_engine_spec(args)) as engine:  # several --engine-url: routed
         return execute(config, engine.engine, args.run_dir, sampling=sampling)
 
 

@@ -137,9 +137,12 @@ def engine_spec(args: argparse.Namespace) -> EngineSpec:
                           served_name=args.served_model_name, token_delay=args.token_delay)
     if args.engine_mode == "token" and not (args.tokenizer or args.model):
         raise SystemExit("--engine-mode token needs --tokenizer DIR (or --model)")
-    if args.engine_url and not args.engine_url.startswith(("http://", "https://")):
-        raise SystemExit(f"--engine-url {args.engine_url!r} is not an http(s) URL, e.g. "
-                         "http://127.0.0.1:8000")
+    from harnessrl.proxy.engines.build import split_urls
+
+    for url in split_urls(args.engine_url or ""):  # several: routed, each rollout to one
+        if not url.startswith(("http://", "https://")):
+            raise SystemExit(f"--engine-url {url!r} is not an http(s) URL, e.g. "
+                             "http://127.0.0.1:8000")
     return from_flags(EngineSpec, args, chat_template=args.chat_template.read_text()
                       if args.chat_template else None)
 

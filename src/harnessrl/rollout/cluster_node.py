@@ -24,8 +24,8 @@ from typing import Any
 import msgspec
 
 from harnessrl.proxy.engines.base import Engine
+from harnessrl.proxy.engines.routed import routed
 from harnessrl.proxy.serve import running
-from harnessrl.rollout.cluster_engines import RoutedEngine, routed
 from harnessrl.rollout.runner import Planned, RunConfig, Runner
 from harnessrl.types import Outcome, Rollout, Sampling, Turn
 
@@ -125,10 +125,7 @@ class RolloutNode:
     async def set_weight_version(self, version: str | None) -> str | None:
         """The version every later turn of this shard records (after every engine of the
         cluster has the weights: the driver announces only then)."""
-        if isinstance(self.engine, RoutedEngine):
-            self.engine.set_weight_version(version)
-        else:
-            self.engine.weight_version = version
+        self.engine.weight_version = version  # a router sets every engine's
         return self.engine.weight_version
 
     async def hold(self, timeout: float) -> int:
@@ -143,10 +140,8 @@ class RolloutNode:
 
     async def retire_server(self, url: str) -> bool:
         """Route no call of this shard to the vLLM at `url` (it failed a weight reload)."""
-        return isinstance(self.engine, RoutedEngine) and self.engine.retire_server(url)
-
-    async def engine_calls(self) -> list[int]:
-        return list(getattr(self.engine, "calls", []))
+        retire = getattr(self.engine, "retire_server", None)  # routers only: one engine
+        return bool(retire(url)) if callable(retire) else False  # is not taken out
 
     def close(self) -> None:
         self._stack.close()

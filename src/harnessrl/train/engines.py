@@ -3,7 +3,7 @@ weights (issue 17).
 
 Several servers are named in the config (`engine.urls`, running in dev mode) or started
 here (`engine.servers = N`, each on its own port with its own log). The proxy sees them as
-one engine (`rollout.cluster_engines.RoutedEngine`: a rollout's calls go to one server by
+one engine (`proxy.engines.routed.RoutedEngine`: a rollout's calls go to one server by
 a stable hash of its key, health-checked, moved when its server is down), and the weight
 sync (`weights.VLLMWeightSync`) saves once and reloads every server before any turn is
 stamped with the new version.
@@ -22,7 +22,6 @@ from typing import Any
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.build import EngineSpec, Status, make, server_for
 from harnessrl.proxy.engines.vllm_server import free_port
-from harnessrl.rollout.cluster_engines import routed
 from harnessrl.train.config import TrainConfig, trainer_dtype
 from harnessrl.train.weights import VLLMWeightSync
 
@@ -86,7 +85,9 @@ def policy_engines(config: TrainConfig, model_dir: Path, run_dir: Path, *,
             with shown:
                 roots = start_servers(spec, config.engine.servers, stack, server)
         specs = [dataclasses.replace(spec, url=root) for root in roots]
-        yield PolicyEngines(routed([make(s) for s in specs]), roots, specs)
+        # one engine over every server (routed when several), as serve and run build it
+        yield PolicyEngines(make(dataclasses.replace(spec, url=",".join(roots))), roots,
+                            specs)
 
 
 def start_servers(spec: EngineSpec, count: int, stack: contextlib.ExitStack,

@@ -149,12 +149,8 @@ class VLLMWeightSync:
 
     def stamp(self, version: str | None) -> None:
         """The version the proxy's engines record on every turn from now on."""
-        for engine in self.engines:
-            setter = getattr(engine, "set_weight_version", None)  # several engines routed
-            if callable(setter):
-                setter(version)
-            else:
-                engine.weight_version = version
+        for engine in self.engines:  # a router sets each of its engines' too
+            engine.weight_version = version
 
     def retire(self, url: str, why: str) -> None:
         """Take `url` out of routing on every engine and out of every later swap."""

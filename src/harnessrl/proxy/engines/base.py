@@ -25,7 +25,17 @@ class Engine(Protocol):
     """
 
     name: str
-    weight_version: str | None
+
+    @property
+    def weight_version(self) -> str | None:
+        """The weights this engine samples with (recorded on every turn)."""
+        ...
+
+    @weight_version.setter
+    def weight_version(self, version: str | None) -> None:
+        """Set once every server behind the engine serves `version` (a router sets each
+        of its engines'): the one way a weight sync names the version, on any engine."""
+        ...
 
     async def start(self) -> None: ...
 

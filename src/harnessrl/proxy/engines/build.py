@@ -128,12 +128,17 @@ def built(spec: EngineSpec, *, status: Status | None = None) -> Iterator[Built]:
 
 
 def make(spec: EngineSpec, url: str | None = None) -> Engine:
-    """The engine for `spec`, calling `url` (default: `spec.url`)."""
+    """The engine for `spec`, calling `url` (default: `spec.url`); several comma-separated
+    URLs: one engine for each behind a `RoutedEngine` (each rollout sticks to one)."""
     url = url or spec.url
     if spec.kind == "scripted":
         return _scripted(spec)
     if url is None:
         raise ValueError(f"a {spec.kind} engine needs a URL (or a model to start vLLM for)")
+    if len(urls := split_urls(url)) > 1:
+        from harnessrl.proxy.engines.routed import RoutedEngine
+
+        return RoutedEngine([make(spec, one) for one in urls])
     if spec.kind == "teacher":
         from harnessrl.proxy.engines.openai_compat import OpenAICompatEngine
 
@@ -144,6 +149,11 @@ def make(spec: EngineSpec, url: str | None = None) -> Engine:
     from harnessrl.proxy.engines.vllm import VLLMEngine
 
     return VLLMEngine(url, **_upstream(spec))
+
+
+def split_urls(url: str) -> list[str]:
+    """`http://a:8000,http://b:8000` -> each URL (one for a single one)."""
+    return [u.strip() for u in url.split(",") if u.strip()]
 
 
 class _UpstreamArgs(TypedDict):

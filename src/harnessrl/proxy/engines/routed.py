@@ -5,7 +5,9 @@ health-checked in the background, and a rollout whose engine is down moves to a 
 one: the call that failed is recorded as failed (the error goes to the harness), the
 harness's retry goes to the new engine.
 
-Plain asyncio, no Ray: a shard on one machine can use it as well as a Ray node.
+Plain asyncio, no Ray: `harnessrl serve`, `run` and `train` over several engine URLs and
+every Ray node's shard build it alike, from one `EngineSpec` naming several URLs
+(`build.make`).
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ def rank(key: str, count: int) -> list[int]:
 
 class RoutedEngine:
     """The `Engine` protocol over `engines` (at least one). `weight_version` is the one all
-    engines serve (None while they differ); `set_weight_version` sets every engine's, once
-    the weight sync has reached each of them (see `train.weights`)."""
+    engines serve (None while they differ); setting it sets every engine's, as on any
+    engine, once the weight sync has reached each of them (see `train.weights`)."""
 
     def __init__(self, engines: Sequence[Engine], *, health_interval: float = 2.0,
                  health_timeout: float = 5.0) -> None:
@@ -49,16 +51,21 @@ class RoutedEngine:
         self.name = "+".join(sorted({e.name for e in self.engines}))
         self.calls = [0] * len(self.engines)  # per engine, for tests and progress
         self._checker: asyncio.Task[None] | None = None
-        self.weight_version: str | None = None
+        self._version: str | None = None
         # Taken out of routing for good (a failed weight reload): health checks that find
         # such a server up do not bring it back, since it may serve other weights.
         self.retired: set[int] = set()
 
-    def set_weight_version(self, version: str | None) -> None:
+    @property
+    def weight_version(self) -> str | None:
+        return self._version
+
+    @weight_version.setter
+    def weight_version(self, version: str | None) -> None:
         """Every engine serves `version` now (the weight sync has reached them all)."""
         for engine in self.engines:
             engine.weight_version = version
-        self.weight_version = version
+        self._version = version
 
     def retire_server(self, url: str) -> bool:
         """Route no call to the engine serving `url` any more (its rollouts move to the
@@ -73,7 +80,7 @@ class RoutedEngine:
         for engine in self.engines:
             await engine.start()
         versions = {e.weight_version for e in self.engines}
-        self.weight_version = versions.pop() if len(versions) == 1 else None
+        self._version = versions.pop() if len(versions) == 1 else None
         await self.check_health()
         self._checker = asyncio.create_task(self._check_loop())
 
