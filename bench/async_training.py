@@ -102,7 +102,8 @@ def run_one(trainer: str, args: argparse.Namespace, root: Path, url: str,
 def report(results: list[dict], args: argparse.Namespace) -> str:
     lines = [f"# Sync vs async GRPO ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
              "", f"Command: `python bench/async_training.py --steps {args.steps} --inflight "
-             f"{args.inflight} --harnesses {args.harnesses} --tasks {args.tasks}`; model "
+             f"{args.inflight} --runs {args.runs} --swaps {args.swaps} --harnesses "
+             f"{args.harnesses} --tasks {args.tasks}`; model "
              f"{args.model}, max_tokens {args.max_tokens}, {os.cpu_count()} cores, load average "
              f"(1 min) {os.getloadavg()[0]:.1f} at the end.", "",
              "| trainer | steps | wall s | s per step (after the first) | steps/h | "
@@ -120,9 +121,9 @@ def report(results: list[dict], args: argparse.Namespace) -> str:
     if {"async", "async-cluster"} <= by.keys():
         ratio = by["async"]["step_s"] / by["async-cluster"]["step_s"]
         lines += ["", f"Async on the 2-node Ray cluster takes {ratio:.2f}x the local async "
-                  "steps per hour. Both clusters' raylets share this machine's cores with "
-                  "vLLM and the trainer, so this is the cost of Ray's hops and the shards, "
-                  "not a scale-out gain: more nodes add cores only on more machines."]
+                  "steps per hour. Both raylets share this machine's cores with vLLM and the "
+                  "trainer: the ratio shows what Ray's hops and the shards cost or save here, "
+                  "not a scale-out gain (more nodes add cores only on more machines)."]
     lines += ["", "| trainer | harness | scored rollouts | rows per rollout (all chains) | "
               "sampled tokens trained / captured, all chains | main chain only |",
               "|---|---|---|---|---|---|"]
