@@ -181,6 +181,18 @@ def json_lines(output: bytes | str) -> list[dict[str, Any]]:
     return found
 
 
+def printed_json(stdout: bytes) -> dict[str, Any] | None:
+    """The one (possibly indented) JSON object a harness prints as its result, after any
+    banner lines; None when there is none."""
+    text = stdout.decode("utf-8", "replace")
+    start = text.find("{")
+    try:
+        found = json.loads(text[start:]) if start >= 0 else None
+    except json.JSONDecodeError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def last_of_type(output: bytes | str, kind: str) -> dict[str, Any] | None:
     """The last JSON line whose `type` is `kind`."""
     return next((r for r in reversed(json_lines(output)) if r.get("type") == kind), None)

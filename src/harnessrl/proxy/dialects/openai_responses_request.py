@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from harnessrl.errors import InvalidRequest, NotFound
+from harnessrl.proxy.dialects import openai_common
 from harnessrl.proxy.dialects.base import (
     expect,
     lookup,
@@ -28,7 +29,6 @@ from harnessrl.types import (
     Text,
     Tool,
     ToolCall,
-    ToolChoice,
     ToolResult,
     Turn,
 )
@@ -46,7 +46,6 @@ MAPPED = frozenset({
 })
 _ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user",
                            "assistant": "assistant"}
-_TOOL_CHOICE_MODES = frozenset({"auto", "none", "required"})
 
 
 # ------------------------------------------------------------------ request
@@ -69,7 +68,7 @@ def parse_request(body: Any, *, model: str | None = None, stream: bool | None = 
         model=model or expect(body.get("model", ""), str, "model"),
         messages=messages,
         tools=tools,
-        tool_choice=_parse_tool_choice(body.get("tool_choice")),
+        tool_choice=openai_common.parse_tool_choice(body.get("tool_choice"), nested=False),
         parallel_tool_calls=optional(body, "parallel_tool_calls", bool),
         sampling=Sampling(temperature=number(body, "temperature"), top_p=number(body, "top_p"),
                           max_tokens=optional(body, "max_output_tokens", int)),
@@ -199,17 +198,6 @@ def _parse_tools(raw: list[Any]) -> tuple[tuple[Tool, ...], list[Any]]:
             strict=optional(item, "strict", bool, f"tools[{i}]."),
         ))
     return tuple(tools), unmapped
-
-
-def _parse_tool_choice(raw: Any) -> ToolChoice | None:
-    if raw is None:
-        return None
-    if isinstance(raw, str) and raw in _TOOL_CHOICE_MODES:
-        return ToolChoice(raw)  # type: ignore[arg-type]
-    if isinstance(raw, dict) and raw.get("type") == "function":
-        return ToolChoice("required", expect(raw.get("name"), str, "tool_choice.name"))
-    raise InvalidRequest("`tool_choice` must be 'auto', 'none', 'required' or "
-                         '{"type": "function", "name": ...}', param="tool_choice")
 
 
 def with_previous(previous: ChatRequest, previous_completion: Completion,
