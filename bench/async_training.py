@@ -150,7 +150,7 @@ def ray_cluster(nodes: int = 2) -> Iterator[str]:
         made.add_node(num_cpus=1, node_ip_address="127.0.0.1")
     made.wait_for_nodes()
     try:
-        yield made.address
+        yield str(made.address)
     finally:
         ray.shutdown()
         made.shutdown()

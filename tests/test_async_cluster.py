@@ -305,7 +305,7 @@ def test_async_grpo_on_a_ray_cluster_with_two_vllm_servers(ray_cluster, two_vllm
     worker = HarnessRolloutWorker(rollouts, num_generations=2, max_inflight=4,
                                   max_staleness=0, transfer=transfer)
     worker.open()  # places the node actors
-    runner = rollouts._runner
+    runner: Any = rollouts._runner
     assert runner is not None and {n.id for n in runner.nodes} == {w.node_id for w in workers}
     swaps = _Swaps(transfer, fail_at=3, stop=servers[1].stop)
     trainer = _trainer(tiny_model, urls[0], tmp_path / "out", worker, transfer, 4, tasks)
