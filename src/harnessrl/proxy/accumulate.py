@@ -95,10 +95,6 @@ class Accumulator:
             return self._parts
         return [*self._parts, self._run_kind("".join(self._run))]
 
-    @property
-    def token_count(self) -> int:
-        return len(self._ids)
-
     def flags(self) -> list[str]:
         """Names of capture problems; an empty list means the tokens can be trusted."""
         flags = list(self._engine_flags)

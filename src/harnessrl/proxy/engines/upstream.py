@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from typing import Any, TypeVar, cast
 
 import msgspec
 
@@ -31,6 +31,7 @@ from harnessrl.proxy.engines.http1 import Client, Response, TransportError, spli
 from harnessrl.proxy.sse import SSEDecoder
 
 FIRST_BYTE_TIMEOUT = 30.0
+_Data = TypeVar("_Data", str, bytes | str)
 PROBE_MAX = 10.0  # a health check slower than this counts as no answer
 _decode = msgspec.json.decode
 
@@ -108,31 +109,31 @@ class Upstream:
     async def events(self, url: str, payload: bytes) -> AsyncGenerator[list[str], None]:
         """A streamed model call's SSE data, one list per read from the socket (tokens
         that arrived together stay together), then one for what the stream ends with."""
-        with self.failures("send its next tokens"):
-            async with self._begun(url, payload) as resp:
-                if resp.status != 200:
-                    await json_or_error(resp)
-                resp.pace(self.stream_interval)
-                decoder = SSEDecoder()
-                read = resp.readany
-                while piece := await read():
-                    yield [sse.data for sse in decoder.feed(piece)]
-                yield [sse.data for sse in decoder.finish()]
+        decoder = SSEDecoder()
+        async for data in self._reads(url, payload, decoder,
+                                      lambda piece: [e.data for e in decoder.feed(piece)]):
+            yield data
 
     async def event_data(self, url: str, payload: bytes
                          ) -> AsyncGenerator[list[bytes | str], None]:
         """`events`, with the data of the common events as the bytes they arrived in (no
         decoding to text: a JSON decoder takes bytes; see `SSEDecoder.feed_data`)."""
+        decoder = SSEDecoder()
+        async for data in self._reads(url, payload, decoder, decoder.feed_data):
+            yield data
+
+    async def _reads(self, url: str, payload: bytes, decoder: SSEDecoder,
+                     feed: Callable[[bytes], list[_Data]]) -> AsyncGenerator[list[_Data], None]:
+        """The streamed call's reads, each `feed` to `decoder`, then what it ends with."""
         with self.failures("send its next tokens"):
             async with self._begun(url, payload) as resp:
                 if resp.status != 200:
                     await json_or_error(resp)
                 resp.pace(self.stream_interval)
-                decoder = SSEDecoder()
-                feed, read = decoder.feed_data, resp.readany
+                read = resp.readany
                 while piece := await read():  # b"" is the end of the body
                     yield feed(piece)
-                yield [sse.data for sse in decoder.finish()]
+                yield [cast(_Data, e.data) for e in decoder.finish()]  # text: either kind
 
     @contextlib.contextmanager
     def failures(self, action: str) -> Iterator[None]:
