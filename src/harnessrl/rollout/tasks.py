@@ -43,8 +43,6 @@ either way: no reward file is `no_reward` with the reason, and a verifier that c
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 import re
 import shlex
 import sys
@@ -54,18 +52,16 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
+from harnessrl.rollout.reward_files import CANNOT_RUN as CANNOT_RUN
+from harnessrl.rollout.reward_files import VerdictStatus, read_reward
 from harnessrl.rollout.sandbox import Sandbox
 
 BUNDLED = Path(__file__).with_name("bundled_tasks")
 DIFFICULTIES = ("easy", "medium", "hard")
-VerdictStatus = Literal["scored", "no_reward", "bad_reward", "timed_out", "not_run"]
-# Exit codes of a verifier that could not start what it runs (a shell's "not executable"
-# and "not found"; our test runner without pytest).
-CANNOT_RUN = frozenset({126, 127})
 
 
 class TaskError(ValueError):
@@ -433,7 +429,8 @@ async def verify(task: Task, sandbox: Sandbox) -> Verdict:
                        reason=f"the verifier timed out after {task.verifier_timeout:g} s")
     with tempfile.TemporaryDirectory(prefix="hrl-logs-") as logs:
         await sandbox.copy_out(str(layout.base / "logs" / "verifier"), Path(logs))
-        reward, raw, status, reason = _read_reward(Path(logs), task, result.exit_code)
+        reward, raw, status, reason = read_reward(Path(logs), result.exit_code,
+                                                     by_exit_code=bool(task.verify_commands))
     return Verdict(reward, reward >= 1.0, output, time.monotonic() - started, raw=raw,
                    status=status, reason=reason, exit_code=result.exit_code)
 
@@ -476,56 +473,6 @@ def _program(command: str) -> str | None:
     if first is None or "/" in first or "$" in first:
         return None
     return first
-
-
-def _read_reward(logs: Path, task: Task, exit_code: int | None
-                 ) -> tuple[float, Any, VerdictStatus, str | None]:
-    """reward.json (Harbor reads it first), then reward.txt; inline tasks without either are
-    scored by their commands' exit codes."""
-    json_path, txt_path = logs / "reward.json", logs / "reward.txt"
-    if json_path.is_file():
-        try:
-            raw = json.loads(json_path.read_text())
-        except ValueError as error:
-            return 0.0, None, "bad_reward", f"reward.json is not JSON: {error}"
-        reward = _number(raw.get("reward") if isinstance(raw, dict) and "reward" in raw
-                         else _single(raw))
-        if reward is None:
-            return 0.0, raw, "bad_reward", ("reward.json has no numeric 'reward' and is not "
-                                            f"a single number: {json_path.read_text()[:200]}")
-        return reward, raw, "scored", None
-    if txt_path.is_file():
-        reward = _number(_float(txt_path.read_text().strip()))
-        if reward is None:
-            return 0.0, None, "bad_reward", (
-                f"reward.txt is not a number: {txt_path.read_text()[:200]!r}")
-        return reward, None, "scored", None
-    if task.verify_commands:
-        return (1.0 if exit_code == 0 else 0.0), None, "scored", None
-    if exit_code in CANNOT_RUN:
-        return 0.0, None, "not_run", (
-            f"the verifier could not run what it starts (exit {exit_code}) and wrote no reward")
-    return 0.0, None, "no_reward", (
-        f"the verifier wrote no reward.txt or reward.json (exit code {exit_code})")
-
-
-def _single(raw: Any) -> Any:
-    if isinstance(raw, dict) and len(raw) == 1:
-        return next(iter(raw.values()))
-    return raw
-
-
-def _float(text: str) -> float | None:
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def _text(stdout: bytes, stderr: bytes) -> str:
