@@ -274,9 +274,19 @@ def _start_child(run_dir: Path, tools: Path) -> subprocess.Popen:
 
 
 def _agent_running(run_dir: Path) -> bool:
+    """A `sleep 600` whose HOME is a sandbox of this run (its cwd is the image's WORKDIR,
+    inside the container's own filesystem)."""
     found = subprocess.run(["pgrep", "-f", "sleep 600"], capture_output=True, text=True)
-    return any(Path(f"/proc/{pid}/cwd").resolve().is_relative_to(run_dir.resolve())
-               for pid in found.stdout.split() if os.path.exists(f"/proc/{pid}"))
+    return any(_home(pid).is_relative_to(run_dir.resolve()) for pid in found.stdout.split())
+
+
+def _home(pid: str) -> Path:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return Path("/nowhere")
+    return next((Path(v[5:].decode()) for v in environ if v.startswith(b"HOME=")),
+                Path("/nowhere"))
 
 
 @pytest.mark.slow

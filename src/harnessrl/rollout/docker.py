@@ -215,6 +215,17 @@ def runtime_mounts(tools: Path) -> list[str]:
     return mounts
 
 
+def _path(given: str, image_first: bool) -> str:
+    """Our Node first; in a task's own image, then the image's directories before the rest
+    (a harness's venv bin), so the agent's `python3` and `pip` are the image's, with what
+    its Dockerfile installed, as in Harbor; the harness itself starts by absolute path."""
+    parts = given.split(":")
+    if image_first:
+        system = IMAGE_PATH.split(":")
+        parts = [*system, *(p for p in parts if p not in system)]
+    return ":".join([RUNTIME_BIN, *parts])
+
+
 # -- the sandbox -----------------------------------------------------------------------------
 
 class DockerSandbox(LocalSandbox):
@@ -311,7 +322,7 @@ class DockerSandbox(LocalSandbox):
         check_env(env or {})
         merged = {k: v for k, v in self._env.items() if k != "PATH"} | dict(env or {})
         # The image's own PATH (not the host's), Node first.
-        merged["PATH"] = f"{RUNTIME_BIN}:{merged.get('PATH') or IMAGE_PATH}"
+        merged["PATH"] = _path(merged.get("PATH") or IMAGE_PATH, self.image_workdir)
         argv = ["docker", "exec", "-w", str(self._inside(str(cwd or self.workdir)))]
         for key, value in merged.items():
             argv += ["-e", f"{key}={value}"]
