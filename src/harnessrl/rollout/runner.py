@@ -12,6 +12,7 @@ started again on the same run directory it skips every rollout that has an outco
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import time
@@ -20,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import aiohttp
 import msgspec
 
 from harnessrl.errors import HarnessRLError
 from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR, ExitState, Harness, RunContext
+from harnessrl.proxy.engines.http1 import Client, TransportError
 from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.docker import DockerBackend
 from harnessrl.rollout.rewards import Shaping, TraceStats
@@ -109,20 +110,40 @@ class Planned:
         return f"{self.harness.slug}.{self.task.id}.{self.sample}"
 
 
+class ControlError(Exception):
+    """The proxy refused a control call (/rollouts): its status and what it said."""
+
+
+async def control(method: str, url: str, body: Any = None, *,
+                  headers: list[tuple[str, str]] | None = None) -> Any:
+    """One call to the proxy's own routes with our HTTP client (the one the engines use):
+    the answer's JSON, ControlError on a status other than 2xx, TransportError if the
+    proxy cannot be reached."""
+    client = Client(read_timeout=60.0)
+    payload = b"" if body is None else msgspec.json.encode(body)
+    sent = [("Content-Type", "application/json"), *(headers or [])]
+    try:
+        async with await client.request(method, url, payload, headers=sent) as resp:
+            raw = await resp.read()
+            if not 200 <= resp.status < 300:
+                raise ControlError(f"{method} {url}: HTTP {resp.status}: {raw[:300]!r}")
+            return msgspec.json.decode(raw) if raw else None
+    finally:
+        await client.close()
+
+
 async def open_rollout(proxy_url: str, metadata: dict[str, Any], *,
                        max_model_calls: int | None = None,
                        sampling: Sampling | None = None) -> dict[str, Any]:
-    """POST /rollouts: the new rollout's key and base URLs (aiohttp.ClientError if not).
-    `max_model_calls` None: the proxy's default cap; `sampling` None: the proxy's policy."""
+    """POST /rollouts: the new rollout's key and base URLs (ControlError or TransportError
+    if not). `max_model_calls` None: the proxy's default cap; `sampling` None: the proxy's
+    policy."""
     body: dict[str, Any] = {"metadata": metadata}
     if max_model_calls is not None:
         body["max_model_calls"] = max_model_calls
     if sampling is not None:
         body["sampling"] = msgspec.to_builtins(sampling)
-    async with aiohttp.ClientSession() as http, http.post(
-            f"{proxy_url}/rollouts", json=body) as resp:
-        resp.raise_for_status()
-        return await resp.json()
+    return await control("POST", f"{proxy_url}/rollouts", body)
 
 
 def plan(config: RunConfig, done: set[tuple[str, str, int]]) -> list[Planned]:
@@ -181,7 +202,7 @@ class Runner:
                 key = await self._open_rollout(planned, attempt)
                 return await self._attempt(planned, key, attempt)
             except (InfraError, SandboxError, TaskError, HarnessRLError, OSError,
-                    aiohttp.ClientError) as exc:
+                    ControlError, TransportError) as exc:
                 error = f"{type(exc).__name__}: {exc}"
             finally:
                 if key:
@@ -199,9 +220,9 @@ class Runner:
                                    sampling=self.sampling))["key"]
 
     async def _close_rollout(self, key: str) -> None:
-        async with aiohttp.ClientSession() as http, http.delete(
-                f"{self.proxy_url}/rollouts/{key}", headers={"Authorization": f"Bearer {key}"}):
-            pass
+        with contextlib.suppress(ControlError):  # closed already: nothing to close
+            await control("DELETE", f"{self.proxy_url}/rollouts/{key}",
+                          headers=[("Authorization", f"Bearer {key}")])
 
     async def _attempt(self, planned: Planned, key: str, attempt: int) -> Outcome:
         task, harness = planned.task, planned.harness

@@ -223,8 +223,9 @@ class VLLMWeightSync:
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None,
               url: str | None = None) -> tuple[int, str]:
-        """(status, body text). A few blocking calls between optimizer steps: the standard
-        library's client, so src/ needs one HTTP library (aiohttp, on the hot path)."""
+        """(status, body text). A few blocking calls between optimizer steps, outside any
+        event loop: the standard library's client (the async calls, to engines and to the
+        proxy, all go through proxy/engines/http1.py)."""
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(f"{url or self.base_url}{path}", data=data,
                                          method=method,
