@@ -439,13 +439,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _cli_source(src: Path) -> str:
     """The command line's source at a revision: one module before issue 33, a package after."""
     single = src / "harnessrl" / "cli.py"
     if single.is_file():
         return single.read_text()
     return "".join(p.read_text() for p in sorted((src / "harnessrl" / "cli").glob("*.py")))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
