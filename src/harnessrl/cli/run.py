@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from harnessrl.cli.common import DEFAULT_RUN_DIR, FORMAT, harnesses
 from harnessrl.settings import add_flags, from_flags
 
 if TYPE_CHECKING:
     from harnessrl.proxy.engines.build import EngineSpec
+    from harnessrl.rollout.runner import RunConfig
+    from harnessrl.types import Outcome, Sampling
 
 HELP = "harnesses on tasks through the proxy, scored by the tasks' verifiers"
 
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(o.status == "done" for o in outcomes) else 1
 
 
-def execute_run(args: argparse.Namespace) -> list[Any]:
+def execute_run(args: argparse.Namespace) -> list[Outcome]:
     from harnessrl.rollout.rewards import Shaping
     from harnessrl.rollout.run import execute, oracle_engine
     from harnessrl.rollout.runner import RolloutSettings, RunConfig
@@ -89,7 +91,8 @@ def execute_run(args: argparse.Namespace) -> list[Any]:
         return execute(config, engine.engine, args.run_dir, sampling=sampling)
 
 
-def _execute_on_cluster(args: argparse.Namespace, config: Any, sampling: Any) -> list[Any]:
+def _execute_on_cluster(args: argparse.Namespace, config: RunConfig, sampling: Sampling | None
+                        ) -> list[Outcome]:
     """`--cluster ray`: each node builds its shard's engine(s) from specs (a vLLM started
     for --model runs here, on the driver's machine, and the nodes call it by URL)."""
     import functools
@@ -139,7 +142,7 @@ def _run_engine_spec(args: argparse.Namespace) -> EngineSpec:
     return from_flags(EngineSpec, args, model=model, vllm_log=args.run_dir / "vllm.log")
 
 
-def report_broken(outcomes: list[Any]) -> bool:
+def report_broken(outcomes: list[Outcome]) -> bool:
     """--oracle: every rollout that did not pass is a broken pipeline, said so (exit 1)."""
     from rich.console import Console
 

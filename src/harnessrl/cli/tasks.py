@@ -6,9 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from harnessrl.settings import add_flags
+
+if TYPE_CHECKING:
+    from harnessrl.rollout.tasks import Task
 
 SET_HELP = "a task dir, a directory of tasks, a .jsonl file, or bundled[:...]"
 
@@ -44,7 +47,7 @@ def add_arguments(tasks: argparse.ArgumentParser) -> None:
     split.set_defaults(func=tasks_split)
 
 
-def _load(spec: str) -> list[Any] | None:
+def _load(spec: str) -> list[Task] | None:
     from rich.console import Console
 
     from harnessrl.rollout.tasks import TaskError, load_tasks

@@ -10,7 +10,7 @@ import dataclasses
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -22,6 +22,9 @@ from harnessrl.rollout.runner import RunConfig, Runner
 from harnessrl.rollout.sandbox import LocalSandbox
 from harnessrl.rollout.tasks import Task, prepare, run_solution
 from harnessrl.types import Outcome, Sampling
+
+if TYPE_CHECKING:
+    from harnessrl.proxy.engines.scripted import ScriptedEngine
 
 
 def oracle_policy(tasks: Sequence[Task], *, listings: bool = False) -> OraclePolicy:
@@ -73,7 +76,7 @@ def _files(root: Path) -> dict[str, bytes]:
             for p in sorted(root.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
 
 
-def oracle_engine(tasks: Sequence[Task], harnesses: Sequence[Harness] = ()) -> Any:
+def oracle_engine(tasks: Sequence[Task], harnesses: Sequence[Harness] = ()) -> ScriptedEngine:
     """The scripted engine that drives every harness with each task's reference solution
     (the files it writes worked out first when one of `harnesses` only writes files)."""
     from harnessrl.proxy.engines.scripted import ScriptedEngine
