@@ -296,3 +296,16 @@ def test_a_forgotten_rollout_is_read_back_from_the_store(tmp_path: Path) -> None
             asyncio.run(write(store, list(pair)))
         assert store.turns("a") == a and store.turns("b") == b
     assert [r[2] for r in layout(tmp_path)] == [None, 0, 1, 2, 3] * 2
+
+
+def test_a_cancelled_turn_reads_cancelled_from_memory_too(tmp_path: Path) -> None:
+    turns = conversation("k", 2)
+    with TraceStore(tmp_path) as store:
+        asyncio.run(write(store, turns))
+
+        async def cancel() -> None:
+            await store.cancel_turn("k", 1)
+        asyncio.run(cancel())
+        cached = store.turn_by_reply("k", "chatcmpl-1")
+        assert cached is not None and cached.status == "cancelled"
+        assert store.turns("k")[1] == cached

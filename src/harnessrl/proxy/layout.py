@@ -156,6 +156,15 @@ class Recent:
             turns = list(self._turns.get(key, ()))
         return next((t for t in reversed(turns) if predicate(t)), None)
 
+    def cancel(self, key: str, index: int) -> None:
+        """The kept turn `index` of `key`, if ok, now cancelled (as `TraceStore.cancel_turn`
+        made it in the store)."""
+        with self._lock:
+            kept = self._turns.get(key, [])
+            for n, turn in enumerate(kept):
+                if turn.index == index and turn.status == "ok":
+                    kept[n] = msgspec.structs.replace(turn, status="cancelled")
+
     def stage(self) -> Staged:
         return Staged(self)
 

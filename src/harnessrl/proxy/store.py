@@ -264,6 +264,7 @@ class TraceStore(TraceReader):
         last byte was handed over): `cancelled`, as if it had left earlier. Turns of any
         other status are left as they are."""
         await self._submit(CANCEL_TURN, lambda: (key, index))
+        self._recent.cancel(key, index)  # what `turn_by_reply` answers from memory too
 
     async def put_rollout(self, rollout: Rollout) -> None:
         await self._submit(INSERT_ROLLOUT, lambda: rollout_params(rollout))
