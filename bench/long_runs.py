@@ -66,6 +66,7 @@ def real_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     known = registry.get
     registry.get = lambda n: long_run_agent.harness(n) if n.startswith("agent-") else known(n)
+    work.mkdir(parents=True, exist_ok=True)
     model = build_tiny_model(Path("~/.cache/harnessrl/models/tiny-qwen2").expanduser())
     tasks = work / "tasks.jsonl"
     tasks.write_text("\n".join(json.dumps(t) for t in TASKS))
@@ -116,6 +117,7 @@ def smollm2(work: Path) -> dict[str, Any]:
     from harnessrl.models.smollm2 import prepare_smollm2
     from harnessrl.train import checkpoint
 
+    work.mkdir(parents=True, exist_ok=True)
     path = prepare_smollm2()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     trainer = Trainer(model=model, args=TrainingArguments(
