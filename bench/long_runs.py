@@ -38,7 +38,8 @@ TASKS = [{"id": f"t{i}", "instruction": f"Finish job {i}", "verify": ["test -f d
           "timeout": 120} for i in range(6)]
 
 
-def _timed_saves(records: list[dict[str, Any]]) -> None:
+def _timed_saves(records: list[dict[str, Any]]) -> Any:
+    """Times every checkpoint of the run into `records`; returns the untimed `save`."""
     from harnessrl.train import checkpoint
 
     real = checkpoint.save
@@ -52,6 +53,7 @@ def _timed_saves(records: list[dict[str, Any]]) -> None:
         return path
 
     checkpoint.save = save  # type: ignore[assignment]
+    return real
 
 
 def real_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -71,7 +73,7 @@ def real_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     tasks = work / "tasks.jsonl"
     tasks.write_text("\n".join(json.dumps(t) for t in TASKS))
     saves: list[dict[str, Any]] = []
-    _timed_saves(saves)
+    real_save = _timed_saves(saves)
     with VLLMServer(model=str(model), served_name="tiny", dtype="float32",
                     max_model_len=4096, extra_args=["--seed", "0"],
                     log_path=work / "vllm.log") as server:
@@ -101,7 +103,12 @@ every_steps = {args.eval_every}
 holdout = 0.34
 harnesses = ["agent-chat", "agent-fresh"]
 """)
-        train(load_config(config), console=Console(file=open(os.devnull, "w")))  # noqa: SIM115
+        try:
+            train(load_config(config), console=Console(file=open(os.devnull, "w")))  # noqa: SIM115
+        finally:
+            from harnessrl.train import checkpoint
+
+            checkpoint.save = real_save  # part 2 times its own save
     lines = [json.loads(x) for x in (work / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [x["trl"].get("perf/step_s") for x in lines if "eval" not in x]
     return {"step_s": [s for s in steps if s is not None], "saves": saves,
