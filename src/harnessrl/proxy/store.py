@@ -23,6 +23,7 @@ import fcntl
 import os
 import queue
 import sqlite3
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -126,7 +127,8 @@ class TraceReader:
         The turns before the page are read too (a turn is stored against earlier ones),
         but only their small deltas. `bodies=False`: raw bodies and requests are left
         unread (b"" and None), for readers of the ids only."""
-        stop = None if limit < 0 else offset + limit
+        # Capped: offset + limit past sys.maxsize is a legal page (empty), not an error.
+        stop = None if limit < 0 else min(offset + limit, sys.maxsize)
         return _raised(islice(self._decoded(key, bodies), offset, stop))
 
     def turns_from(self, key: str, first: int, limit: int) -> list[Turn]:
