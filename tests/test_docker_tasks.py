@@ -199,3 +199,15 @@ def test_an_oracle_run_of_the_harbor_set_in_docker(tmp_path: Path) -> None:
     assert sorted((o.task, o.status, o.verifier_reward) for o in outcomes) == [
         (t.id, "done", 1.0) for t in sorted(tasks, key=lambda t: t.id)], [
         o.error for o in outcomes]
+
+
+@pytest.mark.slow
+async def test_generated_tasks_pass_their_check_in_docker(tmp_path: Path) -> None:
+    """A sample of the generated data-analysis tasks (one per tier), in the base image."""
+    from harnessrl.rollout.tablegen import TIERS, generate_sets, write_sets
+
+    write_sets(generate_sets(5, 0, len(TIERS)), tmp_path / "set")
+    tasks = load_tasks(tmp_path / "set" / "held_out")
+    rows = await check_tasks(tasks, sandbox="docker", tools=TOOLS, root=tmp_path / "check")
+    assert [(r.task, r.problems) for r in rows if not r.ok] == []
+    assert len(rows) == len(TIERS)

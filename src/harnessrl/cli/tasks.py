@@ -1,5 +1,5 @@
-"""`harnessrl tasks check|list|split`: a task set as its author handles it (the logic is in
-rollout/taskset.py)."""
+"""`harnessrl tasks check|list|split|generate`: a task set as its author handles it (the
+logic is in rollout/taskset.py and, for generated sets, rollout/tablegen.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 SET_HELP = "a task dir, a directory of tasks, a .jsonl file, or bundled[:...]"
 
 
-HELP = "task sets: check, list, split"
+HELP = "task sets: check, list, split, generate"
 
 
 def add_arguments(tasks: argparse.ArgumentParser) -> None:
@@ -45,6 +45,17 @@ def add_arguments(tasks: argparse.ArgumentParser) -> None:
                        help="the share of tasks held out (default 0.2)")
     split.add_argument("--seed", type=int, default=0)
     split.set_defaults(func=tasks_split)
+    generate = actions.add_parser(
+        "generate", help="a generated data-analysis task set (CSV tables and questions), "
+                         "written as OUT/train and OUT/held_out in the Harbor layout")
+    generate.add_argument("out", type=Path, help="a new directory")
+    generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--train", type=int, default=1000, help="train tasks (1000)")
+    generate.add_argument("--held-out", type=int, default=250, help="held-out tasks (250)")
+    generate.add_argument("--tiers", default=None,
+                          help="comma-separated tiers, in equal shares (default: all of "
+                               "lookup,count,filter,sum,groupmax,join)")
+    generate.set_defaults(func=tasks_generate)
 
 
 def _load(spec: str) -> list[Task] | None:
@@ -141,4 +152,23 @@ def tasks_split(args: argparse.Namespace) -> int:
         Console(stderr=True).print(f"[bold red]error[/]: {error}", highlight=False)
         return 2
     print(f"train: {train}\nheld out: {held_out}")
+    return 0
+
+
+def tasks_generate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from harnessrl.rollout.tablegen import TIERS, generate_sets, write_sets
+
+    tiers = tuple(args.tiers.split(",")) if args.tiers else TIERS
+    try:
+        if args.train < 0 or args.held_out < 0:
+            raise ValueError("--train and --held-out must be 0 or more")
+        counts = write_sets(generate_sets(args.seed, args.train, args.held_out, tiers),
+                            args.out)
+    except (ValueError, FileExistsError) as error:
+        Console(stderr=True).print(f"[bold red]error[/]: {error}", highlight=False)
+        return 2
+    print(f"train: {args.out / 'train'} ({counts['train']} tasks)\n"
+          f"held out: {args.out / 'held_out'} ({counts['held_out']} tasks)")
     return 0
