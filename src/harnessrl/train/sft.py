@@ -154,3 +154,34 @@ def _empty(out: Path, kind: Kind) -> None:
 
     names = (["input_ids", "assistant_masks"] if kind == "tokens" else ["messages", "tools"])
     Dataset.from_dict({n: [] for n in names}).to_parquet(str(out))
+
+
+# ------------------------------------------------------------------ messages -> exact ids
+def tokenized_messages(tokenizer: Any, messages: list[dict[str, Any]],
+                       tools: list[dict[str, Any]] | None = None) -> tuple[list[int], list[int]]:
+    """A conversation (a messages export row) as the student's chat template renders it:
+    its token ids and a mask, 1 on the tokens of the assistant turns (what SFT learns:
+    the reply and its tool calls), 0 on the rest (system prompt, user, tool results, the
+    template's headers). The text is tokenized once, whole; each assistant turn's
+    characters are found by rendering the conversation up to it (with the generation
+    prompt) and through it. A template whose shorter renders are not prefixes of the
+    longer ones cannot be masked this way and is refused (ValueError), never mis-masked."""
+    def render(upto: int, prompt: bool) -> str:
+        return tokenizer.apply_chat_template(messages[:upto], tools=tools or None,
+                                             tokenize=False, add_generation_prompt=prompt)
+
+    full = render(len(messages), False)
+    spans = []
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        start, end = render(i, True), render(i + 1, False)
+        if not (end.startswith(start) and full.startswith(end)):
+            raise ValueError("the chat template does not render a conversation as a prefix "
+                             f"of its continuation (at message {i}); its assistant turns "
+                             "cannot be masked")
+        spans.append((len(start), len(end)))
+    encoded = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    mask = [int(any(a <= lo and hi <= b for a, b in spans) and hi > lo)
+            for lo, hi in encoded["offset_mapping"]]
+    return list(encoded["input_ids"]), mask

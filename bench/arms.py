@@ -1,0 +1,272 @@
+"""The training side of bench/seed_table.py: the RL arms through `harnessrl train` (an arm
+killed mid-run goes on from its newest whole checkpoint with `--resume`), the teacher's
+rollouts through the harnesses and the SFT model trained on them."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from seed_state import State, heavy, unit
+
+HARNESSRL = str(Path(sys.executable).with_name("harnessrl"))
+
+
+def rows_per_step(args: argparse.Namespace) -> int:
+    return args.tasks_per_step * args.group
+
+
+def start_model(args: argparse.Namespace, state: State, train: Path, seed: int, base: Path
+                ) -> Path:
+    """The weights every arm starts from: the base model, or (--start sft) the SFT one."""
+    if args.start == "base":
+        return base
+    model = sft_model(args, state, train, seed, base)
+    if model is None:
+        raise SystemExit(f"--start sft: no SFT model for seed {seed} (see "
+                         f"{state.root / 'failed'})")
+    return model
+
+
+def train_arm(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str,
+              start: Path, base: Path) -> Path | None:
+    """The arm's trained model directory (None: its training failed, recorded in STATE)."""
+    if arm == "sft":
+        return start if args.start == "sft" else sft_model(args, state, train, seed, base)
+    name = f"train/{arm}/s{seed}"
+    result = unit(state, name, lambda: rl(args, state, train, seed, arm, start, name))
+    return Path(result["model"]) if result else None
+
+
+# ------------------------------------------------------------------ RL
+def arm_harnesses(args: argparse.Namespace, arm: str) -> list[str]:
+    return list(args.harnesses) if arm == "rl-all" else [args.train_harness]
+
+
+def rl_config(args: argparse.Namespace, train: Path, seed: int, arm: str, start: Path,
+              run_dir: Path) -> dict[str, Any]:
+    """The arm's train config: the same budget for every arm; only the harnesses (rl-all)
+    and the tool-call bonus (rl-one-bonus) differ."""
+    return {
+        "run_dir": str(run_dir), "model": {"path": str(start)},
+        "engine": {"mode": args.mode, "dtype": "float32", "max_model_len": 8192,
+                   "max_tokens": args.max_tokens, "temperature": 1.0},
+        "rollout": {"harnesses": arm_harnesses(args, arm), "tasks": str(train), "mix": "group",
+                    "concurrency": args.inflight, "retries": 1,
+                    "agent_timeout": args.agent_timeout,
+                    "max_model_calls": args.max_model_calls},
+        "grpo": {"trainer": "async", "steps": args.steps, "num_generations": args.group,
+                 "tasks_per_step": args.tasks_per_step, "max_inflight": args.inflight,
+                 "max_staleness": args.max_staleness, "learning_rate": args.lr, "seed": seed},
+        "shaping": {"tool_call_bonus": args.bonus if arm == "rl-one-bonus" else 0.0,
+                    "tool_call_budget": args.bonus_budget},
+        "checkpoint": {"every_steps": args.checkpoint_every, "keep": 1},
+        # issue 37's eval while training, on the held-out sample in every eval harness
+        "eval": {"every_steps": args.eval_every, "tasks": str(args.heldout_dir),
+                 "harnesses": list(args.harnesses), "slots": 1,
+                 "temperature": args.eval_temperature} if args.eval_every else {},
+    }
+
+
+def rl(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str, start: Path,
+       name: str) -> dict[str, Any]:
+    import yaml
+
+    from harnessrl.train.checkpoint import complete
+
+    run_dir = state.work(name)
+    config = run_dir.with_name(run_dir.name + ".yaml")
+    config.write_text(yaml.safe_dump(rl_config(args, train, seed, arm, start, run_dir)))
+    resume = bool(complete(run_dir / "checkpoints"))
+    if not resume:  # nothing whole to go on from: the arm starts again
+        shutil.rmtree(run_dir, ignore_errors=True)
+    command = [HARNESSRL, "train", "--config", str(config), *(["--resume"] if resume else [])]
+    with heavy(args.lock, name), state.log(name).open("a") as log:
+        log.write(f"$ {' '.join(command)}\n")
+        log.flush()
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT,
+                              check=False).returncode
+    if code != 0 or not (run_dir / "model").is_dir():
+        raise RuntimeError(f"harnessrl train exited {code} (log: {state.log(name)})")
+    from harnessrl.train.eval_during import eval_lines
+
+    evals = [{"step": line["step"], "eval": {h: {"passed": e["passed"], "rollouts": e["rollouts"]}
+                                             for h, e in line["eval"].items()}}
+             for line in eval_lines(run_dir / "metrics.jsonl")]
+    return {"model": str(run_dir / "model"), "resumed": resume, "evals": evals,
+            "harnesses": arm_harnesses(args, arm), "steps": step_lines(run_dir)}
+
+
+def step_lines(run_dir: Path) -> list[dict[str, Any]]:
+    """Per optimizer step: reward, pass rate (overall and per harness), tool calls, loss."""
+    lines = []
+    for text in (run_dir / "metrics.jsonl").read_text().splitlines():
+        line = json.loads(text) if text.strip() else {}
+        if "trl" not in line:
+            continue  # an eval line, not a step's
+        lines.append({"step": line["step"], "reward": line.get("reward"),
+                      "pass_rate": line.get("pass_rate"), "tool_calls": line.get("tool_calls"),
+                      "rollouts": line.get("rollouts"), "loss": line["trl"].get("loss"),
+                      "harnesses": {h: g.get("pass_rate")
+                                    for h, g in line.get("harnesses", {}).items()}})
+    return lines
+
+
+# ------------------------------------------------------------------ the teacher and SFT
+def teacher_tasks(args: argparse.Namespace, train: Path, seed: int) -> list[Any]:
+    """The training tasks the teacher runs in each harness: enough for one SFT row per
+    example of the SFT arm's budget (or --teacher-tasks), a fixed seeded subset."""
+    import random
+
+    from harnessrl.rollout.tasks import load_tasks
+
+    # One task per first instruction line: the policy tells tasks apart by it, and two
+    # tasks sharing it (a count question on two tables of one kind) would share a listing.
+    tasks = sorted({_key(t): t for t in sorted(load_tasks(train), key=lambda t: t.id,
+                                               reverse=True)}.values(), key=lambda t: t.id)
+    wanted = args.teacher_tasks or math.ceil(args.steps * rows_per_step(args)
+                                             / len(args.harnesses))
+    return sorted(random.Random(f"teacher:{seed}").sample(tasks, min(wanted, len(tasks))),
+                  key=lambda t: t.id)
+
+
+def teacher_command(task: Any) -> str:
+    """The task's reference program, inline (a heredoc), so what the student learns to
+    write is the program that computes the answer from the table, not a path to it."""
+    program = task.solution_dir / "solve.py" if task.solution_dir else None
+    if program is not None and program.is_file():
+        text = program.read_text()
+        return f"python3 - <<'PY'\n{text}{'' if text.endswith(chr(10)) else chr(10)}PY"
+    if task.solution_dir is not None:
+        return (task.solution_dir / "solve.sh").read_text()
+    return "\n".join(task.solution_commands)
+
+
+def _key(task: Any) -> str:
+    return task.instruction.strip().splitlines()[0][:100]
+
+
+def teacher_policy(tasks: list[Any], whole_file: bool) -> Any:
+    """The oracle's policy (`harnessrl run --oracle`) with the programs inline; for a
+    harness that only writes files (aider), the files each program writes."""
+    from harnessrl.proxy.engines.policy import OraclePolicy
+    from harnessrl.rollout.run import written_by_solution
+
+    async def listings() -> dict[str, dict[str, str]]:
+        with tempfile.TemporaryDirectory(prefix="hrl-teacher-") as root:
+            return {_key(t): await written_by_solution(t, Path(root), f"t{n}")
+                    for n, t in enumerate(tasks)}
+
+    return OraclePolicy({_key(t): teacher_command(t) for t in tasks},
+                        asyncio.run(listings()) if whole_file else {})
+
+
+def teacher(args: argparse.Namespace, state: State, train: Path, seed: int, harness: str
+            ) -> dict[str, Any] | None:
+    name = f"teacher/{harness}/s{seed}"
+
+    def work() -> dict[str, Any]:
+        from rich.console import Console
+
+        from harnessrl.harnesses import get
+        from harnessrl.proxy.engines.scripted import ScriptedEngine
+        from harnessrl.rollout.conformance import policy_tokenizer
+        from harnessrl.rollout.run import execute
+        from harnessrl.rollout.runner import RolloutSettings, RunConfig
+
+        tasks, chosen = teacher_tasks(args, train, seed), get(harness)
+        run_dir = state.work(name)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        config = RunConfig(harnesses=[chosen], tasks=tasks, settings=RolloutSettings(
+            concurrency=args.concurrency, retries=1, agent_timeout=args.agent_timeout,
+            max_model_calls=args.max_model_calls))
+        with heavy(args.lock, name), state.log(name).open("w") as log:
+            engine = ScriptedEngine(policy_tokenizer(), teacher_policy(
+                tasks, chosen.finish == "whole-file"), model="teacher")
+            outcomes = execute(config, engine, run_dir, console=Console(file=log))
+        done = [o for o in outcomes if o.status == "done"]
+        return {"run_dir": str(run_dir), "rollouts": len(outcomes),
+                "solved": sum((o.verifier_reward or 0) >= 1 for o in done),
+                "infra_errors": len(outcomes) - len(done)}
+
+    return unit(state, name, work)
+
+
+def sft_model(args: argparse.Namespace, state: State, train: Path, seed: int, base: Path
+              ) -> Path | None:
+    runs = {h: teacher(args, state, train, seed, h) for h in args.harnesses}
+    if any(r is None for r in runs.values()):
+        return None
+    name = f"sft/s{seed}"
+    result = unit(state, name, lambda: sft(args, state, runs, seed, base, name))
+    return Path(result["model"]) if result else None
+
+
+def sft_rows(runs: dict[str, Any], tokenizer: Any, work: Path) -> tuple[list[dict[str, Any]],
+                                                                         dict[str, int]]:
+    """The teacher's solved rollouts as the student's token rows (its template, a mask on
+    the assistant turns): text re-tokenized, since the teacher sampled no student ids."""
+    from datasets import Dataset
+
+    from harnessrl.train.sft import export_sft, tokenized_messages
+
+    rows, per_harness = [], {}
+    for harness, run in runs.items():
+        exported = export_sft(Path(run["run_dir"]), work / f"{harness}.parquet",
+                              kind="messages")
+        per_harness[harness] = exported.rows
+        if not exported.rows:
+            continue
+        for row in Dataset.from_parquet(str(exported.path)):
+            assert isinstance(row, dict)
+            ids, mask = tokenized_messages(tokenizer, row["messages"],
+                                           json.loads(row["tools"]) or None)
+            rows.append({"input_ids": ids, "assistant_masks": mask})
+    return rows, per_harness
+
+
+def sft(args: argparse.Namespace, state: State, runs: dict[str, Any], seed: int, base: Path,
+        name: str) -> dict[str, Any]:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    work = state.work(name)
+    shutil.rmtree(work, ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    rows, per_harness = sft_rows(runs, tokenizer, work)
+    if not rows:
+        raise RuntimeError("the teacher solved no task: nothing to learn from")
+    out = state.root / "models" / f"sft-s{seed}"
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    with heavy(args.lock, name):
+        trainer = SFTTrainer(
+            model=AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
+            train_dataset=Dataset.from_list(rows).shuffle(seed=seed),
+            processing_class=tokenizer, args=SFTConfig(
+                output_dir=str(work / "trainer"), max_steps=args.steps, seed=seed,
+                per_device_train_batch_size=1, gradient_accumulation_steps=rows_per_step(args),
+                learning_rate=args.sft_lr, use_cpu=True, bf16=False, report_to="none",
+                save_strategy="no", logging_steps=1, max_length=None, disable_tqdm=True,
+                dataloader_num_workers=0))
+        trainer.train()
+        trainer.save_model(str(partial))
+        tokenizer.save_pretrained(str(partial))
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return {"model": str(out), "rows": len(rows), "rows_per_harness": per_harness,
+            "retokenized": True, "steps": args.steps, "rows_per_step": rows_per_step(args),
+            "loss_first": losses[0] if losses else None,
+            "loss_last": losses[-1] if losses else None,
+            "trained_tokens": sum(sum(r["assistant_masks"]) for r in rows)}

@@ -1,0 +1,268 @@
+"""bench/seed_table.py's report: the .md and the .png from the units measured in a state
+dir. Nothing is extrapolated: a cell not measured says so; several seeds are pooled (their
+rollouts summed) and the pooling is said."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from statistics import fmean
+from typing import Any
+
+from harnessrl.rollout.evaluate import wilson
+
+ARM_TEXT = {
+    "base": "base weights",
+    "rl-one": "RL in one harness",
+    "rl-all": "RL in all the eval harnesses at once (one per group)",
+    "rl-one-bonus": "RL in one harness + the tool-call bonus",
+    "sft": "SFT on teacher rollouts",
+}
+REFERENCE = """The reference's figures (LFM2.5-2.6B, 1,000 data-analysis tasks, as issue 40
+quotes them): training in one harness helped mostly there (OpenCode 34% -> 58%); training in
+four at once helped in all four (42% -> 54%); a small bonus for fewer tool calls cut calls by
+31% on tasks already solved; SFT on 3,189 rollouts of a bigger model plateaued below both RL
+runs; a third party found little transfer to harnesses not trained in."""
+
+
+def _load(root: Path, kind: str) -> dict[str, dict[str, Any]]:
+    folder = root / kind
+    if not folder.is_dir():
+        return {}
+    return {p.stem.replace("__", "/"): json.loads(p.read_text())
+            for p in sorted(folder.glob("*.json"))}
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def pooled(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Several cells (seeds) of one arm x harness as one: rollouts and passes summed."""
+    if not cells:
+        return None
+    tasks = [t for c in cells for t in c["per_task"].values()]
+    scored = [t for t in tasks if t["status"] == "done"]
+    passed = [t for t in scored if t["passed"]]
+    low, high = wilson(len(passed), len(scored)) if scored else (None, None)
+    return {"n": len(scored), "passed": len(passed),
+            "rate": len(passed) / len(scored) if scored else None, "low": low, "high": high,
+            "calls": fmean([t["tool_calls"] for t in passed]) if passed else None,
+            "infra": len(tasks) - len(scored), "seeds": len(cells),
+            "capped": sum(c["eval"].get("capped", 0) for c in cells)}
+
+
+def cell_text(p: dict[str, Any] | None) -> str:
+    if p is None:
+        return "not run"
+    if p["rate"] is None:
+        return f"no scored rollout ({p['infra']} infra errors)"
+    infra = f", {p['infra']} infra" if p["infra"] else ""
+    return (f"{p['rate']:.0%} ({p['low']:.0%}-{p['high']:.0%}) {p['passed']}/{p['n']}"
+            f"{infra}")
+
+
+def calls_text(p: dict[str, Any] | None) -> str:
+    return "-" if p is None or p["calls"] is None else f"{p['calls']:.1f}"
+
+
+def calibration(units: dict[str, Any], harnesses: list[str]) -> list[str]:
+    cells = {k.split("/", 1)[1]: v for k, v in units.items() if k.startswith("calib/")}
+    if not cells:
+        return ["Not run yet."]
+    tiers = list(dict.fromkeys(k.split("/")[0] for k in cells))
+    lines = ["| tier | " + " | ".join(harnesses) + " |", "|---|" + "---|" * len(harnesses)]
+    good = []
+    for tier in tiers:
+        row = [pooled([cells[f"{tier}/{h}"]]) if f"{tier}/{h}" in cells else None
+               for h in harnesses]
+        lines.append(f"| {tier} | " + " | ".join(cell_text(p) for p in row) + " |")
+        if sum(1 for p in row if p and p["rate"] is not None and 0.05 <= p["rate"] <= 0.5) >= 2:
+            good.append(tier)
+    prompts = {h: max((c.get("prompt_tokens_max") or 0 for k, c in cells.items()
+                       if k.endswith("/" + h)), default=0) for h in harnesses}
+    errors = {h: _summed([c.get("turn_errors", {}) for k, c in cells.items()
+                          if k.endswith("/" + h)]) for h in harnesses}
+    lines += ["", "Model calls that failed or were refused, per harness (kind: count): "
+              + "; ".join(f"{h} {e or 'none'}" for h, e in errors.items()) + "."]
+    lines += ["", "Longest prompt seen per harness (tokens, of SmolLM2's 8192): "
+              + ", ".join(f"{h} {n or '-'}" for h, n in prompts.items()) + ".", "",
+              "Tiers where the base model passes 5-50% in at least two harnesses: "
+              + (", ".join(good) if good else "**none**") + "."]
+    return lines
+
+
+def _summed(counts: list[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for count in counts:
+        for kind, n in count.items():
+            total[kind] = total.get(kind, 0) + n
+    return total
+
+
+def table(units: dict[str, Any], arms: list[str], harnesses: list[str]
+          ) -> tuple[list[str], dict[str, dict[str, Any] | None]]:
+    stats: dict[str, dict[str, Any] | None] = {}
+    lines = ["| arm | " + " | ".join(f"{h}: pass@1 (95% CI) passed/n | {h}: tool calls / "
+                                     "solved" for h in harnesses) + " |",
+             "|---|" + "---|---|" * len(harnesses)]
+    for arm in arms:
+        cells = []
+        for h in harnesses:
+            found = [v for k, v in units.items()
+                     if k.startswith(f"eval/{arm}/") and k.endswith("/" + h)]
+            stats[f"{arm}/{h}"] = p = pooled(found)
+            cells += [cell_text(p), calls_text(p)]
+        lines.append(f"| {ARM_TEXT.get(arm, arm)} | " + " | ".join(cells) + " |")
+    return lines, stats
+
+
+def co_solved(units: dict[str, Any], harnesses: list[str]) -> list[str]:
+    """Tool calls per task solved by both rl-one and rl-one-bonus (same tasks, same seed)."""
+    lines = ["| harness | co-solved tasks | rl-one calls / task | rl-one-bonus calls / task "
+             "| change |", "|---|---|---|---|---|"]
+    for h in harnesses:
+        pairs = []
+        for key, cell in units.items():
+            if key.startswith("eval/rl-one/") and key.endswith("/" + h):
+                other = units.get(key.replace("eval/rl-one/", "eval/rl-one-bonus/", 1))
+                if other is None:
+                    continue
+                for task, t in cell["per_task"].items():
+                    b = other["per_task"].get(task)
+                    if t["passed"] and b and b["passed"]:
+                        pairs.append((t["tool_calls"], b["tool_calls"]))
+        if not pairs:
+            lines.append(f"| {h} | 0 | - | - | - |")
+            continue
+        a, b = fmean(p[0] for p in pairs), fmean(p[1] for p in pairs)
+        change = f"{(b - a) / a:+.0%}" if a else "-"
+        lines.append(f"| {h} | {len(pairs)} | {a:.2f} | {b:.2f} | {change} |")
+    return lines
+
+
+def training(units: dict[str, Any]) -> list[str]:
+    lines = []
+    for key, u in units.items():
+        if key.startswith("train/"):
+            steps = u.get("steps", [])
+            rates = [s["pass_rate"] for s in steps if s.get("pass_rate") is not None]
+            first, last = (rates[:3], rates[-3:]) if rates else ([], [])
+            resumed = " (resumed from a checkpoint)" if u.get("resumed") else ""
+            calls = steps[-1].get("tool_calls") if steps else None
+            lines.append(
+                f"- `{key}` ({', '.join(u.get('harnesses', []))}): {len(steps)} steps in "
+                f"{u['seconds'] / 60:.0f} min{resumed}; training pass rate, first 3 steps "
+                f"{_rates(first)}, last 3 {_rates(last)}; tool calls per rollout at the last "
+                f"step {_num(calls)}.")
+            lines += [f"  - eval while training, step {e['step']}: " + ", ".join(
+                f"{h} {v['passed']}/{v['rollouts']}" for h, v in e["eval"].items())
+                for e in u.get("evals", [])]
+        elif key.startswith("teacher/"):
+            lines.append(f"- `{key}`: {u['solved']}/{u['rollouts']} teacher rollouts solved "
+                         f"({u['infra_errors']} infra errors), {u['seconds']:.0f} s.")
+        elif key.startswith("sft/"):
+            lines.append(
+                f"- `{key}`: {u['rows']} rows ({u['rows_per_harness']}), re-tokenized by the "
+                f"student's template (the teacher sampled no student ids), loss on the "
+                f"assistant turns only ({u['trained_tokens']} tokens); {u['steps']} steps x "
+                f"{u['rows_per_step']} rows; loss {_num(u['loss_first'])} -> "
+                f"{_num(u['loss_last'])}; {u['seconds'] / 60:.1f} min.")
+    return lines or ["Nothing trained yet."]
+
+
+def _rates(values: list[float]) -> str:
+    return "/".join(f"{v:.0%}" for v in values) or "-"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def wall(root: Path, units: dict[str, Any]) -> str:
+    events = [json.loads(x) for x in (root / "events.jsonl").read_text().splitlines()
+              ] if (root / "events.jsonl").is_file() else []
+    if not units:
+        return "No unit finished yet."
+    work = sum(u["seconds"] - u.get("lock_wait", 0) for u in units.values())
+    starts = sum(e.get("startup", 0) for e in events if e["kind"] == "served")
+    first = min(u["started"] for u in units.values())
+    last = max(u["finished"] for u in units.values())
+    return (f"Wall time: {first} to {last} UTC (with the lock waits while others' work ran); "
+            f"the units' own work {work / 3600:.2f} h plus {starts / 60:.1f} min of vLLM "
+            f"start-ups, on {os.cpu_count()} shared cores.")
+
+
+def write(args: argparse.Namespace, root: Path) -> str:
+    units, failed = _load(root, "units"), _load(root, "failed")
+    budgets = {phase: _json(root / f"budget-{phase}.json") for phase in ("calibrate", "run")}
+    # each phase's own harnesses (calibration may try more than the run keeps)
+    harnesses = list(budgets["run"].get("harnesses") or args.harnesses)
+    calibrated = list(budgets["calibrate"].get("harnesses") or args.harnesses)
+    arms = list(args.arms)
+    lines_table, stats = table(units, arms, harnesses)
+    commands = (root / "commands.txt").read_text().strip().splitlines() if (
+        root / "commands.txt").is_file() else []
+    evals = [k for k in units if k.startswith("eval/")]
+    expected = len(arms) * len(harnesses) * len(budgets["run"].get("seeds") or [0])
+    status = "complete" if evals and len(evals) >= expected else "partial"
+    text = ["# The seed's table in kind: SmolLM2-135M through harnessrl (issue 40)", "",
+            f"Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from the state "
+            f"dir `{root}` by `bench/seed_table.py`; **{status}**: {len(evals)} of {expected} "
+            "arm x harness cells measured. Every figure below is as measured; a cell not "
+            "run says so.", "", "## Budget as run", "",
+            *[f"- `{c}`" for c in commands],
+            *[f"- {phase}: `{json.dumps(b)}`" for phase, b in budgets.items() if b],
+            "", wall(root, units), "",
+            "## Calibration: the base model's pass rate per tier and harness", "",
+            *calibration(units, calibrated), "",
+            "## pass@1 on the held-out sample, per arm and harness", "",
+            *lines_table, "",
+            "Pass@1: one rollout per task at the eval temperature; 95% Wilson interval; "
+            "infrastructure errors counted apart and out of every rate; tool calls per solved "
+            "task over the solved ones. Seeds are pooled.", "",
+            "## Tool-call bonus: tool calls per co-solved task", "", *co_solved(units, harnesses),
+            "", "## Training and SFT", "", *training(units), "",
+            "## Not done / failed", "",
+            *([f"- `{k}`: {v['error'].splitlines()[0]}" for k, v in failed.items()]
+              or ["- nothing failed"]), "", "## The reference, beside", "", REFERENCE, ""]
+    body = "\n".join(text)
+    args.out.write_text(body)
+    plot(stats, arms, harnesses, args.plot)
+    return body
+
+
+def plot(stats: dict[str, dict[str, Any] | None], arms: list[str], harnesses: list[str],
+         path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [a for a in arms if any(stats.get(f"{a}/{h}") for h in harnesses)]
+    if not shown:
+        return
+    fig, ax = plt.subplots(figsize=(max(6, 2.2 * len(harnesses)), 4))
+    width = 0.8 / len(shown)
+    for i, arm in enumerate(shown):
+        xs, ys, errs = [], [], [[], []]
+        for j, h in enumerate(harnesses):
+            p = stats.get(f"{arm}/{h}")
+            if p is None or p["rate"] is None:
+                continue
+            xs.append(j + (i - (len(shown) - 1) / 2) * width)
+            ys.append(p["rate"])
+            errs[0].append(p["rate"] - p["low"])
+            errs[1].append(p["high"] - p["rate"])
+        ax.bar(xs, ys, width=width, yerr=errs, capsize=3, label=ARM_TEXT.get(arm, arm))
+    ax.set_xticks(range(len(harnesses)), harnesses)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("pass@1 on held-out tasks (95% CI)")
+    ax.set_title("SmolLM2-135M per arm and harness (issue 40)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

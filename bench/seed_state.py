@@ -1,0 +1,106 @@
+"""bench/seed_table.py's state: one JSON file per finished unit of work, skipped when run
+again; failures recorded apart; the heavy-run lock held per unit."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+# Seconds spent waiting for the lock, so a unit's own time can be told from its wait.
+WAITED: list[float] = []
+
+
+class State:
+    """STATE/units/<unit>.json per finished unit; STATE/failed/<unit>.json per failed try."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        for sub in ("units", "failed", "logs", "work", "models", "tasks"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
+
+    def _file(self, kind: str, unit: str) -> Path:
+        return self.root / kind / (unit.replace("/", "__") + ".json")
+
+    def done(self, unit: str) -> dict[str, Any] | None:
+        path = self._file("units", unit)
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def save(self, unit: str, result: dict[str, Any]) -> None:
+        path = self._file("units", unit)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.rename(path)  # whole or absent: a kill never leaves half a result
+        self._file("failed", unit).unlink(missing_ok=True)
+
+    def fail(self, unit: str, error: str) -> None:
+        self._file("failed", unit).write_text(json.dumps({"unit": unit, "error": error}))
+
+    def all(self, kind: str = "units") -> dict[str, dict[str, Any]]:
+        found = {}
+        for path in sorted((self.root / kind).glob("*.json")):
+            found[path.stem.replace("__", "/")] = json.loads(path.read_text())
+        return found
+
+    def log(self, unit: str) -> Path:
+        return self.root / "logs" / (unit.replace("/", "__") + ".log")
+
+    def work(self, unit: str) -> Path:
+        return self.root / "work" / unit.replace("/", "__")
+
+
+@contextlib.contextmanager
+def heavy(lock: str, what: str) -> Iterator[None]:
+    """The machine's heavy-run lock (the same flock(2) lock `flock` takes), held for one
+    unit or one served model's evals, so other heavy work interleaves between them."""
+    if not lock:
+        yield
+        return
+    with open(lock, "a") as handle:
+        started = time.monotonic()
+        print(f"[seed_table] waiting for {lock} ({what})", flush=True)
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        WAITED.append(time.monotonic() - started)
+        print(f"[seed_table] lock taken after {WAITED[-1]:.0f} s: {what}", flush=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def unit(state: State, name: str, work: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    """`work`'s result, computed once: stored with its wall time, skipped when stored. A
+    failure is recorded (STATE/failed) and the run goes on with the next unit."""
+    if (found := state.done(name)) is not None:
+        return found
+    print(f"[seed_table] {name} ...", flush=True)
+    started, began = time.monotonic(), time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    waits = len(WAITED)
+    try:
+        result = work()
+    except Exception as error:  # one arm's failure must not lose the others' units
+        state.fail(name, f"{error!r}\n{traceback.format_exc()}")
+        print(f"[seed_table] {name} FAILED: {error!r} (see {state.root / 'failed'})",
+              flush=True)
+        return None
+    result |= {"seconds": round(time.monotonic() - started, 1), "started": began,
+               "lock_wait": round(sum(WAITED[waits:]), 1),
+               "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    state.save(name, result)
+    print(f"[seed_table] {name} done in {result['seconds']:.0f} s", flush=True)
+    return result
+
+
+
+
+def event(state: State, kind: str, **fields: Any) -> None:
+    """A line of STATE/events.jsonl (a served model's start, a lock wait): the wall time of
+    work outside any unit."""
+    line = {"kind": kind, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **fields}
+    with (state.root / "events.jsonl").open("a") as events:
+        events.write(json.dumps(line) + "\n")
