@@ -14,7 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harnessrl.proxy import layout as layout_module
 from harnessrl.proxy.delta import CorruptTurn, decode_body, encode_body, shared_prefix
+from harnessrl.proxy.layout import encode, prepare
+from harnessrl.proxy.rows import INSERT_TURN
 from harnessrl.proxy.schema import SCHEMA_VERSION
 from harnessrl.proxy.store import TraceReader, TraceStore
 from harnessrl.types import (
@@ -309,3 +312,65 @@ def test_a_cancelled_turn_reads_cancelled_from_memory_too(tmp_path: Path) -> Non
         cached = store.turn_by_reply("k", "chatcmpl-1")
         assert cached is not None and cached.status == "cancelled"
         assert store.turns("k")[1] == cached
+
+
+# ------------------------------------------------------------------ the parent, found early
+def changed_inside(turn: Turn) -> Turn:
+    """`turn` with its second prompt id changed: the same length and the same first and
+    last ids as before (what the cheap probes look at), a prompt that extends no turn."""
+    assert turn.completion is not None and turn.completion.tokens.prompt_ids is not None
+    tokens = turn.completion.tokens
+    prompt = list(tokens.prompt_ids)  # type: ignore[arg-type]
+    prompt[1] += 1
+    completion = msgspec.structs.replace(turn.completion, tokens=msgspec.structs.replace(
+        tokens, prompt_ids=tuple(prompt)))
+    return msgspec.structs.replace(turn, completion=completion)
+
+
+def test_a_prompt_that_differs_inside_its_parents_ids_is_stored_whole(tmp_path: Path) -> None:
+    turns = conversation("k", 3)
+    wrong = changed_inside(turns[2])
+    with TraceStore(tmp_path) as store:
+        asyncio.run(write(store, [*turns[:2], wrong]))
+        assert store.turns("k") == [*turns[:2], wrong]
+    rows = layout(tmp_path)
+    assert [r[2] for r in rows] == [None, 0, None]  # turn 2 extends neither: whole
+    with TraceReader(tmp_path) as reader:
+        assert reader.turn("k", 2) == wrong
+
+
+def parent_of(row: tuple | None) -> int | None:
+    assert row is not None
+    return row[-4]  # `encode`'s row ends with layout, parent, keep, length, base
+
+
+def test_a_row_encoded_before_its_commit_holds_only_against_the_same_turns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn's row is encoded before the commit (outside the write lock); the commit
+    takes it only if the rollout's latest turns are the very objects it was encoded
+    against, and encodes the turn again otherwise: never a row made against other ids."""
+    first, second, third = conversation("k", 3)
+    ready = prepare(third, [first, second])
+    assert ready.row == encode(third, [first, second]) and parent_of(ready.row) == 1
+    assert ready.row_against([first, second]) is ready.row
+    # A kept turn replaced by an object with other ids, or merely another object.
+    assert ready.row_against([first, changed_inside(second)]) is None
+    assert ready.row_against([first, msgspec.structs.replace(second)]) is None
+    assert ready.row_against([second]) is None and ready.row_against([]) is None
+    assert prepare(third, None).row is None  # the rollout is not in memory
+    encoded: list[Turn] = []
+    real = layout_module.encode
+    monkeypatch.setattr(layout_module, "encode",
+                        lambda turn, *rest: encoded.append(turn) or real(turn, *rest))
+    with TraceStore(tmp_path) as store:
+        asyncio.run(write(store, [first]))
+        early = store._recent.prepare(third)  # against turn 0 alone
+        assert parent_of(early.row) == 0
+        ready = store._recent.prepare(second)
+        encoded.clear()
+        assert store._commit_here((INSERT_TURN, ready))
+        assert encoded == []  # nothing committed since: the row made before is taken
+        assert store._commit_here((INSERT_TURN, early))
+        assert encoded == [third]  # turn 1 committed since: encoded again, against it
+        assert store.turns("k") == [first, second, third]
+    assert [r[2] for r in layout(tmp_path)] == [None, 0, 1]

@@ -12,7 +12,11 @@ of its rollout, never the whole context again.
   (JSON, packed int32, packed float64), already proportional to what is new.
 
 The writer finds the parent among the rollout's last few committed turns, held in memory
-(`Recent`); after a restart it reads them from the store once. A row of an older file
+(`Recent`); after a restart it reads them from the store once. A turn's row is encoded
+before its commit, outside the store's write lock (`Prepared`): finding the parent and
+the bodies' shared parts are the compares whose work follows the context. The commit
+takes that row if the rollout's latest turns are still the very objects it was encoded
+against, and otherwise encodes the turn itself. A row of an older file
 (`layout` NULL, schema v4) holds everything whole and reads as it did.
 """
 
@@ -22,6 +26,7 @@ import sqlite3
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -117,6 +122,37 @@ def encode(turn: Turn, recent: Sequence[Turn]) -> tuple[Any, ...]:
             base.index if against and base is not None else None)
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """`turn`'s row (None: not made) encoded before its commit against `against`, its
+    rollout's latest committed turns then. `encode` depends on nothing but the turn and
+    those turns, and a kept turn is frozen (a cancelled one is replaced by a new object),
+    so the row is what the commit would make against the same objects (`is`, not ==);
+    against any others (a turn committed since, a rollout read back) the commit encodes
+    the turn itself."""
+
+    turn: Turn
+    against: tuple[Turn, ...] = ()
+    row: tuple[Any, ...] | None = None
+
+    def row_against(self, recent: Sequence[Turn]) -> tuple[Any, ...] | None:
+        same = len(recent) == len(self.against) and all(
+            a is b for a, b in zip(recent, self.against, strict=True))
+        return self.row if same else None
+
+
+def prepare(turn: Turn, recent: Sequence[Turn] | None) -> Prepared:
+    """`turn`'s row against `recent` (its rollout's latest turns, oldest first; None:
+    not in memory, nothing prepared: the commit reads them from the store)."""
+    if recent is None:
+        return Prepared(turn)
+    against = tuple(recent[-CANDIDATES:])
+    try:
+        return Prepared(turn, against, encode(turn, against))
+    except Exception:  # the commit encodes it again, and says why it cannot be stored
+        return Prepared(turn)
+
+
 class Recent:
     """Each rollout's latest committed turns (at most CANDIDATES), for `encode`; the
     rollouts least recently written are forgotten (read back from the store if they
@@ -150,6 +186,13 @@ class Recent:
             if oldest == keep:
                 break
             self._bytes -= sum(map(_weight, self._turns.pop(oldest)))
+
+    def prepare(self, turn: Turn) -> Prepared:
+        """`turn`'s row, encoded on the caller's thread before the commit."""
+        with self._lock:
+            kept = self._turns.get(turn.rollout)
+            kept = list(kept) if kept is not None else None
+        return prepare(turn, kept)
 
     def find(self, key: str, predicate: Callable[[Turn], bool]) -> Turn | None:
         with self._lock:
@@ -196,13 +239,17 @@ class Staged:
         self._recent = recent
         self._turns: list[Turn] = []
 
-    def encode(self, db: sqlite3.Connection, turn: Turn) -> tuple[Any, ...]:
+    def encode(self, db: sqlite3.Connection, write: Turn | Prepared) -> tuple[Any, ...]:
+        turn = write.turn if isinstance(write, Prepared) else write
         recent = self._recent.get(db, turn.rollout)
         recent += [t for t in self._turns if t.rollout == turn.rollout]
-        try:
-            row = encode(turn, recent[-CANDIDATES:])
-        except Exception:  # whatever went wrong against the others, the turn alone
-            row = encode(turn, [])
+        recent = recent[-CANDIDATES:]
+        row = write.row_against(recent) if isinstance(write, Prepared) else None
+        if row is None:
+            try:
+                row = encode(turn, recent)
+            except Exception:  # whatever went wrong against the others, the turn alone
+                row = encode(turn, [])
         self._turns.append(turn)
         return row
 

@@ -34,7 +34,7 @@ from typing import Any, Self
 import msgspec
 
 from harnessrl.proxy.delta import CorruptTurn
-from harnessrl.proxy.layout import Decoder, Recent, Staged, decode_each, decode_rollout
+from harnessrl.proxy.layout import Decoder, Prepared, Recent, Staged, decode_each, decode_rollout
 from harnessrl.proxy.rows import (
     INSERT_OUTCOME,
     INSERT_ROLLOUT,
@@ -256,10 +256,13 @@ class TraceStore(TraceReader):
     async def add_turn(self, turn: Turn, *, alone: bool = False) -> None:
         """Returns once `turn` is committed. `alone`: the caller's is the only call in
         flight, so nothing else waits on this event loop while it commits."""
-        # The row is packed where it is committed, under the write lock: it is stored
-        # against the rollout's latest committed turns (`proxy.layout`).
-        if not alone or not self._commit_here((INSERT_TURN, turn)):
-            await self._submit(INSERT_TURN, lambda: turn)
+        # The row is stored against the rollout's latest committed turns (`proxy.layout`)
+        # and encoded here, before the write lock: its compares with them follow the
+        # context, and under the lock they would hold every other writer. The commit
+        # takes it if those turns are still the latest, else encodes the turn again.
+        write = self._recent.prepare(turn)
+        if not alone or not self._commit_here((INSERT_TURN, write)):
+            await self._submit(INSERT_TURN, lambda: write)
 
     async def cancel_turn(self, key: str, index: int) -> None:
         """A turn committed `ok` whose reply its client never got whole (it left before the
@@ -275,7 +278,7 @@ class TraceStore(TraceReader):
         """The rollout's final result; a retried rollout replaces its earlier attempt."""
         await self._submit(INSERT_OUTCOME, lambda: outcome_params(outcome))
 
-    async def _submit(self, sql: str, params: Callable[[], tuple[Any, ...] | Turn]) -> None:
+    async def _submit(self, sql: str, params: Callable[[], _Params]) -> None:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._queueing:
@@ -362,7 +365,7 @@ class TraceStore(TraceReader):
                 return [exc]
             return [self._commit_one(db, sql, params) for sql, params in rows]
 
-    def _commit_one(self, db: sqlite3.Connection, sql: str, params: tuple[Any, ...] | Turn
+    def _commit_one(self, db: sqlite3.Connection, sql: str, params: _Params
                     ) -> Exception | None:
         """After a failed group, each write alone: one bad row must not sink the others."""
         staged = self._recent.stage()
@@ -373,12 +376,12 @@ class TraceStore(TraceReader):
         staged.keep()
         return None
 
-    def _params(self, db: sqlite3.Connection, staged: Staged, params: tuple[Any, ...] | Turn
+    def _params(self, db: sqlite3.Connection, staged: Staged, params: _Params
                 ) -> tuple[Any, ...]:
         """A write's parameters: a turn is encoded against its rollout's latest turns."""
-        if isinstance(params, Turn):
-            turn = params
-            params = _pack(lambda: staged.encode(db, turn))
+        if isinstance(params, Turn | Prepared):
+            write = params
+            params = _pack(lambda: staged.encode(db, write))
         self._note_written(params)
         return params
 
@@ -427,14 +430,16 @@ class TraceStore(TraceReader):
         super().close()
 
 
-# A write: its SQL and parameters, or the turn to encode into them (`proxy.layout`).
-_Row = tuple[str, tuple[Any, ...] | Turn]
+# A write: its SQL and parameters, or the turn to encode into them (`proxy.layout`),
+# possibly encoded already (`Prepared`).
+_Params = tuple[Any, ...] | Turn | Prepared
+_Row = tuple[str, _Params]
 
 
 @dataclass(frozen=True, slots=True)
 class _Write:
     sql: str
-    params: Callable[[], tuple[Any, ...] | Turn]
+    params: Callable[[], _Params]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[None]
 
