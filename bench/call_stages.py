@@ -3,10 +3,11 @@
 token call `bench/stream_cpu.py` and `bench/stream_path.py` measure whole.
 
 Each stage is the proxy's own function on that call's real input, run `--repeats` times in
-this process (CPU time, after a warm-up); the store's commit is its writer thread's CPU per
-turn, awaited one turn at a time. The baseline is the whole call in-process (the real app
-driven by raw ASGI calls, as stream_path.py does): what the stages leave out of it is
-routing, the ASGI plumbing and the event loop.
+this process (CPU time, after a warm-up); the store's write is the row encoded on the
+caller's thread plus its writer thread's commit, per turn, awaited one turn at a time.
+The baseline is the whole call in-process (the real app driven by raw ASGI calls, as
+stream_path.py does): what the stages leave out of it is routing, the ASGI plumbing and
+the event loop.
 
     .venv/bin/python bench/call_stages.py [--dialects chat,gemini] [--repeats 300]
 """
@@ -121,7 +122,7 @@ def stages(dialect_name: str, repeats: int) -> dict[str, float]:
         "the reply accumulated and rendered in the dialect": reply,
         PACKING: lambda: turn_row(turn),
     }.items()}
-    found["the store's commit, packing excluded (writer thread)"] = (
+    found["the store's write, packing excluded (row encoded + writer thread's commit)"] = (
         asyncio.run(_commit_us(turn, repeats)) - found[PACKING])
     found["the whole call in-process (baseline)"] = asyncio.run(_whole_us(dialect_name,
                                                                           repeats))
@@ -129,7 +130,8 @@ def stages(dialect_name: str, repeats: int) -> dict[str, float]:
 
 
 async def _commit_us(turn: Any, repeats: int) -> float:
-    """The writer thread's CPU per turn, each awaited before the next (as at c=1)."""
+    """The store's CPU per turn: the row encoded on the caller's thread and the writer
+    thread's commit, each awaited before the next (as at c=1)."""
     import msgspec
 
     from harnessrl.proxy.store import TraceStore
@@ -146,10 +148,15 @@ async def _commit_us(turn: Any, repeats: int) -> float:
         def cpu_ns() -> int:
             return int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
 
-        before = cpu_ns()
+        before, encoding = cpu_ns(), 0.0
         for t in turns[20:]:
+            # `add_turn` encodes the row on the caller's thread before the writer thread
+            # commits it: that part timed apart, the same call `add_turn` makes.
+            start = time.thread_time()
+            store._recent.prepare(t)
+            encoding += time.thread_time() - start
             await store.add_turn(t)
-        spent = cpu_ns() - before
+        spent = cpu_ns() - before + encoding * 1e9
         store.close()
     return spent / repeats / 1e3
 

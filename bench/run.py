@@ -165,7 +165,8 @@ SECTIONS: tuple[Section, ...] = (
             "(vs the whole call in-process, same run)", "call_stages", ("--repeats", "200"),
             ("--repeats", "1000"),
             note="each stage is the proxy's own function run on that call's real input; the "
-                 "store's commit is its writer thread's CPU per turn; the rest of the whole "
+                 "store's write is the row encoded on the caller's thread plus the writer "
+                 "thread's commit, per turn; the rest of the whole "
                  "call (measured as stream_path does) is routing, ASGI and the event loop"),
     Section("rollout_memory", "memory per open rollout, idle and after 100 turns (vs the "
             "proxy's RSS after warm-up, same run)", "rollout_memory", ("--idle", "2000"),
@@ -187,8 +188,9 @@ SECTIONS: tuple[Section, ...] = (
             ("--repeats", "2", "--store-turns", "20000", "--old-store-turns", "5000"),
             ("--repeats", "3", "--store-turns", "100000", "--old-store-turns", "10000"),
             note="both layouts written by the same TraceStore (v4's through a subclass that "
-                 "packs rows as v4 did); commit CPU is the committing thread's process CPU "
-                 "for one turn committed alone (`_commit_here`); the context rollout is "
+                 "packs rows as v4 did); CPU per turn is the committing thread's CPU for one "
+                 "turn committed alone (`_commit_here`), split into the row encoded before "
+                 "the commit (outside the write lock) and the commit; the context rollout is "
                  "this repository's text tokenized by the tiny model's tokenizer (4,096 "
                  "ids); the many-turn store is scaled down from the issue's million turns "
                  "(v4 at ~200 KiB/turn would be ~200 GB): rates, not totals, are compared"),
