@@ -25,8 +25,8 @@ import msgspec
 
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.routed import routed
-from harnessrl.proxy.serve import running
-from harnessrl.rollout.runner import Planned, RunConfig, Runner
+from harnessrl.rollout.runner import Planned, RunConfig
+from harnessrl.rollout.serving import serving
 from harnessrl.types import Outcome, Rollout, Sampling, Turn
 
 # Builds the shard's engine(s) on the node: picklable (Ray ships it), one engine or a list.
@@ -91,12 +91,12 @@ class RolloutNode:
         self._stack = contextlib.ExitStack()
         made = engine_factory()
         self.engine = routed(made if isinstance(made, list) else [made])
-        served = self._stack.enter_context(running(self.engine, self.shard_dir,
+        served = self._stack.enter_context(serving(config, self.engine, self.shard_dir,
                                                    sampling=sampling))
         self.store = served.store
         self.url = served.url
         self.gate = served.proxy.gate  # held by the driver during every weight swap
-        self.runner = Runner(config, served.store, served.url, self.shard_dir)
+        self.runner = served.runner
         self._installs: dict[str, asyncio.Task[Any]] = {}
 
     async def where(self) -> dict[str, Any]:

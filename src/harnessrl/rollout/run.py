@@ -10,16 +10,17 @@ import dataclasses
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from harnessrl.harnesses.base import Harness
+from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.policy import OraclePolicy
-from harnessrl.proxy.serve import running
 from harnessrl.rollout.progress import RunProgress, summary
-from harnessrl.rollout.runner import RunConfig, Runner
+from harnessrl.rollout.runner import RunConfig
 from harnessrl.rollout.sandbox import LocalSandbox
+from harnessrl.rollout.serving import serving
 from harnessrl.rollout.tasks import Task, prepare, run_solution
 from harnessrl.types import Outcome, Sampling
 
@@ -113,12 +114,11 @@ def oracle_check(config: RunConfig, run_dir: Path, *,
                                    console=console))
 
 
-def execute(config: RunConfig, engine: Any, run_dir: Path, *,
+def execute(config: RunConfig, engine: Engine, run_dir: Path, *,
             sampling: Sampling | None = None, console: Console | None = None) -> list[Outcome]:
     console = console or Console()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with running(engine, run_dir, sampling=sampling) as served:
-        runner = Runner(config, served.store, served.url, run_dir)
+    with serving(config, engine, run_dir, sampling=sampling) as served:
+        runner = served.runner
         todo = runner.pending()
         skipped = len(config.harnesses) * len(config.tasks) * config.samples - len(todo)
         if skipped:

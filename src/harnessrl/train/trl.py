@@ -47,21 +47,26 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from transformers import TrainerCallback
 
 from harnessrl.harnesses.base import Harness
 from harnessrl.proxy.app import Proxy
-from harnessrl.proxy.serve import running
+from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.chains import Chain, ChainStats, link, rollout_stats
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.runner import Planned, RolloutSettings, RunConfig, Runner
+from harnessrl.rollout.serving import serving
 from harnessrl.rollout.tasks import Task
 from harnessrl.train.samples import sample
-from harnessrl.train.weights import VLLMWeightSync, version_name
+from harnessrl.train.weights import Versioned, VLLMWeightSync, version_name
 from harnessrl.types import Outcome, Sample, Sampling, Turn
+
+if TYPE_CHECKING:  # Ray is imported only by a run on a cluster
+    from harnessrl.rollout.cluster import ClusterRunner, ClusterSettings, ShardedVersion
+    from harnessrl.rollout.cluster_node import EngineFactory
 
 Mix = Literal["group", "generation"]
 NAN = float("nan")
@@ -169,7 +174,7 @@ class HarnessRollouts:
 
     tasks: Sequence[Task]
     harnesses: Sequence[Harness]
-    engine: Any
+    engine: Engine
     run_dir: Path
     pad_token_id: int
     sync: VLLMWeightSync | None = None
@@ -181,8 +186,8 @@ class HarnessRollouts:
     batches: list[Batch] = field(default_factory=list)
     # The rollouts run on a Ray cluster (`rollout.cluster.ClusterSettings`), each node's
     # proxy shard with the engines `engine_factory` builds there; `engine` is then unused.
-    cluster: Any = None
-    engine_factory: Callable[[], Any] | None = None
+    cluster: ClusterSettings | None = None
+    engine_factory: EngineFactory | None = None
     proxy_port: int | None = None  # None: any free port (`url` says which)
     # which harness the next `plan` call starts with (it moves one on per call)
     rotation: int = 0
@@ -195,50 +200,47 @@ class HarnessRollouts:
         self._store: TraceStore | None = None
         self._proxy: Proxy | None = None
         self.url = ""  # the proxy's, once served
-        self._runner: Runner | None = None
+        self._runner: Runner | ClusterRunner | None = None
         self._samples: dict[tuple[str, str], int] = {}
         self._planning = threading.Lock()
         self._extra_tasks: dict[str, Task] = {}
         self._synced_step: int | None = None
-        self._sharded: Any = None
+        self._sharded: ShardedVersion | None = None
 
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> HarnessRollouts:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.cluster is not None:
-            return self._enter_cluster()
+            return self._enter_cluster(self.cluster)
         if self.sync is not None and self.engine not in self.sync.engines:
             self.sync.engines.append(self.engine)  # every turn records the version
-        served = self._stack.enter_context(
-            running(self.engine, self.run_dir, port=self.proxy_port, sampling=self.sampling))
-        self._store = store = served.store
-        self._proxy = served.proxy
-        self.url = served.url
-        self.resume_samples(store)
-        url = served.url
-        config = RunConfig(harnesses=self.harnesses, tasks=self.tasks, settings=self.settings,
-                           shaping=self.shaping)
-        self._runner = Runner(config, store, url, self.run_dir,
-                              on_outcome=lambda o: self.on_outcome(o))
+        served = self._stack.enter_context(serving(
+            self._config(), self.engine, self.run_dir, port=self.proxy_port,
+            sampling=self.sampling, on_outcome=lambda o: self.on_outcome(o)))
+        self._store, self._proxy, self.url = served.store, served.proxy, served.url
+        self._runner = served.runner
+        self.resume_samples(served.store)
         return self
 
-    def _enter_cluster(self) -> HarnessRollouts:
+    def _enter_cluster(self, cluster: ClusterSettings) -> HarnessRollouts:
         from harnessrl.rollout.cluster import ClusterRunner
 
         if self.engine_factory is None:
             raise ValueError("HarnessRollouts on a cluster needs an engine_factory")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         self._store = store = self._stack.enter_context(TraceStore(self.run_dir))
         self.resume_samples(store)
-        config = RunConfig(harnesses=self.harnesses, tasks=self.tasks, settings=self.settings,
-                           shaping=self.shaping)
         runner = self._stack.enter_context(ClusterRunner(
-            config, store, self.run_dir, self.engine_factory, self.cluster,
+            self._config(), store, self.run_dir, self.engine_factory, cluster,
             sampling=self.sampling, on_outcome=lambda o: self.on_outcome(o)))
         runner.start()
-        self._runner = runner  # type: ignore[assignment]  # Runner's run(), on Ray
+        self._runner = runner
         if self.sync is not None:  # every shard stamps the version once vLLM serves it
             self.sync.engines.append(self.versioned())
         return self
+
+    def _config(self) -> RunConfig:
+        return RunConfig(harnesses=self.harnesses, tasks=self.tasks, settings=self.settings,
+                         shaping=self.shaping)
 
     def resume_samples(self, store: TraceStore) -> None:
         """Sample numbers go on above every stored outcome's (a resumed run's, too), so
@@ -266,7 +268,7 @@ class HarnessRollouts:
 
         return [ClusterGate(self._cluster_runner())]
 
-    def versioned(self) -> Any:
+    def versioned(self) -> Versioned:
         """What stamps the version on every later turn: the proxy's engine, or on a
         cluster every shard's engine (`ShardedVersion`), made once."""
         if self.cluster is None:
@@ -277,8 +279,10 @@ class HarnessRollouts:
             self._sharded = ShardedVersion(self._cluster_runner())
         return self._sharded
 
-    def _cluster_runner(self) -> Any:
-        if self._runner is None:
+    def _cluster_runner(self) -> ClusterRunner:
+        from harnessrl.rollout.cluster import ClusterRunner
+
+        if not isinstance(self._runner, ClusterRunner):
             raise RuntimeError("use HarnessRollouts as a context manager (with ...:)")
         return self._runner
 

@@ -31,9 +31,14 @@ from typing import Any, Protocol
 
 
 class Versioned(Protocol):
-    """The proxy's engine: the version it stamps on every turn it records."""
+    """The proxy's engine (any `Engine`), or a cluster's shards: the version it stamps on
+    every turn it records."""
 
-    weight_version: str | None
+    @property
+    def weight_version(self) -> str | None: ...
+
+    @weight_version.setter
+    def weight_version(self, version: str | None) -> None: ...
 
 
 def version_name(step: int) -> str:
