@@ -259,6 +259,30 @@ def test_the_host_header_gets_the_workers_own_port():
     assert _hostport("0.0.0.0", 5) == "127.0.0.1:5" and _hostport("::1", 5) == "[::1]:5"
 
 
+async def call_front(front, path: str, messages: list[dict],
+                     headers: tuple[tuple[bytes, bytes], ...] = ()) -> list[dict]:
+    """One POST through a worker's front, its body sent as `messages`; what it sent back."""
+    import asyncio
+
+    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(),
+             "query_string": b"", "headers": [(b"content-type", b"application/json"),
+                                              *headers],
+             "server": ("127.0.0.1", 1), "root_path": ""}
+    sent: list[dict] = []
+    bodies = iter(messages)
+
+    async def receive():  # the body, then (as a server does) nothing until the end
+        if (message := next(bodies, None)) is not None:
+            return message
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+    await front(scope, receive, send)
+    await front.close()
+    return sent
+
+
 def test_a_worker_serves_its_own_rollouts_and_relays_the_others():
     """The front's shortcut for /r/<key> paths: a key this worker owns (or one no worker
     makes) reaches the proxy's app here; another worker's is relayed, and that worker not
@@ -275,30 +299,37 @@ def test_a_worker_serves_its_own_rollouts_and_relays_the_others():
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    async def call(front: Front, path: str) -> int:
-        scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(),
-                 "query_string": b"", "headers": [(b"content-type", b"application/json")],
-                 "server": ("127.0.0.1", 1), "root_path": ""}
-        sent: list[dict] = []
-
-        bodies = iter([{"type": "http.request", "body": b"{}", "more_body": False}])
-
-        async def receive():  # the body, then (as a server does) nothing until the end
-            if (message := next(bodies, None)) is not None:
-                return message
-            await asyncio.sleep(3600)
-
-        async def send(message):
-            sent.append(message)
-        await front(scope, receive, send)
-        await front.close()
-        return sent[0]["status"]
+    def call(front: Front, path: str) -> int:
+        body = [{"type": "http.request", "body": b"{}", "more_body": False}]
+        return asyncio.run(call_front(front, path, body))[0]["status"]
 
     plan = Plan("127.0.0.1", 1, (free_port(), free_port()))  # nothing listens on either
     front = Front(app, plan, 0, 1 << 20)
     mine, theirs = owned_key(0, 2), owned_key(1, 2)
     for key, status in ((mine, 200), ("not-a-rollout-key", 200), (theirs, 503)):
         for path in (f"/r/{key}/v1/chat/completions", f"/r/{key}/v1/messages"):
-            assert asyncio.run(call(front, path)) == status
+            assert call(front, path) == status
     assert served == [f"/r/{k}/v1/{p}" for k in (mine, "not-a-rollout-key")
                       for p in ("chat/completions", "messages")]
+
+
+def test_a_relayed_body_over_the_limit_is_refused_in_the_callers_shape():
+    """The relay reads a body as the app does (`boundary.receive_body`): a Content-Length
+    over the limit is refused before any of it is read, a body that grows past it once it
+    does, both a 413 in the caller's dialect; a client gone mid-body gets no answer."""
+    import asyncio
+
+    from harnessrl.proxy.relay import Front
+    from harnessrl.proxy.workers import Plan, owned_key
+
+    plan = Plan("127.0.0.1", 1, (free_port(), free_port()))
+    front = Front(lambda *_: None, plan, 0, 100)
+    path = f"/r/{owned_key(1, 2)}/v1/messages"  # the other worker's: relayed
+    piece = {"type": "http.request", "body": b"x" * 60, "more_body": True}
+    for messages, headers in (([], ((b"content-length", b"101"),)), ([piece, piece], ())):
+        sent = asyncio.run(call_front(front, path, messages, headers))
+        assert sent[0]["status"] == 413
+        error = json.loads(sent[1]["body"])
+        assert error["type"] == "error" and "100" in error["error"]["message"], error
+    gone = [piece, {"type": "http.disconnect"}]
+    assert asyncio.run(call_front(front, path, gone)) == []

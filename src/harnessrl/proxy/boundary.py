@@ -9,8 +9,9 @@ import logging
 from typing import Any
 
 import msgspec
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.types import Receive
 
 from harnessrl.errors import HarnessRLError, InvalidRequest, TooLarge
 from harnessrl.proxy import nesting
@@ -45,17 +46,33 @@ def credential(request: Request) -> str | None:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
+    """The request's whole body within `limit` (TooLarge past it); starlette's
+    ClientDisconnect if the client left before it finished sending."""
+    body = await receive_body(request.receive, limit, request.headers.get("content-length"))
+    if body is None:
+        raise ClientDisconnect
+    return body
+
+
+async def receive_body(receive: Receive, limit: int, declared: str | None = None) -> bytes | None:
+    """The whole body off an ASGI `receive` (the app's routes and the workers' relay both
+    read it here); None if the client left before it finished sending. Past `limit` it is
+    TooLarge, refused before any of it is read when its `declared` Content-Length says so."""
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise TooLarge(f"the body has {int(declared)} bytes; this proxy accepts at most {limit}")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise TooLarge(f"the body is larger than this proxy's limit of {limit} bytes")
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def decode_json(raw: bytes) -> Any:

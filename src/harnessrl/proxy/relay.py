@@ -37,6 +37,7 @@ from harnessrl.proxy.boundary import (
     as_error,
     client_gone,
     error_response,
+    receive_body,
     request_key,
 )
 from harnessrl.proxy.dialects import Endpoint, endpoints, openai_chat
@@ -131,11 +132,9 @@ class Front:
     # ---------------------------------------------------------------- relaying
     async def relay(self, worker: int, scope: Scope, receive: Receive, send: Send,
                     dialect: Dialect, key: str) -> None:
-        body = await _body(receive, self.max_body_bytes)
-        if isinstance(body, HarnessRLError):
-            return await _send_error(send, dialect, body)
+        body = await _body(scope, receive, send, dialect, self.max_body_bytes)
         if body is None:
-            return  # the client left before it finished sending
+            return  # refused as too large, or the client left before it finished sending
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]
                    if k.decode("latin-1") not in _REQUEST_HOP]
         headers.append((RELAYED.decode(), "1"))
@@ -243,9 +242,7 @@ class _Weights:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST" or not self.front.public(scope):
             return await self.front.app(scope, receive, send)
-        body = await _body(receive, self.front.max_body_bytes)
-        if isinstance(body, HarnessRLError):
-            return await _send_error(send, openai_chat.DIALECT, body)
+        body = await _body(scope, receive, send, openai_chat.DIALECT, self.front.max_body_bytes)
         if body is None:
             return
         path = scope["path"]
@@ -283,21 +280,17 @@ def _auth(scope: Scope) -> list[tuple[str, str]]:
             if k == b"authorization"]
 
 
-async def _body(receive: Receive, limit: int) -> bytes | HarnessRLError | None:
-    """The whole request body (None if the client left first), within `limit`."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return TooLarge(f"the body is larger than this proxy's limit of {limit} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+async def _body(scope: Scope, receive: Receive, send: Send, dialect: Dialect,
+                limit: int) -> bytes | None:
+    """The whole request body (`boundary.receive_body`); None once a body over `limit` is
+    answered in `dialect`'s error shape, or when the client left first."""
+    declared = next((v.decode("latin-1") for k, v in scope["headers"]
+                     if k == b"content-length"), None)
+    try:
+        return await receive_body(receive, limit, declared)
+    except TooLarge as err:
+        await _send_error(send, dialect, err)
+        return None
 
 
 async def _unless_gone(receive: Receive, work: Awaitable[Response]) -> Response | None:
