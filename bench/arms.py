@@ -9,13 +9,12 @@ import asyncio
 import json
 import math
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from seed_state import State, heavy, unit
+from seed_state import State, heavy, run_child, unit
 
 HARNESSRL = str(Path(sys.executable).with_name("harnessrl"))
 
@@ -92,8 +91,7 @@ def rl(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str,
     with heavy(args.lock, name), state.log(name).open("a") as log:
         log.write(f"$ {' '.join(command)}\n")
         log.flush()
-        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT,
-                              check=False).returncode
+        code = run_child(command, log)
     if code != 0 or not (run_dir / "model").is_dir():
         raise RuntimeError(f"harnessrl train exited {code} (log: {state.log(name)})")
     from harnessrl.train.eval_during import eval_lines

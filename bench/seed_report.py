@@ -196,6 +196,17 @@ def wall(root: Path, units: dict[str, Any]) -> str:
             f"start-ups, on {os.cpu_count()} shared cores.")
 
 
+def start_note(budget: dict[str, Any]) -> str:
+    if not budget:
+        return "The arms have not been run yet."
+    if budget.get("start") == "sft":
+        return (f"Start: **the SFT model** (the base model passed no calibrated tier at 5%, "
+                f"the issue's fallback): the sft arm is that model ({budget['steps']} SFT "
+                f"steps); every RL arm is {budget['steps']} GRPO steps on top of it; the base "
+                "arm is the untrained weights.")
+    return f"Start: the base weights; every trained arm has {budget['steps']} optimizer steps."
+
+
 def write(args: argparse.Namespace, root: Path) -> str:
     units, failed = _load(root, "units"), _load(root, "failed")
     budgets = {phase: _json(root / f"budget-{phase}.json") for phase in ("calibrate", "run")}
@@ -216,7 +227,7 @@ def write(args: argparse.Namespace, root: Path) -> str:
             "run says so.", "", "## Budget as run", "",
             *[f"- `{c}`" for c in commands],
             *[f"- {phase}: `{json.dumps(b)}`" for phase, b in budgets.items() if b],
-            "", wall(root, units), "",
+            "", wall(root, units), "", start_note(budgets["run"]), "",
             "## Calibration: the base model's pass rate per tier and harness", "",
             *calibration(units, calibrated), "",
             "## pass@1 on the held-out sample, per arm and harness", "",

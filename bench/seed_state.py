@@ -104,3 +104,21 @@ def event(state: State, kind: str, **fields: Any) -> None:
     line = {"kind": kind, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **fields}
     with (state.root / "events.jsonl").open("a") as events:
         events.write(json.dumps(line) + "\n")
+
+
+def run_child(command: list[str], log: Any) -> int:
+    """A `harnessrl` command, its output to `log`; the exit code. If this process is stopped
+    meanwhile (SIGTERM, Ctrl-C) the child gets SIGTERM and a minute to stop its own
+    children (harness CLIs, vLLM), then SIGKILL."""
+    import subprocess
+
+    child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        return child.wait()
+    except BaseException:
+        child.terminate()
+        try:
+            child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+        raise

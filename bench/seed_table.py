@@ -35,7 +35,7 @@ import inspect
 import json
 import random
 import shutil
-import subprocess
+import signal
 import sys
 import time
 from dataclasses import asdict
@@ -45,18 +45,19 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
 import arms
 import seed_report
-from seed_state import WAITED, State, event, heavy, unit
+from seed_state import WAITED, State, event, heavy, run_child, unit
 
 ARMS = ("base", "rl-one", "rl-all", "rl-one-bonus", "sft")
 RL_ARMS = ("rl-one", "rl-all", "rl-one-bonus")
 HARNESSRL = str(Path(sys.executable).with_name("harnessrl"))
 # Settings that change what a phase's units measure: a state dir keeps one value of each.
-SHARED = ("model", "harnesses", "task_seed", "train_tasks", "heldout", "max_tokens",
+SHARED = ("model", "task_seed", "train_tasks", "heldout", "max_tokens",
           "max_model_calls", "agent_timeout", "eval_temperature", "mode")
-BUDGET = {"calibrate": (*SHARED, "calib_tiers", "calib_per_tier"),
-          "run": (*SHARED, "train_harness", "tiers", "heldout_sample", "seeds", "steps",
-                  "group", "tasks_per_step", "lr", "max_staleness", "bonus", "bonus_budget",
-                  "sft_lr", "teacher_tasks", "start", "eval_every")}
+# (calibration's harnesses and tiers only choose which cells run: each cell is the same)
+BUDGET = {"calibrate": (*SHARED, "calib_per_tier"),
+          "run": (*SHARED, "harnesses", "train_harness", "tiers", "heldout_sample", "seeds",
+                  "steps", "group", "tasks_per_step", "lr", "max_staleness", "bonus",
+                  "bonus_budget", "sft_lr", "teacher_tasks", "start", "eval_every")}
 
 
 def check_budget(state: State, args: argparse.Namespace) -> None:
@@ -147,8 +148,8 @@ def eval_cell(args: argparse.Namespace, state: State, name: str, url: str, harne
                "--temperature", str(args.eval_temperature),
                "--max-model-calls", str(args.max_model_calls)]
     with state.log(name).open("w") as log:
-        finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
-    return {"returncode": finished.returncode, **figures(run_dir)}
+        code = run_child(command, log)
+    return {"returncode": code, **figures(run_dir)}
 
 
 def figures(run_dir: Path) -> dict[str, Any]:
@@ -206,7 +207,10 @@ def base_model(args: argparse.Namespace) -> Path:
 
 
 def calibrate(args: argparse.Namespace, state: State) -> None:
-    tasks = generated(state, args, args.calib_tiers, (args.train_tasks, args.heldout))
+    from harnessrl.rollout.tablegen import TIERS
+
+    # every tier generated, whichever are calibrated: a cell's tasks never depend on the others
+    tasks = generated(state, args, list(TIERS), (args.train_tasks, args.heldout))
     by_tier = tier_ids(split_dir(tasks, "train"))
     cells = []
     for tier in args.calib_tiers:
@@ -295,6 +299,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
+    # `kill PID` unwinds like Ctrl-C: the running unit is not saved (redone on the next run),
+    # subprocess.run kills its child, and vLLM servers die with their parent (PDEATHSIG).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     state = State(args.state)
     if args.phase != "report":
         check_budget(state, args)
