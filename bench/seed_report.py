@@ -73,7 +73,10 @@ def calibration(units: dict[str, Any], harnesses: list[str]) -> list[str]:
     cells = {k.split("/", 1)[1]: v for k, v in units.items() if k.startswith("calib/")}
     if not cells:
         return ["Not run yet."]
-    tiers = list(dict.fromkeys(k.split("/")[0] for k in cells))
+    harnesses = sorted({k.split("/")[1] for k in cells}, key=lambda h: (h not in harnesses, h))
+    order = ("lookup", "count", "filter", "sum", "groupmax", "join")
+    tiers = sorted({k.split("/")[0] for k in cells},
+                   key=lambda t: order.index(t) if t in order else len(order))
     lines = ["| tier | " + " | ".join(harnesses) + " |", "|---|" + "---|" * len(harnesses)]
     good = []
     for tier in tiers:
@@ -196,6 +199,12 @@ def wall(root: Path, units: dict[str, Any]) -> str:
             f"start-ups, on {os.cpu_count()} shared cores.")
 
 
+def notes(root: Path) -> list[str]:
+    """STATE/notes.md, written by hand: what was seen in the logs (kept apart from figures)."""
+    path = root / "notes.md"
+    return ["## Notes from the logs", "", path.read_text().strip(), ""] if path.is_file() else []
+
+
 def start_note(budget: dict[str, Any]) -> str:
     if not budget:
         return "The arms have not been run yet."
@@ -212,7 +221,7 @@ def write(args: argparse.Namespace, root: Path) -> str:
     budgets = {phase: _json(root / f"budget-{phase}.json") for phase in ("calibrate", "run")}
     # each phase's own harnesses (calibration may try more than the run keeps)
     harnesses = list(budgets["run"].get("harnesses") or args.harnesses)
-    calibrated = list(budgets["calibrate"].get("harnesses") or args.harnesses)
+    calibrated = list(dict.fromkeys(k.split("/")[2] for k in units if k.startswith("calib/")))
     arms = list(args.arms)
     lines_table, stats = table(units, arms, harnesses)
     commands = (root / "commands.txt").read_text().strip().splitlines() if (
@@ -236,7 +245,7 @@ def write(args: argparse.Namespace, root: Path) -> str:
             "infrastructure errors counted apart and out of every rate; tool calls per solved "
             "task over the solved ones. Seeds are pooled.", "",
             "## Tool-call bonus: tool calls per co-solved task", "", *co_solved(units, harnesses),
-            "", "## Training and SFT", "", *training(units), "",
+            "", "## Training and SFT", "", *training(units), "", *notes(root),
             "## Not done / failed", "",
             *([f"- `{k}`: {v['error'].splitlines()[0]}" for k, v in failed.items()]
               or ["- nothing failed"]), "", "## The reference, beside", "", REFERENCE, ""]

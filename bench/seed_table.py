@@ -195,6 +195,7 @@ def served_evals(args: argparse.Namespace, state: State, model: Path, label: str
             for name, harness, tasks in pending:
                 unit(state, name, lambda n=name, h=harness, t=tasks: eval_cell(
                     args, state, n, server.url, h, t))
+                seed_report.write(args, state.root)  # the .md as measured so far
 
 
 # ------------------------------------------------------------------ the phases
