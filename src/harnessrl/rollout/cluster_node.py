@@ -24,6 +24,8 @@ from typing import Any
 import msgspec
 
 from harnessrl.proxy.engines.base import Engine
+from harnessrl.proxy.engines.http1 import TransportError
+from harnessrl.proxy.engines.http_call import call
 from harnessrl.proxy.engines.routed import routed
 from harnessrl.rollout.runner import Planned, RunConfig
 from harnessrl.rollout.serving import serving
@@ -66,18 +68,13 @@ def reach(engine_factory: EngineFactory) -> dict[str, str | None]:
 
 
 def _unreachable(url: str, timeout: float = 10.0) -> str | None:
-    """Why `url`'s model listing cannot be had from here; None when it answers."""
-    import urllib.error
-    import urllib.request
-
+    """Why `url`'s model listing cannot be had from here; None when it answers (or asks for
+    a key: it is there)."""
     try:
-        with urllib.request.urlopen(f"{url}/v1/models", timeout=timeout) as reply:
-            reply.read()
-        return None
-    except urllib.error.HTTPError as error:
-        return None if error.code in (401, 403) else f"HTTP {error.code}"
-    except (OSError, ValueError) as error:
+        reply = call("GET", f"{url}/v1/models", timeout=timeout)
+    except (TransportError, TimeoutError, OSError, ValueError) as error:
         return f"{type(error).__name__}: {str(error)[:200]}"
+    return None if reply.status < 400 or reply.status in (401, 403) else f"HTTP {reply.status}"
 
 
 class RolloutNode:

@@ -25,7 +25,8 @@ import msgspec
 
 from harnessrl.errors import HarnessRLError
 from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR, ExitState, Harness, RunContext
-from harnessrl.proxy.engines.http1 import Client, TransportError
+from harnessrl.proxy.engines.http1 import TransportError
+from harnessrl.proxy.engines.http_call import fetch
 from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.docker import DockerBackend
 from harnessrl.rollout.rewards import Shaping, TraceStats
@@ -116,20 +117,13 @@ class ControlError(Exception):
 
 async def control(method: str, url: str, body: Any = None, *,
                   headers: list[tuple[str, str]] | None = None) -> Any:
-    """One call to the proxy's own routes with our HTTP client (the one the engines use):
-    the answer's JSON, ControlError on a status other than 2xx, TransportError if the
-    proxy cannot be reached."""
-    client = Client(read_timeout=60.0)
-    payload = b"" if body is None else msgspec.json.encode(body)
-    sent = [("Content-Type", "application/json"), *(headers or [])]
-    try:
-        async with await client.request(method, url, payload, headers=sent) as resp:
-            raw = await resp.read()
-            if not 200 <= resp.status < 300:
-                raise ControlError(f"{method} {url}: HTTP {resp.status}: {raw[:300]!r}")
-            return msgspec.json.decode(raw) if raw else None
-    finally:
-        await client.close()
+    """One call to the proxy's own routes (`http_call.fetch`, our one client): the answer's
+    JSON, ControlError on a status other than 2xx, TransportError if the proxy cannot be
+    reached."""
+    reply = await fetch(method, url, body, headers=headers)
+    if not reply.ok:
+        raise ControlError(f"{method} {url}: HTTP {reply.status}: {reply.body[:300]!r}")
+    return reply.json()
 
 
 async def open_rollout(proxy_url: str, metadata: dict[str, Any], *,

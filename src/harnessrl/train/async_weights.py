@@ -102,28 +102,21 @@ class RemoteGate:
             return
 
     def _send(self, path: str, body: dict[str, Any]) -> None:
-        import json
-        import urllib.error
-        import urllib.request
+        from harnessrl.proxy.engines.http1 import TransportError
+        from harnessrl.proxy.engines.http_call import call, refused
 
-        headers = {"Content-Type": "application/json"}
-        if self.admin_token:
-            headers["Authorization"] = f"Bearer {self.admin_token}"
-        request = urllib.request.Request(f"{self.url.rstrip('/')}{path}", method="POST",
-                                         data=json.dumps(body).encode(), headers=headers)
+        headers = [("Authorization", f"Bearer {self.admin_token}")] if self.admin_token else []
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as resp:
-                resp.read()
-        except urllib.error.HTTPError as error:
-            text = error.read().decode(errors="replace")[:300]
-            raise WeightSyncError(f"POST {path} on the proxy: HTTP {error.code}: {text}"
-                                  ) from None
-        except urllib.error.URLError as error:
-            if isinstance(error.reason, ConnectionRefusedError):
-                raise error.reason from None
+            reply = call("POST", f"{self.url.rstrip('/')}{path}", body, timeout=self.timeout,
+                         headers=headers)
+        except (TransportError, TimeoutError, OSError, ValueError) as error:
+            if refused(error):
+                raise ConnectionRefusedError(f"POST {path}: nothing listens at {self.url}"
+                                             ) from None
             raise WeightSyncError(f"POST {path}: the proxy is unreachable: {error}") from None
-        except OSError as error:
-            raise WeightSyncError(f"POST {path}: the proxy is unreachable: {error}") from None
+        if not reply.ok:
+            raise WeightSyncError(f"POST {path} on the proxy: HTTP {reply.status}: "
+                                  f"{reply.text(300)}")
 
 
 @dataclass

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from harnessrl.proxy.engines.http1 import TransportError
+from harnessrl.proxy.engines.http_call import call
 
 
 class Versioned(Protocol):
@@ -228,21 +229,15 @@ class VLLMWeightSync:
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None,
               url: str | None = None) -> tuple[int, str]:
-        """(status, body text). A few blocking calls between optimizer steps, outside any
-        event loop: the standard library's client (the async calls, to engines and to the
-        proxy, all go through proxy/engines/http1.py)."""
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(f"{url or self.base_url}{path}", data=data,
-                                         method=method,
-                                         headers={"Content-Type": "application/json"})
+        """(status, body text): a few blocking calls between optimizer steps, with the
+        project's one HTTP client (`http_call.call`)."""
+        where = url or self.base_url
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as resp:
-                return resp.status, resp.read().decode(errors="replace")
-        except urllib.error.HTTPError as error:
-            return error.code, error.read().decode(errors="replace")
-        except OSError as error:
-            raise WeightSyncError(f"{method} {path}: vLLM at {url or self.base_url} is "
-                                  f"unreachable: {error}") from error
+            reply = call(method, f"{where}{path}", body, timeout=self.timeout)
+        except (TransportError, TimeoutError, OSError, ValueError) as error:
+            raise WeightSyncError(f"{method} {path}: vLLM at {where} is unreachable: "
+                                  f"{error}") from error
+        return reply.status, reply.text()
 
     def _check_untied(self, model: Any) -> None:
         config = getattr(model, "config", None)

@@ -12,10 +12,11 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harnessrl.proxy.engines.http1 import TransportError
+from harnessrl.proxy.engines.http_call import call
 from harnessrl.proxy.engines.token.formats import template_parser
 
 # Tool-call parser by model family, for models whose chat template does not say.
@@ -112,12 +113,10 @@ class VLLMServer:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"vLLM exited with code {self.process.returncode} while "
                                    f"starting; see {self.log_path or 'its output'}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
+            with contextlib.suppress(TransportError, TimeoutError, OSError):
+                if call("GET", f"{self.url}/health", timeout=2).status == 200:
+                    return
+            time.sleep(0.5)  # not up yet, or up and not ready (a 503)
         self.stop()
         raise TimeoutError(f"vLLM was not healthy after {self.startup_timeout:.0f} s")
 
