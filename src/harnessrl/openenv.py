@@ -45,6 +45,7 @@ from harnessrl.types import ChatRequest, Message, Outcome, Turn
 
 if TYPE_CHECKING:
     from harnessrl.rollout.runner import RolloutSettings
+    from harnessrl.rollout.tasks import Task
 
 
 def training_turns(turns: Sequence[Turn]) -> list[TrainingTurn]:
@@ -184,7 +185,7 @@ class HarnessSessionFactory(ResourceSessionFactory[HarnessSession]):
         self._thread.join(30)
         self.rollouts.__exit__(None, None, None)
 
-    def _task(self, prompt: Any) -> Any:
+    def _task(self, prompt: Any) -> Task:
         """The dataset's prompt names the task: its id, or a chat whose last message is it
         (or the task's instruction)."""
         text = prompt

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -22,6 +22,15 @@ from harnessrl.train.common import quiet, sampling_of
 from harnessrl.train.config import TrainConfig
 from harnessrl.train.engines import PolicyEngines
 from harnessrl.train.long_run import LongRun, is_eval_log
+
+if TYPE_CHECKING:
+    from transformers import TrainerCallback
+
+    from harnessrl.harnesses.base import Harness
+    from harnessrl.rollout.tasks import Task
+    from harnessrl.train.async_grpo import HarnessRolloutWorker
+    from harnessrl.train.async_weights import VersionedTransfer
+    from harnessrl.train.weights import VLLMWeightSync
 
 METRICS_FILE = "metrics.jsonl"
 _SHARES = ("rows_per_rollout", "tokens_trained_share", "tokens_main_chain_share")
@@ -127,8 +136,8 @@ def _row(line: dict[str, Any]) -> str:
             f" · loss {fmt(line['trl'].get('loss'))} → now {line['weight_version']}")
 
 
-def _callback(path: Path, sync: Any, console: Console, steps: list[dict[str, Any]],
-              on_step: Callable[[dict[str, Any]], None] | None) -> Any:
+def _callback(path: Path, sync: VLLMWeightSync, console: Console, steps: list[dict[str, Any]],
+              on_step: Callable[[dict[str, Any]], None] | None) -> TrainerCallback:
     from transformers import TrainerCallback
 
     class AsyncStepLog(TrainerCallback):
@@ -148,7 +157,8 @@ def _callback(path: Path, sync: Any, console: Console, steps: list[dict[str, Any
     return AsyncStepLog()
 
 
-def train_async(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_dir: Path,
+def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness],
+                model_dir: Path,
                 engines: PolicyEngines, run_dir: Path, console: Console,
                 on_step: Callable[[dict[str, Any]], None] | None, *,
                 long: LongRun | None = None, callbacks: Sequence[Any] = ()
@@ -202,7 +212,7 @@ def train_async(config: TrainConfig, tasks: list[Any], harnesses: list[Any], mod
     return steps
 
 
-def train_async_rank(config: TrainConfig, tasks: list[Any], model_dir: Path) -> None:
+def train_async_rank(config: TrainConfig, tasks: list[Task], model_dir: Path) -> None:
     """A process of a multi-process trainer other than the main one: no vLLM, no proxy,
     no rollouts; TRL hands it its share of every batch and gathers the weights on the
     main process for the transfer."""
@@ -226,10 +236,12 @@ def _prepare(model_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def _trainer(config: TrainConfig, tasks: list[Any], model_dir: Path, args: Any, tokenizer: Any,
-             worker: Any, transfer: Any, callbacks: list[Any],
+def _trainer(config: TrainConfig, tasks: list[Task], model_dir: Path, args: Any,
+             tokenizer: Any, worker: HarnessRolloutWorker | None,
+             transfer: VersionedTransfer | None, callbacks: list[Any],
              wrap: Callable[[type], type] = lambda cls: cls) -> Any:
-    """TRL's trainer, or `wrap`'s subclass of it (one whose checkpoints are harnessrl's)."""
+    """TRL's trainer, or `wrap`'s subclass of it (one whose checkpoints are harnessrl's);
+    Any: the class is looked up where the installed TRL keeps it (`trl_async`)."""
     from datasets import Dataset
 
     from harnessrl.train.trl_async import async_trl
@@ -242,7 +254,7 @@ def _trainer(config: TrainConfig, tasks: list[Any], model_dir: Path, args: Any, 
     return trainer
 
 
-def _served(sync: Any) -> str | None:
+def _served(sync: VLLMWeightSync) -> str | None:
     """The version vLLM serves now, if every server agrees on one."""
     from harnessrl.train.weights import WeightSyncError
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harnessrl.train.weights import VLLMWeightSync, WeightSyncError
+from harnessrl.train.weights import Gate, VLLMWeightSync, WeightSyncError
 
 VERSION_PREFIX = "v"
 
@@ -170,7 +170,7 @@ class VersionedTransfer:
     sync: VLLMWeightSync
     # held during each swap: added by the rollout worker (its proxy's gate, a cluster's
     # shards' gates, or a RemoteGate to a proxy in another process)
-    gates: list[Any] = field(default_factory=list)
+    gates: list[Gate] = field(default_factory=list)
     hold_timeout: float = 600.0
     version: int = 0  # TRL's model_version after the last sync
     seconds: list[float] = field(default_factory=list)  # per swap, gate held to released
@@ -184,7 +184,7 @@ class VersionedTransfer:
         import time
 
         self._held_at = time.monotonic()
-        held: list[Any] = []
+        held: list[Gate] = []
         try:
             for gate in self.gates:
                 gate.hold(self.hold_timeout)

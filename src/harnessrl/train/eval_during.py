@@ -25,11 +25,17 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harnessrl.rollout.evaluate import HarnessEval, PlotUnavailable, evaluate
 from harnessrl.rollout.runner import Planned, RolloutSettings, RunConfig, Runner
 from harnessrl.types import Outcome, Sampling
+
+if TYPE_CHECKING:
+    from harnessrl.harnesses.base import Harness
+    from harnessrl.rollout.rewards import Shaping
+    from harnessrl.rollout.tasks import Task
+    from harnessrl.train.trl import HarnessRollouts
 
 PURPOSE = "eval"
 PLOT_FILE = "eval_pass_rate.png"
@@ -66,14 +72,14 @@ class EvalDuringTraining:
     back the finished ones (`finished`); `wait` waits for the running one."""
 
     every_steps: int
-    tasks: Sequence[Any]
-    harnesses: Sequence[Any]
+    tasks: Sequence[Task]
+    harnesses: Sequence[Harness]
     samples: int
     settings: RolloutSettings
     sampling: Sampling | None
-    shaping: Any
+    shaping: Shaping
     run_dir: Path
-    rollouts: Any = None  # HarnessRollouts, once the worker has opened it
+    rollouts: HarnessRollouts | None = None  # once the worker has opened it
     on_line: Callable[[dict[str, Any]], None] = lambda _line: None
     _thread: threading.Thread | None = field(default=None, init=False)
     _done: list[EvalPass] = field(default_factory=list, init=False)
@@ -107,8 +113,13 @@ class EvalDuringTraining:
             self._thread.join(timeout)
 
     # ---------------------------------------------------------------- one pass
+    def opened(self) -> HarnessRollouts:
+        if self.rollouts is None:
+            raise RuntimeError("an eval pass needs the rollout worker's rollouts, opened")
+        return self.rollouts
+
     def planned(self) -> list[Planned]:
-        return [self.rollouts.planned_for(h, t.id) for t in self.tasks
+        return [self.opened().planned_for(h, t.id) for t in self.tasks
                 for _ in range(self.samples) for h in self.harnesses]
 
     def _run(self, step: int) -> None:
@@ -120,7 +131,7 @@ class EvalDuringTraining:
             print(f"harnessrl: the eval pass of step {step} failed: {error}", file=sys.stderr)
             return
         versions = sorted({t.weight_version for o in outcomes if o.rollout
-                           for t in self.rollouts.store.turns(o.rollout) if t.weight_version})
+                           for t in self.opened().store.turns(o.rollout) if t.weight_version})
         done = EvalPass(step, evaluate(outcomes, self.samples), time.monotonic() - started,
                         versions)
         self.on_line(done.line())
@@ -130,7 +141,8 @@ class EvalDuringTraining:
     async def _rollouts(self, step: int) -> list[Outcome]:
         config = RunConfig(harnesses=self.harnesses, tasks=self.tasks, samples=self.samples,
                            settings=self.settings, shaping=self.shaping)
-        runner = Runner(config, self.rollouts.store, self.rollouts.url, self.run_dir,
+        rollouts = self.opened()
+        runner = Runner(config, rollouts.store, rollouts.url, self.run_dir,
                         metadata={"purpose": PURPOSE, "eval_step": step},
                         sampling=self.sampling)
         return await runner.run(self.planned())

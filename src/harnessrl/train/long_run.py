@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -25,19 +25,26 @@ from harnessrl.train.eval_during import PLOT_FILE, EvalDuringTraining, EvalPass,
 from harnessrl.train.order import TaskOrder
 from harnessrl.train.resume import first_version, mark_interrupted, resumed_state
 
+if TYPE_CHECKING:
+    from transformers import TrainerCallback
+
+    from harnessrl.rollout.tasks import Task
+    from harnessrl.train.async_grpo import HarnessRolloutWorker
+    from harnessrl.train.trl import HarnessRollouts
+
 
 @dataclass
 class LongRun:
     config: TrainConfig
     run_dir: Path
-    tasks: Sequence[Any]  # the training tasks
+    tasks: Sequence[Task]  # the training tasks
     console: Console
     metrics: Path
     resume: ckpt.Resume | None = None
     evaluation: EvalDuringTraining | None = None
     checkpoints: list[dict[str, Any]] = field(default_factory=list)  # per save: seconds, bytes
     trainer: Any = None
-    worker: Any = None
+    worker: HarnessRolloutWorker | None = None
 
     def __post_init__(self) -> None:
         self.fingerprint = ckpt.fingerprint(self.config, [t.id for t in self.tasks])
@@ -65,7 +72,7 @@ class LongRun:
         return first_version(int(self.resume.state.get("weight_version", 0)), self.run_dir,
                              served)
 
-    def on_worker_start(self, rollouts: Any) -> None:
+    def on_worker_start(self, rollouts: HarnessRollouts) -> None:
         """In the worker's `start`, after the cold sync and before its first rollout."""
         if self.resume is not None:
             marked = mark_interrupted(rollouts.store, f"in flight when the run stopped; "
@@ -78,7 +85,7 @@ class LongRun:
             rollouts.add_tasks(self.evaluation.tasks)
             self.evaluation.rollouts = rollouts
 
-    def attach(self, trainer: Any, worker: Any, version: int) -> None:
+    def attach(self, trainer: Any, worker: HarnessRolloutWorker, version: int) -> None:
         self.trainer, self.worker = trainer, worker
         trainer.model_version = version
         worker.update_model_version(version)
@@ -87,6 +94,8 @@ class LongRun:
     def _save(self, trainer: Any) -> None:
         started = time.monotonic()
         c = self.config.checkpoint
+        if self.worker is None:
+            raise RuntimeError("a checkpoint before the worker is attached (LongRun.attach)")
         state = resumed_state(self.worker, trainer, self.fingerprint)
         path = ckpt.save(trainer, ckpt.checkpoint_root(self.config), state, c.keep)
         ckpt.publish_model(path, self.run_dir)
@@ -105,7 +114,7 @@ class LongRun:
         return ckpt.save_final_model(trainer, self.run_dir)
 
     # ---------------------------------------------------------------- eval
-    def callback(self) -> Any:
+    def callback(self) -> TrainerCallback:
         from transformers import TrainerCallback
 
         run = self
@@ -162,7 +171,7 @@ def is_eval_log(logs: dict[str, Any]) -> bool:
 SPLIT_FILE = "split.json"
 
 
-def long_run(config: TrainConfig, tasks: Sequence[Any], console: Console,
+def long_run(config: TrainConfig, tasks: Sequence[Task], console: Console,
              resume: str | None) -> LongRun:
     """The run's training tasks (the eval split held out), its checked resume and its eval;
     refuses, before anything starts, a checkpoint that cannot be resumed (named)."""
@@ -183,8 +192,8 @@ def long_run(config: TrainConfig, tasks: Sequence[Any], console: Console,
     return LongRun(config, run_dir, train_tasks, console, metrics, found, evaluation)
 
 
-def _split(config: TrainConfig, tasks: list[Any], run_dir: Path
-           ) -> tuple[list[Any], list[Any]]:
+def _split(config: TrainConfig, tasks: list[Task], run_dir: Path
+           ) -> tuple[list[Task], list[Task]]:
     """(training tasks, eval tasks): a second task set, or a seeded split recorded in
     RUN_DIR/split.json."""
     from harnessrl.rollout.tasks import load_tasks
@@ -204,7 +213,7 @@ def _split(config: TrainConfig, tasks: list[Any], run_dir: Path
     return [t for t in tasks if t.id not in chosen], [t for t in tasks if t.id in chosen]
 
 
-def evaluation_of(config: TrainConfig, tasks: Sequence[Any], run_dir: Path
+def evaluation_of(config: TrainConfig, tasks: Sequence[Task], run_dir: Path
                   ) -> EvalDuringTraining:
     import msgspec
 

@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from statistics import fmean
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -32,6 +32,14 @@ from harnessrl.train.engines import PolicyEngines, node_engines, policy_engines
 from harnessrl.train.long_run import long_run
 from harnessrl.train.processes import check_processes
 from harnessrl.train.trl import Batch, RolloutRecord
+
+if TYPE_CHECKING:
+    from transformers import TrainerCallback
+    from trl import GRPOConfig
+
+    from harnessrl.harnesses.base import Harness
+    from harnessrl.rollout.tasks import Task
+    from harnessrl.train.trl import HarnessRollouts
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -79,7 +87,7 @@ class StepLog:
     """Collects one metrics line per optimizer step (TRL's log + our batch), writes it to
     `metrics.jsonl` and prints a row."""
 
-    def __init__(self, path: Path, rollouts: Any, console: Console,
+    def __init__(self, path: Path, rollouts: HarnessRollouts, console: Console,
                  on_step: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.path = path
         self.rollouts = rollouts
@@ -117,7 +125,7 @@ def _row(line: dict[str, Any]) -> str:
             f"{','.join(line.get('sampled_with', [])) or '-'} → now {line['weight_version']}")
 
 
-def _callback(log: StepLog) -> Any:
+def _callback(log: StepLog) -> TrainerCallback:
     from transformers import TrainerCallback
 
     class MetricsCallback(TrainerCallback):
@@ -205,7 +213,7 @@ def _refuse_long_run_settings(config: TrainConfig, resume: str | None, needed: s
         raise ValueError(f"{', '.join(named)}: with {needed} only, for now")
 
 
-def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_dir: Path,
+def _train(config: TrainConfig, tasks: list[Task], harnesses: list[Harness], model_dir: Path,
            engines: PolicyEngines, run_dir: Path, console: Console,
            on_step: Callable[[dict[str, Any]], None] | None,
            callbacks: Sequence[Any] = ()) -> list[dict[str, Any]]:
@@ -249,7 +257,7 @@ def _train(config: TrainConfig, tasks: list[Any], harnesses: list[Any], model_di
     return log.steps
 
 
-def grpo_config(config: TrainConfig, run_dir: Path) -> Any:
+def grpo_config(config: TrainConfig, run_dir: Path) -> GRPOConfig:
     import torch
     from trl import GRPOConfig
 

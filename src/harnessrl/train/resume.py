@@ -18,13 +18,16 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from harnessrl.proxy.store import TraceReader, TraceStore
 from harnessrl.train.async_weights import version_number
 from harnessrl.types import Outcome, Rollout
+
+if TYPE_CHECKING:
+    from harnessrl.train.async_grpo import HarnessRolloutWorker
 
 INTERRUPTED = "interrupted"
 UNDONE_FILE = "metrics.undone.jsonl"
@@ -108,7 +111,8 @@ def rewind_metrics(path: Path, step: int) -> int:
     return len(undone)
 
 
-def resumed_state(worker: Any, trainer: Any, fingerprint: dict[str, Any]) -> dict[str, Any]:
+def resumed_state(worker: HarnessRolloutWorker, trainer: Any,
+                  fingerprint: dict[str, Any]) -> dict[str, Any]:
     """harnessrl's part of a checkpoint (besides TRL's): what the worker needs to go on."""
     return {"weight_version": int(trainer.model_version), "task_cursor": worker.cursor,
             "fingerprint": fingerprint, "saved_at": time.time()}

@@ -61,7 +61,7 @@ from harnessrl.rollout.runner import Planned, RolloutSettings, RunConfig, Runner
 from harnessrl.rollout.serving import serving
 from harnessrl.rollout.tasks import Task
 from harnessrl.train.samples import sample
-from harnessrl.train.weights import Versioned, VLLMWeightSync, version_name
+from harnessrl.train.weights import Gate, Versioned, VLLMWeightSync, version_name
 from harnessrl.types import Outcome, Sample, Sampling, Turn
 
 if TYPE_CHECKING:  # Ray is imported only by a run on a cluster
@@ -259,7 +259,7 @@ class HarnessRollouts:
             raise RuntimeError("use HarnessRollouts as a context manager (with ...:)")
         return self._store
 
-    def gates(self) -> list[Any]:
+    def gates(self) -> list[Gate]:
         """The weight gates to hold during a swap: this process's proxy's, or on a cluster
         every shard's (`ClusterGate`)."""
         if self.cluster is None:

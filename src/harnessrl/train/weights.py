@@ -42,6 +42,16 @@ class Versioned(Protocol):
     def weight_version(self, version: str | None) -> None: ...
 
 
+class Gate(Protocol):
+    """A weight gate, held during a swap (new calls wait, running ones finish): this
+    process's proxy's (`proxy.gate.WeightGate`), a cluster's shards' (`ClusterGate`), or a
+    proxy's in another process (`RemoteGate`)."""
+
+    def hold(self, timeout: float) -> None: ...
+
+    def release(self) -> None: ...
+
+
 def version_name(step: int) -> str:
     return f"step-{step}"
 
