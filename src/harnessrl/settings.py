@@ -157,6 +157,14 @@ def json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def file_text(path: str) -> str:
+    """A flag that names a text file (a chat template) and stands for its contents."""
+    try:
+        return Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {exc}") from None
+
+
 def _argparse_options(field: Field) -> dict[str, Any]:
     f = field.flag
     options: dict[str, Any] = {"help": f.help, "default": field.cli_default(),

@@ -38,8 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         help="the scripted test engine, with this tokenizer")
     p.add_argument("--script", type=Path, help="scripted engine: JSON list of reply texts")
     add_flags(p, EngineSpec, "token_delay", "served_name", "kind", "tokenizer")
-    p.add_argument("--chat-template", type=Path, help="token mode: a Jinja chat template file "
-                                                      "instead of the tokenizer's")
     add_flags(p, EngineSpec, *FORMAT, "max_model_len", "dtype", "vllm_args",
               "vllm_log", "read_timeout", "first_byte_timeout", "stream_interval")
     add_flags(p, Sampling, "temperature", "top_p", "top_k", "max_tokens")
@@ -143,8 +141,7 @@ def engine_spec(args: argparse.Namespace) -> EngineSpec:
         if not url.startswith(("http://", "https://")):
             raise SystemExit(f"--engine-url {url!r} is not an http(s) URL, e.g. "
                              "http://127.0.0.1:8000")
-    return from_flags(EngineSpec, args, chat_template=args.chat_template.read_text()
-                      if args.chat_template else None)
+    return from_flags(EngineSpec, args)
 
 
 async def _run_proxy(args: argparse.Namespace, engine: Engine) -> None:

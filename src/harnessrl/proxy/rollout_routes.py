@@ -116,11 +116,33 @@ def _in_shape(handler: Handler) -> Handler:
     return handle
 
 
+# Settings of the engine, not of a rollout: the served model has one template and one
+# tool-call and reasoning format, so a rollout cannot choose its own (proxy/engines/build.py).
+_ENGINE_SETTINGS = ("tool_call_parser", "reasoning_parser", "renderer", "chat_template",
+                    "chat_template_kwargs")
+
+
+def _refuse_engine_setting(error: str) -> None:
+    """A rollout's options that name an engine setting: refused, saying where it is set."""
+    unknown = re.search(r"unknown field `([^`]+)`", error)
+    name = unknown.group(1) if unknown else None
+    if name in _ENGINE_SETTINGS:
+        from harnessrl.proxy.engines.build import EngineSpec
+        from harnessrl.settings import flagged
+
+        option = flagged(EngineSpec)[name].option_strings[0]
+        raise InvalidRequest(f"`{name}` is the engine's, not a rollout's (one served model, "
+                             f"one format): set it where the engine is named (`harnessrl "
+                             f"serve|run|eval {option}`, the train config's [engine])",
+                             param=name)
+
+
 def parse_options(raw: bytes) -> RolloutOptions:
     """The body of `POST /rollouts`, validated: types, nesting, integer ranges, names."""
     try:
         options = msgspec.json.decode(raw or b"{}", type=RolloutOptions)
     except msgspec.DecodeError as exc:  # ValidationError is one too
+        _refuse_engine_setting(str(exc))
         at = re.search(r"- at `\$\.(.+)`$", str(exc))  # msgspec names the field's path
         raise InvalidRequest(f"bad rollout options: {exc}",
                              param=at.group(1) if at else None) from exc

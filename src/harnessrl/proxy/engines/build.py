@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, TypedDict
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.upstream import FIRST_BYTE_TIMEOUT
 from harnessrl.proxy.engines.vllm_server import VLLMServer
-from harnessrl.settings import flag, interval_ms, json_object
+from harnessrl.settings import file_text, flag, interval_ms, json_object
 
 EngineKind = Literal["chat", "token", "scripted", "teacher"]
 Status = Callable[[str], contextlib.AbstractContextManager[Any]]
@@ -54,10 +54,14 @@ class EngineSpec:
         "token mode: a renderers family (qwen3, qwen3.5, glm-4.5, kimi-k2, deepseek-v3, "
         "llama-3, gpt-oss, ...), or 'default' for the model's chat template; default: found "
         "from the model")] = None
-    chat_template: str | None = None
+    chat_template: Annotated[str | None, flag(
+        "a Jinja chat template file to render with instead of the model's own (chat mode: "
+        "sent to vLLM with every call; token mode: the proxy renders with it)",
+        metavar="FILE", parse=file_text)] = None
     chat_template_kwargs: Annotated[Mapping[str, Any] | None, flag(
-        "token mode: template options, e.g. '{\"enable_thinking\": false}' or "
-        "'{\"thinking_retention\": \"all\"}' (keep earlier reasoning)", metavar="JSON",
+        "template options, e.g. '{\"enable_thinking\": false}' (chat mode: sent to vLLM "
+        "with every call), or in token mode '{\"thinking_retention\": \"all\"}' (keep "
+        "earlier reasoning)", metavar="JSON",
         parse=json_object)] = None
     read_timeout: Annotated[float, flag(
         "seconds the engine may stay silent once it has begun to answer (the generation "
@@ -108,7 +112,8 @@ def server_for(spec: EngineSpec) -> VLLMServer:
                       reasoning_parser=spec.reasoning_parser,
                       max_model_len=spec.max_model_len, dtype=spec.dtype,
                       extra_args=list(spec.vllm_args), log_path=spec.vllm_log,
-                      engine_mode=spec.kind)
+                      engine_mode=spec.kind,
+                      trust_request_chat_template=spec.chat_template is not None)
 
 
 @contextlib.contextmanager
@@ -148,7 +153,9 @@ def make(spec: EngineSpec, url: str | None = None) -> Engine:
         return _token(spec, url)
     from harnessrl.proxy.engines.vllm import VLLMEngine
 
-    return VLLMEngine(url, **_upstream(spec))
+    return VLLMEngine(url, chat_template=spec.chat_template,
+                      chat_template_kwargs=dict(spec.chat_template_kwargs or {}),
+                      **_upstream(spec))
 
 
 def split_urls(url: str) -> list[str]:

@@ -49,15 +49,23 @@ ExtraBody = Callable[[ChatRequest], dict[str, Any] | None]
 
 
 class VLLMEngine(Stateless):
-    """`extra_body`: fields merged into each chat request."""
+    """`extra_body`: fields merged into each chat request. `chat_template` (its text) and
+    `chat_template_kwargs` go with every call (and token count), as vLLM's request fields:
+    the configured template renders, not the model's own (a vLLM not started here needs
+    `--trust-request-chat-template` for it; `VLLMServer` sets it)."""
 
     name = "vllm"
 
     def __init__(self, base_url: str, *, read_timeout: float = 600.0,
                  connect_timeout: float = 10.0, api_key: str | None = None,
                  first_byte_timeout: float = FIRST_BYTE_TIMEOUT,
-                 extra_body: ExtraBody | None = None, stream_interval: float = 0.0) -> None:
+                 extra_body: ExtraBody | None = None, stream_interval: float = 0.0,
+                 chat_template: str | None = None,
+                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.template: dict[str, Any] = {k: v for k, v in (
+            ("chat_template", chat_template),
+            ("chat_template_kwargs", chat_template_kwargs or None)) if v is not None}
         self.weight_version: str | None = None
         self.extra_body = extra_body
         self.http = Upstream(self.base_url, read_timeout=read_timeout,
@@ -78,7 +86,7 @@ class VLLMEngine(Stateless):
     async def count_tokens(self, request: ChatRequest) -> int:
         """vLLM renders the chat template and tokenizes it: the count the model sees."""
         body: dict[str, Any] = {"model": request.model, "add_generation_prompt": True,
-                                "messages": openai_wire.messages(request)}
+                                "messages": openai_wire.messages(request), **self.template}
         if request.tools:
             body["tools"] = openai_wire.tools(request.tools)
         answer = await self.http.post(f"{self.base_url}/tokenize", _encode(body),
@@ -87,6 +95,7 @@ class VLLMEngine(Stateless):
 
     def _payload(self, request: ChatRequest, *, stream: bool) -> bytes:
         body = openai_wire.chat_body(request, stream=stream)
+        body.update(self.template)
         if self.extra_body is not None:
             body.update(self.extra_body(request) or {})
         return _encode(body)

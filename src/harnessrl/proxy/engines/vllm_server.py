@@ -53,6 +53,9 @@ class VLLMServer:
     # chat: vLLM renders and parses (needs its tool/reasoning parsers); token: the proxy
     # renders and parses, vLLM only samples from ids (/v1/completions), so none are set.
     engine_mode: str = "chat"
+    # chat mode with a configured chat template: the engine sends it with every call
+    # (`VLLMEngine`), which vLLM takes only when told to trust a request's template
+    trust_request_chat_template: bool = False
 
     @property
     def url(self) -> str:
@@ -74,6 +77,8 @@ class VLLMServer:
         reasoning = self.reasoning_parser or _match(self.model, _REASONING_PARSERS)
         if reasoning and chat:
             cmd += ["--reasoning-parser", reasoning]
+        if self.trust_request_chat_template and chat:
+            cmd += ["--trust-request-chat-template"]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
         if self.dtype:

@@ -108,7 +108,8 @@ class TokenEngine:
         self.renderer: Renderer
         self._vllm_parsers: VLLMParsers | None = None
         if self.format.renderer is not None:
-            self.renderer = FamilyRenderer(tokenizer, self.format.renderer, memory=memory)
+            self.renderer = FamilyRenderer(tokenizer, self.format.renderer, memory=memory,
+                                           configured=self.format.template_kwargs)
             self.stop_ids = list(dict.fromkeys(self.format.renderer.get_stop_token_ids()))
         else:
             self.renderer = Renderer(tokenizer, chat_template=chat_template, memory=memory,

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import json
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from harnessrl.errors import InvalidRequest
 from harnessrl.proxy.engines import openai_wire
 from harnessrl.proxy.engines.token.render import Rendered, Renderer, TurnState
 from harnessrl.types import ChatRequest, Delta, Message, Text, TextDelta, ToolCall, ToolCallDelta
@@ -28,21 +29,64 @@ ReplyKey = tuple[str, tuple[tuple[str, str], ...]]
 
 
 class FamilyRenderer(Renderer):
-    """`family`: a `renderers` Renderer for the tokenizer's model."""
+    """`family`: a `renderers` Renderer for the tokenizer's model, made with the
+    `configured` chat-template kwargs."""
 
     needs_template = False
 
     def __init__(self, tokenizer: Any, family: Any, *, memory: int = 4,
-                 max_rollouts: int = 1024) -> None:
+                 max_rollouts: int = 1024, configured: Mapping[str, Any] | None = None
+                 ) -> None:
         super().__init__(tokenizer, memory=memory, max_rollouts=max_rollouts, windowed=False)
         self.family = family
+        self.configured = dict(configured or {})
+        self._by_effort: dict[str, Any] = {}
+
+    def family_for(self, request: ChatRequest) -> Any:
+        """The renderer for this call. A `renderers` renderer takes its template options
+        when it is made, not per call, so a call's `reasoning_effort` gets a renderer of its
+        own (made once per effort), set as vLLM sets the template's kwargs in chat mode:
+        `reasoning_effort` where the family has it (gpt-oss, Qwen3.8, GLM-5.3, DeepSeek V4,
+        ...) and `enable_thinking` off for "none", on otherwise, unless configured."""
+        effort = request.reasoning_effort
+        if effort is None:
+            return self.family
+        made = self._by_effort.get(effort)
+        if made is None:
+            made = self._by_effort[effort] = self._with_effort(effort)
+        return made
+
+    def _with_effort(self, effort: str) -> Any:
+        import pydantic
+        import renderers
+
+        config = self.family.config
+        fields = type(config).template_field_names()
+        options: dict[str, Any] = {}
+        thinking = "enable_thinking" in fields and "enable_thinking" not in self.configured
+        if thinking:
+            options["enable_thinking"] = effort != "none"
+        # "none" is thinking off where the family can say so (its efforts may not list it)
+        if "reasoning_effort" in fields and not (thinking and effort == "none"):
+            options["reasoning_effort"] = effort
+        if not options:
+            return self.family  # a template with no such option ignores it
+        try:
+            return renderers.create_renderer(
+                self.tokenizer, renderers.merge_chat_template_kwargs(config, options))
+        except (ValueError, TypeError) as exc:
+            why = (exc.errors()[0]["msg"] if isinstance(exc, pydantic.ValidationError)
+                   else str(exc).splitlines()[0])  # pydantic's: "Input should be 'low', ..."
+            raise InvalidRequest(f"reasoning_effort {effort!r} is not one this model's "
+                                 f"{config.name} renderer takes ({why})",
+                                 param="reasoning_effort") from exc
 
     def text(self, request: ChatRequest) -> str:
         parts = self._converted(request.messages, None)
         return self.decode(self._full_ids([m for p in parts for m in p], request))
 
     def _full_ids(self, messages: list[dict[str, Any]], request: ChatRequest) -> list[int]:
-        return self.family.render_ids(messages, tools=_tools(request),
+        return self.family_for(request).render_ids(messages, tools=_tools(request),
                                       add_generation_prompt=True)
 
     def render(self, request: ChatRequest, rollout: str | None = None) -> Rendered:
@@ -89,7 +133,7 @@ class FamilyRenderer(Renderer):
             return None, "assistant_added"
         new = [m for p in parts[old + 1:] for m in p]
         earlier = state.ids.tolist()
-        result = self.family.bridge_to_next_turn(
+        result = self.family_for(request).bridge_to_next_turn(
             earlier[:state.prompt_len], earlier[state.prompt_len:], new,
             tools=_tools(request))
         if result is None:

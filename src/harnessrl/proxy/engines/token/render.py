@@ -152,8 +152,10 @@ class Renderer:
         kwargs: dict[str, Any] = dict(self.template_kwargs)
         if request.tools:
             kwargs["tools"] = openai_wire.tools(request.tools)
-        if request.reasoning_effort is not None:
-            kwargs["reasoning_effort"] = request.reasoning_effort
+        effort = request.reasoning_effort
+        if effort is not None:  # as vLLM hands it to the template in chat mode
+            kwargs["reasoning_effort"] = effort
+            kwargs.setdefault("enable_thinking", effort != "none")
         return kwargs
 
     def _template(self, messages: list[dict[str, Any]], kwargs: dict[str, Any],
