@@ -206,7 +206,9 @@ def swap_report(results: list[dict[str, object]], model: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def run(argv: list[str] | None = None) -> str:
+    """The report (Markdown), also written to --out; the runs' progress goes to stderr, so
+    bench/run.py keeps only the report."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--runs", default="async,async-cluster",
@@ -220,8 +222,8 @@ def main() -> None:
     parser.add_argument("--harnesses", default="mini-swe-agent")
     parser.add_argument("--tasks", default="bundled:create-hello-file,reverse-words")
     parser.add_argument("--out", type=Path, default=Path("bench/async_training.md"))
-    args = parser.parse_args()
-    console = Console()
+    args = parser.parse_args(argv)
+    console = Console(stderr=True)
     from harnessrl.proxy.engines.vllm_server import VLLMServer
 
     model = resolve_model(args.model, console)
@@ -240,8 +242,8 @@ def main() -> None:
                 holds = swap_holds(model, [server.url, second.url], args.swaps, Path(tmp))
             text += swap_report(holds, args.model)
     args.out.write_text(text)
-    console.print(text)
+    return text
 
 
 if __name__ == "__main__":
-    main()
+    print(run())

@@ -176,7 +176,8 @@ def report(run: dict[str, Any] | None, small: dict[str, Any] | None) -> str:
     return "\n".join(out) + "\n"
 
 
-def main() -> None:
+def run(argv: list[str] | None = None) -> str:
+    """The report (Markdown), also written to --out (bench/run.py keeps it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--every", type=int, default=2)
@@ -184,16 +185,16 @@ def main() -> None:
     parser.add_argument("--skip-run", action="store_true")
     parser.add_argument("--skip-smollm2", action="store_true")
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="harnessrl-long-") as tmp:
         work = Path(tmp)
-        run = None if args.skip_run else real_run(args, work / "a")
+        trained = None if args.skip_run else real_run(args, work / "a")
         small = None if args.skip_smollm2 else smollm2(work / "b")
-    text = report(run, small)
-    print(text)
+    text = report(trained, small)
     if args.out:
         args.out.write_text(text)
+    return text
 
 
 if __name__ == "__main__":
-    main()
+    print(run())

@@ -204,6 +204,21 @@ SECTIONS: tuple[Section, ...] = (
             details=("", "bench/load.md")),
     Section("token_render", "token-mode render (vs a full re-render)", "token_render",
             ("--repeat", "3"), ()),
+    Section("async_training", "the async trainer locally vs on a 2-node Ray cluster, and the "
+            "hold per weight swap with 1 vs 2 vLLM servers (same run)", "async_training",
+            ("--steps", "3", "--runs", "async,async-cluster", "--swaps", "6"),
+            ("--steps", "6", "--runs", "sync,async,async-cluster", "--swaps", "12"),
+            note="real `harnessrl train` runs (tiny model, mini-swe-agent, one vLLM) and a "
+                 "2-raylet Ray cluster started on this machine; both raylets, both vLLM "
+                 "servers and the trainer share its cores, so neither table measures "
+                 "scale-out, and two reloads at once can only beat one after the other where "
+                 "each server has cores of its own (about 5 minutes quick, 15 full)",
+            details=("bench/async_training.md", "bench/async_training.md")),
+    Section("long_runs", "a long run's checkpoint and eval pass (vs a training step, same "
+            "run)", "long_runs", ("--steps", "6"), ("--steps", "6"),
+            note="a real async `harnessrl train` (tiny model, the scripted agent of "
+                 "tests/long_run_agent.py, a checkpoint every 2 steps, an eval pass every 3) "
+                 "and SmolLM2-135M's optimizer step against its checkpoint (no vLLM)"),
     Section("ray_scale", "Ray: overhead per rollout (vs local) and open rollouts held by "
             "1, 2, 4 proxy shards", "ray_scale",
             ("--shards", "1,4", "--rollouts", "200", "--duration", "60", "--stagger", "10"),
@@ -302,8 +317,9 @@ def render(outcomes: list[Outcome], command: str, loads: tuple[str, str]) -> str
         lines += ["", *notes]
     for o in outcomes:
         if o.printed and not o.note:
-            lines += ["", f"## {o.section.title}", "", o.printed]
-    details = [f"`{path}`" for o in outcomes if o.rows
+            note = [o.section.note, ""] if o.section.note else []
+            lines += ["", f"## {o.section.title}", "", *note, o.printed]
+    details = [f"`{path}`" for o in outcomes if (o.rows or o.printed)
                and (path := o.section.details[o.full])]
     timing = ", ".join(f"{o.section.key} {o.seconds:.0f} s" for o in outcomes
                        if not math.isnan(o.seconds))
