@@ -28,7 +28,7 @@ MESSAGES = [{"role": "system", "content": "You are a coding agent."},
 def vllm_url(tiny_model: Path):
     server = VLLMServer(model=str(tiny_model), served_name="tiny", max_model_len=2048,
                         dtype="float32", extra_args=["--seed", "0"],
-                        log_path=CACHE / "vllm-test.log")
+                        log_path=CACHE / "vllm-test.log", trust_request_chat_template=True)
     with server:
         yield server.url
 
@@ -65,6 +65,26 @@ def test_stored_ids_equal_what_vllm_returned(served, vllm_url) -> None:
     assert tokens.logprobs == pytest.approx(direct_logprobs, abs=1e-4)
     assert reply.choices[0].message.content == expected["choices"][0]["message"]["content"]
     assert turn.model == "tiny" and turn.engine == "vllm"
+
+
+CUSTOM = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\nCUSTOM {{ m['content'] }}"
+          "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+          "{% endif %}")
+
+
+def test_a_configured_chat_template_renders_in_chat_mode(vllm_url, tmp_path) -> None:
+    """Chat mode sends the configured template with every call: vLLM renders with it."""
+    engine = VLLMEngine(vllm_url, chat_template=CUSTOM)
+    with ServedProxy(make_proxy(engine, tmp_path / "run")).running() as served:
+        rollout = served.new_rollout()
+        client = openai.OpenAI(base_url=rollout["base_urls"]["openai"],
+                               api_key=rollout["key"], max_retries=0)
+        client.chat.completions.create(model="tiny", messages=MESSAGES, temperature=0,
+                                       max_tokens=4)
+        [turn] = served.store.turns(rollout["key"])
+    custom = direct(vllm_url, chat_template=CUSTOM, max_tokens=4)["prompt_token_ids"]
+    assert list(turn.completion.tokens.prompt_ids) == custom
+    assert custom != direct(vllm_url, max_tokens=4)["prompt_token_ids"]
 
 
 def test_stream_arrives_in_many_chunks_with_exact_ids(served, vllm_url) -> None:
