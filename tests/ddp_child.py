@@ -79,18 +79,18 @@ class RecordingTransfer:
 
 def main(model_dir: Path, out: Path) -> None:
     import torch
-    from accelerate import PartialState
 
     from harnessrl.rollout.tasks import Task
     from harnessrl.train.async_loop import _prepare, _trainer, async_config
     from harnessrl.train.config import GRPOSettings, ModelConfig, TrainConfig
-    from harnessrl.train.processes import check_processes
+    from harnessrl.train.processes import check_processes, process_state
 
     config = TrainConfig(run_dir=str(out), model=ModelConfig(path=str(model_dir)),
                          grpo=GRPOSettings(steps=1, num_generations=2, tasks_per_step=2,
                                            learning_rate=5e-2, max_staleness=4))
     assert check_processes(config) == 2
-    state = PartialState()
+    state = process_state()  # asked before anything else sets accelerate up, as train()
+    main_first = state.is_main_process
     tokenizer = _prepare(model_dir)
     args = async_config(config, out, "http://127.0.0.1:9")
     main_process = state.is_main_process
@@ -108,7 +108,7 @@ def main(model_dir: Path, out: Path) -> None:
     trainer.train()
     torch.save({"before": before, "after": params(), "world": state.num_processes,
                 "per_device": args.per_device_train_batch_size,
-                "step": trainer.state.global_step,
+                "step": trainer.state.global_step, "main_first": main_first,
                 "backend": state.backend, "ddp": str(trainer.accelerator.distributed_type),
                 "sent": transfer.last if transfer else None,
                 "sends": transfer.sends if transfer else None}, out / f"rank{rank}.pt")

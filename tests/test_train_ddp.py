@@ -66,6 +66,9 @@ def test_two_process_ddp_step_leaves_equal_parameters_on_both_ranks(tiny_model, 
     assert done.returncode == 0, done.stderr[-4000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     assert [r["world"] for r in ranks] == [2, 2] and ranks[0]["backend"] == "gloo"
+    # one main process, known before anything else set accelerate up (harnessrl train asks
+    # first: a plain torchrun on a CPU made every rank a main process)
+    assert [r["main_first"] for r in ranks] == [True, False]
     assert ranks[0]["ddp"] == "DistributedType.MULTI_CPU"
     # a step's 4 rows spread over the ranks: 2 each
     assert [r["per_device"] for r in ranks] == [2, 2] and ranks[0]["step"] == 1

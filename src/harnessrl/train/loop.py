@@ -30,7 +30,7 @@ from harnessrl.train.common import quiet, sampling_of
 from harnessrl.train.config import TrainConfig, trainer_dtype
 from harnessrl.train.engines import PolicyEngines, node_engines, policy_engines
 from harnessrl.train.long_run import long_run
-from harnessrl.train.processes import check_processes
+from harnessrl.train.processes import check_processes, process_state
 from harnessrl.train.trl import Batch, RolloutRecord
 
 if TYPE_CHECKING:
@@ -187,9 +187,7 @@ def train(config: TrainConfig, *, console: Console | None = None,
     if asynchronous:
         check_config(config)
     if processes > 1:  # under accelerate launch / torchrun: one rollout worker, on rank 0
-        from accelerate import PartialState
-
-        state = PartialState()
+        state = process_state()
         with state.main_process_first():  # the first builds the model, the others read it
             model_dir = resolve_model(config.model.path, console)
         if not state.is_main_process:

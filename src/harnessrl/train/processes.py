@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from harnessrl.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from accelerate import PartialState
 
 # Options that hold only in one process, and why (`check_processes`).
 _SINGLE_PROCESS: dict[str, Callable[[TrainConfig], bool]] = {
@@ -43,3 +47,16 @@ def check_processes(config: TrainConfig) -> int:
     return count
 
 
+
+
+def process_state() -> PartialState:
+    """accelerate's state of this trainer process: which one is the main process (it alone
+    runs vLLM, the proxy, the rollout worker and prints the step lines). Without CUDA it is
+    asked for CPU processes, as the trainer's own arguments are (`use_cpu`): otherwise
+    accelerate takes plain `torchrun` ranks on a CPU for separate one-process runs, each its
+    own main process, so every rank would start the rollout worker and print every metrics
+    line, and the others' trainers would find no weight transfer."""
+    import torch
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
