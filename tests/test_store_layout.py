@@ -374,3 +374,38 @@ def test_a_row_encoded_before_its_commit_holds_only_against_the_same_turns(
         assert encoded == [third]  # turn 1 committed since: encoded again, against it
         assert store.turns("k") == [first, second, third]
     assert [r[2] for r in layout(tmp_path)] == [None, 0, 1]
+
+
+# Sealing and unsealing from many threads at once, as the writer thread, readers in worker
+# threads and a Ray node's threads do: zstd contexts shared across threads corrupted data
+# ("Data corruption detected" on read) and could crash the process, so it runs apart.
+_THREADS = r"""
+import os, random, threading
+from harnessrl.proxy import delta
+payloads = [os.urandom(2000) * 50 + os.urandom(3000) for _ in range(16)]
+blobs = [delta.seal(delta.WHOLE, (), p, compress=True) for p in payloads]
+errors = []
+def work(seed):
+    pick = random.Random(seed)
+    for _ in range(300):
+        i = pick.randrange(16)
+        try:
+            assert delta.unseal(blobs[i], 0)[2] == payloads[i]
+            again = delta.seal(delta.WHOLE, (), payloads[i], compress=True)
+            assert delta.unseal(again, 0)[2] == payloads[i]
+        except Exception as error:
+            errors.append(repr(error))
+threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(len(errors), errors[:2])
+"""
+
+
+def test_sealing_from_many_threads_at_once_reads_back_exactly() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _THREADS], capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stdout.strip()) == (0, "0 []"), done.stderr[-1000:]

@@ -23,13 +23,29 @@ from __future__ import annotations
 
 import sqlite3
 import struct
+import threading
 import zlib
 from collections.abc import Callable
 
 import zstandard
 
-_COMPRESS = zstandard.ZstdCompressor(level=1).compress
-_DECOMPRESS = zstandard.ZstdDecompressor().decompress
+# zstd contexts are not thread-safe: the writer thread, readers in worker threads and a
+# Ray node's threads sharing one corrupted data (and crashed the process). One per thread.
+_CONTEXTS = threading.local()
+
+
+def _compress(data: bytes) -> bytes:
+    context = getattr(_CONTEXTS, "compressor", None)
+    if context is None:
+        context = _CONTEXTS.compressor = zstandard.ZstdCompressor(level=1)
+    return context.compress(data)
+
+
+def _decompress(data: bytes) -> bytes:
+    context = getattr(_CONTEXTS, "decompressor", None)
+    if context is None:
+        context = _CONTEXTS.decompressor = zstandard.ZstdDecompressor()
+    return context.decompress(data)
 _CRC = struct.Struct("<I")
 WHOLE, DELTA = ord("W"), ord("D")
 _ZSTD, _RAW = ord("z"), ord("r")
@@ -78,7 +94,7 @@ def seal(form: int, header: tuple[int, ...], payload: bytes, *, compress: bool =
     ~40 µs per 4 kB on a slow core: more than the rest of the commit, so left raw."""
     packing = _RAW
     if compress and len(payload) >= _MIN_COMPRESS:
-        packed = _COMPRESS(payload)
+        packed = _compress(payload)
         if len(packed) < len(payload):
             packing, payload = _ZSTD, packed
     body = bytes((form, packing)) + b"".join(map(_varint, header)) + payload
@@ -98,7 +114,7 @@ def unseal(blob: bytes, fields: int) -> tuple[int, tuple[int, ...], bytes]:
         header.append(value)
     payload = blob[at:-4]
     if packing == _ZSTD:
-        payload = _DECOMPRESS(payload)
+        payload = _decompress(payload)
     elif packing != _RAW:
         raise ValueError(f"unknown packing {packing!r}")
     if form not in (WHOLE, DELTA):
