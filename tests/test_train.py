@@ -465,7 +465,7 @@ def test_sft_messages_export_from_a_teacher_without_token_ids(setting, tmp_path,
 @pytest.mark.slow
 @pytest.mark.parametrize(("trainer", "mode"), [("sync", "chat"), ("async", "token")])
 def test_harnessrl_train_runs_steps_and_writes_metrics(vllm_tiny, tiny_model, tmp_path,
-                                                       trainer, mode):
+                                                       trainer, mode, capsys):
     from harnessrl.cli import main
 
     tasks = tmp_path / "tasks.jsonl"
@@ -483,6 +483,8 @@ grpo: {{trainer: {trainer}, steps: 2, num_generations: 2, tasks_per_step: 1,
         learning_rate: 1.0e-3, report_to: [tensorboard]}}
 """)
     assert main(["train", "--config", str(config)]) == 0
+    # Progress between step lines (every 30 s; each rollout alone runs up to 45 s)
+    assert "training · rollouts" in capsys.readouterr().out
     lines = [json.loads(line) for line in
              (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -39,8 +41,24 @@ def run_train(args: argparse.Namespace) -> int:
     from harnessrl.train.loop import train
 
     try:
-        train(config, resume=args.resume)
+        with _progress(Path(config.run_dir)):
+            train(config, resume=args.resume)
     except CheckpointError as exc:  # refused before anything started
         print(f"harnessrl: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _progress(run_dir: Path) -> contextlib.AbstractContextManager[object]:
+    """A line every 30 s read from the run's store (rollouts, turns, tool calls, weight
+    version): the async trainer can sample for minutes between its step lines, and a log
+    that says nothing for that long looks hung. Only the first process of a multi-process
+    trainer prints it. The line names no step number: a resumed run's steps go on from its
+    checkpoint, which the trainer's own step lines give."""
+    if os.environ.get("RANK", "0") != "0":
+        return contextlib.nullcontext()
+    from rich.console import Console
+
+    from harnessrl.train.live import Live
+
+    return Live(run_dir, Console(), title="training", every=30.0)
