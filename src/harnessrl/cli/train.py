@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 HELP = "GRPO on real harness rollouts, from one config file"
+# Seconds between progress lines; a module constant so a short test run can shorten it.
+PROGRESS_EVERY = 30.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,15 +52,15 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _progress(run_dir: Path) -> contextlib.AbstractContextManager[object]:
-    """A line every 30 s read from the run's store (rollouts, turns, tool calls, weight
-    version): the async trainer can sample for minutes between its step lines, and a log
-    that says nothing for that long looks hung. Only the first process of a multi-process
-    trainer prints it. The line names no step number: a resumed run's steps go on from its
-    checkpoint, which the trainer's own step lines give."""
+    """A line every PROGRESS_EVERY seconds read from the run's store (rollouts, turns,
+    tool calls, weight version): the async trainer can sample for minutes between its
+    step lines, and a log that says nothing for that long looks hung. Only the first
+    process of a multi-process trainer prints it. The line names no step number: a
+    resumed run's steps go on from its checkpoint, which the trainer's step lines give."""
     if os.environ.get("RANK", "0") != "0":
         return contextlib.nullcontext()
     from rich.console import Console
 
     from harnessrl.train.live import Live
 
-    return Live(run_dir, Console(), title="training", every=30.0)
+    return Live(run_dir, Console(), title="training", every=PROGRESS_EVERY)
