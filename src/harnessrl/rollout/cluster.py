@@ -59,7 +59,7 @@ class ClusterSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     slots_per_node: Annotated[int | None, flag(
         "--cluster ray: rollouts at once per node (default: the node's harness_slots "
         "resource, else --concurrency)")] = None
-    cpus_per_rollout: float = 0.25
+    cpus_per_rollout: float = 0.25  # Ray CPUs each rollout slot reserves on its node
     memory_per_rollout_mb: float = 0.0  # 0: not reserved
     # Reruns of a rollout after the node it ran on died (not counted against `retries`).
     node_losses: int = 3

@@ -74,7 +74,7 @@ class Shaping(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
         "halves (default %(default)s)", metavar="B", parse=at_least_one)] = 20
     fewer_tokens: Annotated[float, flag(
         "shaping: bonus weight for passing with fewer sampled tokens")] = 0.0
-    token_budget: int = 20_000
+    token_budget: int = 20_000  # fewer_tokens: the bonus falls linearly to 0 at this many
     tool_call_bonus: Annotated[float, flag(
         "shaping: the reference's form, a passing reward times (1 + W*B/(B + tool calls)), "
         "B = --tool-call-budget", metavar="W")] = 0.0

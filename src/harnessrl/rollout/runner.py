@@ -68,7 +68,7 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     image: Annotated[str | None, flag("docker sandbox: this image for every task (default: "
                                       "each task's own, built from its "
                                       "environment/Dockerfile)")] = None
-    sandbox_starts: int = 2
+    sandbox_starts: int = 2  # Docker sandbox: containers starting at once (daemon load)
     # Docker sandbox: the network `docker build` steps get. "host" (opt-in) lets a
     # Dockerfile install from the package registries this machine reaches; the agent's
     # container stays on `--network none` either way (see rollout/docker_images.py).

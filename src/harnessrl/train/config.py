@@ -38,20 +38,20 @@ class EngineConfig(_Section):
     # chat: vLLM renders the template; token: the proxy renders it with the model's own
     # tokenizer and reuses each rollout's earlier ids (chains extend where history is kept)
     mode: Literal["chat", "token"] = "chat"
-    # How the model is rendered and parsed (see docs/token-mode.md): vLLM's parser names
+    # How the model is rendered and parsed (docs/concepts/token-mode.md): vLLM's parser names
     # (chat mode: given to vLLM; token mode: the proxy's parsers), a `renderers` family
     # ("default": the chat template), a chat template file, and template options (e.g.
     # {"thinking_retention": "all"} keeps earlier reasoning so chains extend).
     tool_call_parser: str | None = None
-    reasoning_parser: str | None = None
-    renderer: str | None = None
+    reasoning_parser: str | None = None  # a vLLM reasoning parser name, e.g. qwen3
+    renderer: str | None = None  # token mode; None: found from the model (see above)
     chat_template: str | None = None  # a Jinja file, token mode
-    chat_template_kwargs: dict[str, Any] = {}
+    chat_template_kwargs: dict[str, Any] = {}  # given to every rendering of the template
     # vLLM's and the trainer's dtype; "auto": bfloat16 on GPUs, float32 on a CPU (where
     # float32 keeps vLLM's logprobs equal to the trainer's)
     dtype: str = "auto"
     max_model_len: int | None = None  # None: the model's own (SmolLM2: 8192)
-    extra_args: list[str] = []
+    extra_args: list[str] = []  # more `vllm serve` flags for the servers started here
     max_tokens: int | None = 512  # per model call, overriding the harness's own
     # Sampling temperature for every call, whatever the harness asks; TRL computes the
     # policy's logprobs at the same temperature (GRPOConfig.temperature).
@@ -101,8 +101,10 @@ class RolloutConfig(RolloutSettings, frozen=True):
     """What to roll out (harnesses, tasks, how harnesses share a batch) on top of how each
     rollout runs, the runner's own `RolloutSettings` (concurrency, sandbox, network, ...)."""
 
+    # the harnesses trained in (`harnessrl harness list`), sharing every batch
     harnesses: list[str] = msgspec.field(default_factory=lambda: ["mini-swe-agent"])
     tasks: str = "bundled:easy"  # a task dir, a .jsonl file, or bundled[:...]
+    # group: one harness per GRPO group, rotating; generation: alternate within a group
     mix: Literal["group", "generation"] = "group"
     retries: int = 1  # a training step waits for its retries
 
@@ -111,16 +113,16 @@ class GRPOSettings(_Section):
     # async: TRL's AsyncGRPOTrainer, rollouts always in flight, every chain trained
     # (train/async_grpo.py); sync: GRPOTrainer with a rollout_func, one chain per rollout
     trainer: Literal["async", "sync"] = "async"
-    steps: Annotated[int, msgspec.Meta(ge=1)] = 2
+    steps: Annotated[int, msgspec.Meta(ge=1)] = 2  # optimizer steps
     num_generations: Annotated[int, msgspec.Meta(ge=1)] = 2  # rollouts per GRPO group
     # sync: tasks per step; async: rows per optimizer step = tasks_per_step * num_generations
     tasks_per_step: Annotated[int, msgspec.Meta(ge=1)] = 2
     max_inflight: Annotated[int, msgspec.Meta(ge=1)] = 4  # async: rollouts running at once
     # async: how many weight versions behind the trainer a row may be and still be trained
     max_staleness: Annotated[int, msgspec.Meta(ge=0)] = 4
-    learning_rate: float = 1e-5
+    learning_rate: float = 1e-5  # peak; TRL's scheduler (`trl` may set it)
     beta: float = 0.0  # KL to a reference model; 0 needs no second model in memory
-    seed: int = 0
+    seed: int = 0  # TRL's seed, the task order's shuffle and the eval holdout split
     # TRL's own logging backends for every step's metrics, ours among TRL's (tensorboard,
     # trackio, wandb, ...); metrics.jsonl is written either way
     report_to: list[str] = []
@@ -140,7 +142,7 @@ class CheckpointConfig(_Section):
     Each is also a servable model directory; RUN_DIR/model/ holds the newest's model."""
 
     every_steps: Annotated[int, msgspec.Meta(ge=0)] = 0  # 0: none (RUN_DIR/model/ still)
-    keep: Annotated[int, msgspec.Meta(ge=1)] = 2
+    keep: Annotated[int, msgspec.Meta(ge=1)] = 2  # the newest K; older ones deleted
     dir: str | None = None  # None: RUN_DIR/checkpoints
 
 
@@ -154,13 +156,14 @@ class EvalConfig(_Section):
     holdout: Annotated[float, msgspec.Meta(gt=0, lt=1)] = 0.2  # share held out (tasks None)
     harnesses: list[str] = []  # [] : the trained harnesses; others may be named too
     samples: Annotated[int, msgspec.Meta(ge=1)] = 1  # per task and harness (pass@k's k)
+    # a cap on each eval rollout's model calls; None: rollout.max_model_calls
     max_model_calls: Annotated[int, msgspec.Meta(ge=1)] | None = None
     temperature: float | None = None  # None: engine.temperature
     slots: Annotated[int, msgspec.Meta(ge=1)] = 1  # eval rollouts at once, beside training
 
 
 class TrainConfig(_Section):
-    run_dir: str = "runs/train"
+    run_dir: str = "runs/train"  # the store, metrics.jsonl, model/, checkpoints/
     model: ModelConfig = msgspec.field(default_factory=ModelConfig)
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
