@@ -15,12 +15,16 @@ Two kinds, both from *solved* rollouts (verifier reward >= `min_reward`):
   conversations: `messages` (OpenAI chat shape: the longest conversation of the rollout,
   its last reply included) and `tools` (JSON text, which `SFTTrainer` parses). The
   student's own chat template tokenizes them: this is the one place harnessrl lets text
-  be tokenized again, and the rows say so (`retokenized` is true).
+  be tokenized again, and the rows say so (`retokenized` is true). Each message says
+  whether the rollout's model `sampled` it: a harness's prompt can carry assistant turns
+  of its own (aider's worked example, its "Ok." acknowledgements), which are context to
+  learn from, not replies to learn (`tokenized_messages` leaves them out of the loss).
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +94,37 @@ def conversation(turns: list[Turn]) -> tuple[list[dict[str, Any]], str] | None:
     reply = Message("assistant", completion.parts)
     full = ChatRequest(model=request.model, messages=(*request.messages, reply))
     messages = [_text_only(m) for m in openai_wire.messages(full)]
+    _mark_sampled(messages, [t.completion for t in done if t.completion])
     return messages, json.dumps(openai_wire.tools(request.tools))
+
+
+def _mark_sampled(messages: list[dict[str, Any]], completions: list[Any]) -> None:
+    """Flag the assistant messages that are the rollout's own replies: each recorded
+    completion claims one message with its text and tool calls, the latest first (a
+    harness's example turns come before the model's). A reply the harness replayed
+    altered matches nothing and stays unflagged: left out of the loss, never mis-learned."""
+    left = Counter(_reply_key(_text_only(m)) for c in completions for m in openai_wire.messages(
+        ChatRequest(model="", messages=(Message("assistant", c.parts),))))
+    for message in reversed(messages):
+        key = _reply_key(message)
+        if message["role"] == "assistant" and left[key] > 0:
+            message["sampled"] = True
+            left[key] -= 1
+
+
+def _reply_key(message: dict[str, Any]) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """A reply as compared across replays: its text (stripped) and its calls, each call's
+    arguments as canonical JSON (harnesses re-serialise them; call ids they rename)."""
+    def canonical(arguments: Any) -> str:
+        try:
+            return json.dumps(json.loads(arguments) if isinstance(arguments, str) else arguments,
+                              sort_keys=True)
+        except ValueError:
+            return str(arguments)
+
+    calls = tuple((c["function"]["name"], canonical(c["function"].get("arguments")))
+                  for c in message.get("tool_calls") or [])
+    return (message.get("content") or "").strip(), calls
 
 
 def _text_only(message: dict[str, Any]) -> dict[str, Any]:
@@ -102,7 +136,8 @@ def _text_only(message: dict[str, Any]) -> dict[str, Any]:
     return {"role": message["role"], "content": content or "",
             "tool_calls": message.get("tool_calls") or [],
             "tool_call_id": message.get("tool_call_id") or "",
-            "reasoning_content": message.get("reasoning_content") or ""}
+            "reasoning_content": message.get("reasoning_content") or "",
+            "sampled": False}
 
 
 def message_rows(outcome: Outcome, turns: list[Turn]) -> list[dict[str, Any]]:
@@ -115,6 +150,7 @@ def message_rows(outcome: Outcome, turns: list[Turn]) -> list[dict[str, Any]]:
     return [{"messages": messages, "tools": tools, "rollout": outcome.rollout,
              "harness": outcome.harness, "task": outcome.task, "reward": outcome.reward,
              "model": next((t.model for t in turns if t.model), ""),
+             "sampled_turns": sum(m["sampled"] for m in messages),
              "turns_with_ids": trainable, "retokenized": True}]
 
 
@@ -160,12 +196,14 @@ def _empty(out: Path, kind: Kind) -> None:
 def tokenized_messages(tokenizer: Any, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None = None) -> tuple[list[int], list[int]]:
     """A conversation (a messages export row) as the student's chat template renders it:
-    its token ids and a mask, 1 on the tokens of the assistant turns (what SFT learns:
-    the reply and its tool calls), 0 on the rest (system prompt, user, tool results, the
-    template's headers). The text is tokenized once, whole; each assistant turn's
-    characters are found by rendering the conversation up to it (with the generation
-    prompt) and through it. A template whose shorter renders are not prefixes of the
-    longer ones cannot be masked this way and is refused (ValueError), never mis-masked."""
+    its token ids and a mask, 1 on the tokens of the assistant turns the model sampled
+    (what SFT learns: the reply and its tool calls), 0 on the rest (system prompt, user,
+    tool results, the template's headers, and assistant turns flagged `sampled: false`,
+    a harness's own examples; a message without the flag counts as sampled). The text
+    is tokenized once, whole; each assistant turn's characters are found by rendering
+    the conversation up to it (with the generation prompt) and through it. A template
+    whose shorter renders are not prefixes of the longer ones cannot be masked this way
+    and is refused (ValueError), never mis-masked."""
     def render(upto: int, prompt: bool) -> str:
         return tokenizer.apply_chat_template(messages[:upto], tools=tools or None,
                                              tokenize=False, add_generation_prompt=prompt)
@@ -173,7 +211,7 @@ def tokenized_messages(tokenizer: Any, messages: list[dict[str, Any]],
     full = render(len(messages), False)
     spans = []
     for i, message in enumerate(messages):
-        if message.get("role") != "assistant":
+        if message.get("role") != "assistant" or not message.get("sampled", True):
             continue
         start, end = render(i, True), render(i + 1, False)
         if not (end.startswith(start) and full.startswith(end)):
