@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -130,8 +131,8 @@ def teacher_tasks(args: argparse.Namespace, train: Path, seed: int) -> list[Any]
     # tasks sharing it (a count question on two tables of one kind) would share a listing.
     tasks = sorted({_key(t): t for t in sorted(load_tasks(train), key=lambda t: t.id,
                                                reverse=True)}.values(), key=lambda t: t.id)
-    wanted = args.teacher_tasks or math.ceil(args.steps * rows_per_step(args)
-                                             / len(args.harnesses))
+    steps, per_step = sft_budget(args)
+    wanted = args.teacher_tasks or math.ceil(steps * per_step / len(args.harnesses))
     return sorted(random.Random(f"teacher:{seed}").sample(tasks, min(wanted, len(tasks))),
                   key=lambda t: t.id)
 
@@ -211,7 +212,8 @@ def sft_model(args: argparse.Namespace, state: State, train: Path, seed: int, ba
 def sft_rows(runs: dict[str, Any], tokenizer: Any, work: Path) -> tuple[list[dict[str, Any]],
                                                                          dict[str, int]]:
     """The teacher's solved rollouts as the student's token rows (its template, a mask on
-    the assistant turns): text re-tokenized, since the teacher sampled no student ids."""
+    the assistant turns the teacher sampled, not the harness's own example turns): text
+    re-tokenized, since the teacher sampled no student ids."""
     from datasets import Dataset
 
     from harnessrl.train.sft import export_sft, tokenized_messages
@@ -231,6 +233,13 @@ def sft_rows(runs: dict[str, Any], tokenizer: Any, work: Path) -> tuple[list[dic
     return rows, per_harness
 
 
+def sft_budget(args: argparse.Namespace) -> tuple[int, int]:
+    """The SFT model's optimizer steps and rows per step: the RL arms' budget unless
+    --sft-steps / --sft-rows-per-step set the start's own (a start that must first learn
+    the tool-call format can need more steps than the arms compared after it)."""
+    return args.sft_steps or args.steps, args.sft_rows_per_step or rows_per_step(args)
+
+
 def sft(args: argparse.Namespace, state: State, runs: dict[str, Any], seed: int, base: Path,
         name: str) -> dict[str, Any]:
     import torch
@@ -239,7 +248,6 @@ def sft(args: argparse.Namespace, state: State, runs: dict[str, Any], seed: int,
     from trl import SFTConfig, SFTTrainer
 
     work = state.work(name)
-    shutil.rmtree(work, ignore_errors=True)
     tokenizer = AutoTokenizer.from_pretrained(base)
     rows, per_harness = sft_rows(runs, tokenizer, work)
     if not rows:
@@ -247,24 +255,30 @@ def sft(args: argparse.Namespace, state: State, runs: dict[str, Any], seed: int,
     out = state.root / "models" / f"sft-s{seed}"
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    with heavy(args.lock, name):
+    steps, per_step = sft_budget(args)
+    checkpoints = sorted((work / "trainer").glob("checkpoint-*"))  # a killed run goes on
+    with heavy("" if args.sft_nice else args.lock, name):
+        if args.sft_nice:  # CPU training only, at the lowest priority, beside heavy runs
+            os.nice(19)
         trainer = SFTTrainer(
             model=AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
             train_dataset=Dataset.from_list(rows).shuffle(seed=seed),
             processing_class=tokenizer, args=SFTConfig(
-                output_dir=str(work / "trainer"), max_steps=args.steps, seed=seed,
-                per_device_train_batch_size=1, gradient_accumulation_steps=rows_per_step(args),
+                output_dir=str(work / "trainer"), max_steps=steps, seed=seed,
+                per_device_train_batch_size=1, gradient_accumulation_steps=per_step,
                 learning_rate=args.sft_lr, use_cpu=True, bf16=False, report_to="none",
-                save_strategy="no", logging_steps=1, max_length=None, disable_tqdm=True,
+                save_strategy="steps", save_steps=args.checkpoint_every, save_total_limit=1,
+                logging_steps=1, max_length=None, disable_tqdm=True,
                 dataloader_num_workers=0))
-        trainer.train()
+        trainer.train(resume_from_checkpoint=str(checkpoints[-1]) if checkpoints else None)
         trainer.save_model(str(partial))
         tokenizer.save_pretrained(str(partial))
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     return {"model": str(out), "rows": len(rows), "rows_per_harness": per_harness,
-            "retokenized": True, "steps": args.steps, "rows_per_step": rows_per_step(args),
-            "loss_first": losses[0] if losses else None,
+            "retokenized": True, "steps": steps, "rows_per_step": per_step, "lr": args.sft_lr,
+            "resumed_from": checkpoints[-1].name if checkpoints else None,
+            "losses": losses, "loss_first": losses[0] if losses else None,
             "loss_last": losses[-1] if losses else None,
             "trained_tokens": sum(sum(r["assistant_masks"]) for r in rows)}

@@ -172,9 +172,13 @@ def training(units: dict[str, Any]) -> list[str]:
                 f"- `{key}`: {u['rows']} rows ({u['rows_per_harness']}), re-tokenized by the "
                 f"student's template (the teacher sampled no student ids), loss on the "
                 f"assistant turns only ({u['trained_tokens']} tokens); {u['steps']} steps x "
-                f"{u['rows_per_step']} rows; loss {_num(u['loss_first'])} -> "
+                f"{u['rows_per_step']} rows{_lr(u)}; loss {_num(u['loss_first'])} -> "
                 f"{_num(u['loss_last'])}; {u['seconds'] / 60:.1f} min.")
     return lines or ["Nothing trained yet."]
+
+
+def _lr(unit: dict[str, Any]) -> str:
+    return f" at lr {unit['lr']:g}" if unit.get("lr") else ""
 
 
 def _rates(values: list[float]) -> str:
@@ -209,8 +213,9 @@ def start_note(budget: dict[str, Any]) -> str:
     if not budget:
         return "The arms have not been run yet."
     if budget.get("start") == "sft":
+        sft_steps = budget.get("sft_steps") or budget["steps"]
         return (f"Start: **the SFT model** (the base model passed no calibrated tier at 5%, "
-                f"the issue's fallback): the sft arm is that model ({budget['steps']} SFT "
+                f"the issue's fallback): the sft arm is that model ({sft_steps} SFT "
                 f"steps); every RL arm is {budget['steps']} GRPO steps on top of it; the base "
                 "arm is the untrained weights.")
     return f"Start: the base weights; every trained arm has {budget['steps']} optimizer steps."

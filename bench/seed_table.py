@@ -15,9 +15,11 @@ eval harness (pass@1 with a Wilson 95% interval, tool calls per solved task):
                   student's template, flagged so), the same number of optimizer steps
 
 Phases: `calibrate` (the base model's pass rate per tier per harness on a small sample, to
-pick the tiers where it passes 5-50%), `run` (the arms), `report` (the .md and .png from
-what is measured). Every unit of work (a calibration cell, a teacher run, an arm's training,
-an arm x harness eval) writes its result to STATE/units/*.json and is skipped when run again,
+pick the tiers where it passes 5-50%), `sft` (only the run's SFT model: the teacher's
+rollouts and the training, no eval; with --sft-nice its training runs outside the heavy
+lock at nice 19), `run` (the arms), `report` (the .md and .png from what is measured).
+Every unit of work (a calibration cell, a teacher run, an arm's training, an arm x
+harness eval) writes its result to STATE/units/*.json and is skipped when run again,
 so a rerun after a kill goes on; an RL arm killed mid-training goes on from its newest whole
 checkpoint (`harnessrl train --resume`). Heavy units take /tmp/harnessrl-heavy.lock (flock)
 for their own duration only. The defaults are the issue's full ask; the .md says the budget
@@ -57,14 +59,16 @@ SHARED = ("model", "task_seed", "train_tasks", "heldout", "max_tokens",
 BUDGET = {"calibrate": (*SHARED, "calib_per_tier"),
           "run": (*SHARED, "harnesses", "train_harness", "tiers", "heldout_sample", "seeds",
                   "steps", "group", "tasks_per_step", "lr", "max_staleness", "bonus",
-                  "bonus_budget", "sft_lr", "teacher_tasks", "start", "eval_every")}
+                  "bonus_budget", "sft_lr", "teacher_tasks", "start", "eval_every",
+                  "sft_steps", "sft_rows_per_step")}
+BUDGET["sft"] = BUDGET["run"]  # the sft phase builds the run's start: one budget
 
 
 def check_budget(state: State, args: argparse.Namespace) -> None:
     """A state dir holds one budget per phase: a rerun with another is refused, naming what
     differs (STATE/budget-<phase>.json; the report states it)."""
     keys = BUDGET[args.phase]
-    path = state.root / f"budget-{args.phase}.json"
+    path = state.root / f"budget-{'run' if args.phase == 'sft' else args.phase}.json"
     now = {k: getattr(args, k) for k in keys}
     if path.is_file():
         saved = json.loads(path.read_text())
@@ -221,6 +225,13 @@ def calibrate(args: argparse.Namespace, state: State) -> None:
     served_evals(args, state, base_model(args), "base-calibration", cells)
 
 
+def sft_only(args: argparse.Namespace, state: State) -> None:
+    tasks = generated(state, args, args.tiers, (args.train_tasks, args.heldout))
+    train, base = split_dir(tasks, "train"), base_model(args)
+    for seed in args.seeds:
+        arms.sft_model(args, state, train, seed, base)
+
+
 def run(args: argparse.Namespace, state: State) -> None:
     tasks = generated(state, args, args.tiers, (args.train_tasks, args.heldout))
     held = split_dir(tasks, "heldout")
@@ -244,7 +255,7 @@ def run(args: argparse.Namespace, state: State) -> None:
 # ------------------------------------------------------------------ the command line
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("phase", choices=["calibrate", "run", "report"])
+    p.add_argument("phase", choices=["calibrate", "sft", "run", "report"])
     p.add_argument("--state", type=Path, default=Path("runs/seed_table"))
     p.add_argument("--out", type=Path, default=Path("bench/seed_table.md"))
     p.add_argument("--plot", type=Path, default=Path("bench/seed_table.png"))
@@ -277,6 +288,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bonus", type=float, default=0.2, help="tool_call_bonus w")
     p.add_argument("--bonus-budget", type=int, default=20, help="tool_call_budget B")
     p.add_argument("--sft-lr", type=float, default=1e-5)
+    p.add_argument("--sft-steps", type=int, default=0, help="the SFT model's optimizer "
+                   "steps (0: --steps, the arms' budget)")
+    p.add_argument("--sft-rows-per-step", type=int, default=0, help="rows per SFT step "
+                   "(0: --group x --tasks-per-step)")
+    p.add_argument("--sft-nice", action="store_true", help="train the SFT model outside "
+                   "the heavy lock at nice 19 (CPU training only; teacher rollouts and "
+                   "evals still take the lock)")
     p.add_argument("--teacher-tasks", type=int, default=0, help="train tasks per harness "
                    "the teacher runs (0: enough for one row per SFT example)")
     p.add_argument("--start", choices=["base", "sft"], default="base",
@@ -311,6 +329,8 @@ def main(argv: list[str] | None = None) -> None:
                 ["python bench/seed_table.py", *(argv or sys.argv[1:])]) + "\n")
     if args.phase == "calibrate":
         calibrate(args, state)
+    elif args.phase == "sft":
+        sft_only(args, state)
     elif args.phase == "run":
         run(args, state)
     seed_report.write(args, state.root)
