@@ -36,9 +36,17 @@ _hrl_docker_daemon() {
   mkdir -p "$_hrl_docker_cache"
   _hrl_docker_say "starting dockerd --bridge=none --iptables=false (log: $_hrl_docker_cache/dockerd.log)"
   # setsid: the daemon outlives this shell (later test runs reuse it) and its signals.
-  setsid dockerd --bridge=none --iptables=false --ip6tables=false --ip-forward=false \
-    --ip-masq=false --userland-proxy=false --pidfile "$_hrl_docker_cache/dockerd.pid" \
-    >"$_hrl_docker_cache/dockerd.log" 2>&1 </dev/null &
+  # It gets none of this shell's other open files: an inherited lock (`flock ... bash
+  # scripts/test.sh`) or pipe would stay held for as long as the daemon lives.
+  (
+    for fd in /proc/self/fd/*; do
+      fd=${fd##*/}
+      if [ "$fd" -gt 2 ]; then eval "exec $fd>&-" 2>/dev/null || true; fi
+    done
+    exec setsid dockerd --bridge=none --iptables=false --ip6tables=false --ip-forward=false \
+      --ip-masq=false --userland-proxy=false --pidfile "$_hrl_docker_cache/dockerd.pid" \
+      >"$_hrl_docker_cache/dockerd.log" 2>&1 </dev/null
+  ) &
   local i
   for i in $(seq 1 60); do
     docker info >/dev/null 2>&1 && return 0
