@@ -62,6 +62,34 @@ def agent(mode: str, script: Path) -> Harness:
 
 
 # ------------------------------------------------------------------ pure parts
+
+def test_a_full_row_queue_holds_the_worker_and_keeps_its_heartbeat_fresh():
+    """`queue_maxsize` (TRL's own setting) bounds how far the sampler runs ahead: with the
+    queue full, the worker waits for the trainer instead of starting rollouts, and TRL's
+    health check (a heartbeat older than `heartbeat_stale_after_s`) does not take that wait
+    for a stuck worker."""
+    import threading
+    import time
+
+    from harnessrl.train.async_grpo import POLL_SECONDS, HarnessRolloutWorker
+
+    worker = HarnessRolloutWorker(None, num_generations=1, max_inflight=1,  # type: ignore[arg-type]
+                                  max_staleness=0, queue_maxsize=1)
+    worker._put("row 1")
+    before = worker._heartbeat
+    held = threading.Thread(target=worker._put, args=("row 2",), daemon=True)
+    held.start()
+    try:
+        time.sleep(4 * POLL_SECONDS)
+        assert held.is_alive()  # the queue is full: the second row waits
+        assert worker._heartbeat > before
+        assert worker.rollout_buffer.get() == "row 1"
+        held.join(5)
+        assert not held.is_alive() and worker.rollout_buffer.get_nowait() == "row 2"
+    finally:
+        worker._stop.set()  # a held put gives up
+
+
 def test_group_advantage_leaves_infra_failures_out_and_every_chain_is_a_row():
     assert advantages([1.0, 0.0, None]) == pytest.approx([1.0, -1.0, 0.0], abs=1e-6)
     assert advantages([None, None]) == [0.0, 0.0]

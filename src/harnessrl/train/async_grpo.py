@@ -381,12 +381,15 @@ class HarnessRolloutWorker:
         self._heartbeat = time.time()
 
     def _put(self, item: Any) -> None:
+        """Queue a row; a full queue (`queue_maxsize`) holds the worker, so no new rollout
+        starts until the trainer takes rows. A worker held so is waiting, not stuck: its
+        heartbeat stays fresh for TRL's health check."""
         while not self._stop.is_set():
             try:
                 self.rollout_buffer.put(item, timeout=POLL_SECONDS)
                 return
             except queue.Full:
-                continue
+                self._heartbeat = time.time()
 
 
 def _with_fates(report: GroupReport, fates: list[str]) -> GroupReport:

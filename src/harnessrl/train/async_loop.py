@@ -183,6 +183,9 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
     long = long or LongRun(config, run_dir, tasks, console, run_dir / METRICS_FILE)
     worker = HarnessRolloutWorker(rollouts, num_generations=g.num_generations,
                                   max_inflight=g.max_inflight, max_staleness=g.max_staleness,
+                                  # TRL's own bound on queued rows (grpo.trl), as its
+                                  # worker takes it: the sampler runs at most that far ahead
+                                  queue_maxsize=args.queue_maxsize,
                                   order=long.order, first_group=long.first_group,
                                   on_start=long.on_worker_start)
     if config.cluster is not None:
