@@ -26,6 +26,7 @@ import struct
 import threading
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 import zstandard
 
@@ -34,18 +35,22 @@ import zstandard
 _CONTEXTS = threading.local()
 
 
-def _compress(data: bytes) -> bytes:
-    context = getattr(_CONTEXTS, "compressor", None)
+def _context(name: str, make: Callable[[], Any]) -> Any:
+    context = getattr(_CONTEXTS, name, None)
     if context is None:
-        context = _CONTEXTS.compressor = zstandard.ZstdCompressor(level=1)
-    return context.compress(data)
+        context = make()
+        setattr(_CONTEXTS, name, context)
+    return context
+
+
+def _compress(data: bytes) -> bytes:
+    return _context("compressor", lambda: zstandard.ZstdCompressor(level=1)).compress(data)
 
 
 def _decompress(data: bytes) -> bytes:
-    context = getattr(_CONTEXTS, "decompressor", None)
-    if context is None:
-        context = _CONTEXTS.decompressor = zstandard.ZstdDecompressor()
-    return context.decompress(data)
+    return _context("decompressor", zstandard.ZstdDecompressor).decompress(data)
+
+
 _CRC = struct.Struct("<I")
 WHOLE, DELTA = ord("W"), ord("D")
 _ZSTD, _RAW = ord("z"), ord("r")
