@@ -62,6 +62,19 @@ def test_harness_writes_the_file_through_the_proxy(name: str, installed, policy_
                                      else True)
 
 
+def test_terminus_runs_under_a_home_too_deep_for_a_tmux_socket(installed, policy_tok,
+                                                              tmp_path) -> None:
+    """tmux's socket (HOME/tmux-UID/default) would pass the 107 bytes a socket path holds:
+    the launcher moves it to a private directory under /tmp, and removes that after."""
+    harness = get("terminus-2")
+    harness.install(TOOLS, log=lambda _line: None)
+    root = tmp_path / ("d" * 100)
+    before = set(Path("/tmp").glob("hrl-tmux-*"))
+    result = asyncio.run(check(harness, tokenizer=policy_tok, tools_dir=TOOLS, root=root))
+    assert result.passed, f"{result.problems}\n{result.output[-3000:]}"
+    assert set(Path("/tmp").glob("hrl-tmux-*")) == before
+
+
 def _result(run: Result | Exception) -> Result:
     if isinstance(run, Exception):
         raise run

@@ -21,7 +21,8 @@ Traps:
 - Errors from the model (unreachable, 5xx) are retried by LiteLLM and then raised out of
   `run`, but the record is Harbor's own trajectory (`trajectory.json`, ATIF), written even
   then: the run finished when its last two agent steps both mark the task complete.
-- `tmux` keeps its socket under `TMUX_TMPDIR` (HOME here; `/tmp` may be shared). Without
+- `tmux` keeps its socket under `TMUX_TMPDIR` (HOME here; `/tmp` may be shared; under a
+  HOME too deep for a socket path, a private directory the launcher makes in /tmp). Without
   tmux on PATH it would try apt, then a source build from a download: the launcher stops
   first and says so.
 - The trajectory holds the API key (`agent.extra.llm_kwargs`): here the rollout's own key.

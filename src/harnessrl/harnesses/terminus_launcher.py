@@ -17,6 +17,7 @@ import asyncio
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -80,11 +81,36 @@ class LocalTerminus2(Terminus2):
         await self._session.start()
 
 
+# A Unix socket's path holds at most 107 bytes; tmux's is TMUX_TMPDIR/tmux-UID/default.
+SOCKET_PATH_MAX = 107
+
+
+def short_tmux_tmpdir() -> str | None:
+    """A private directory under /tmp for tmux's socket when TMUX_TMPDIR (the sandbox's
+    HOME) is too deep for one (tmux would fail with "File name too long"); None if it fits.
+    Not TMPDIR (the sandbox's tmp/, as deep as HOME), and not /tmp itself: every rollout
+    there would share one tmux server. A confined sandbox shows its own tmp/ as /tmp."""
+    socket = f"{os.environ.get('TMUX_TMPDIR', '/tmp')}/tmux-{os.getuid()}/default"
+    if len(socket.encode()) <= SOCKET_PATH_MAX:
+        return None
+    os.environ["TMUX_TMPDIR"] = tempfile.mkdtemp(prefix="hrl-tmux-", dir="/tmp")  # mode 0700
+    return os.environ["TMUX_TMPDIR"]
+
+
 async def main(workdir: Path, logs: Path, instruction: str) -> None:
     if shutil.which("tmux") is None:
         # Terminus 2 would try apt, then building tmux from a download: neither here.
         sys.exit("terminus-2 needs tmux on PATH (Debian package tmux)")
     logs.mkdir(parents=True, exist_ok=True)
+    short = short_tmux_tmpdir()
+    try:
+        await run(workdir, logs, instruction)
+    finally:
+        if short:
+            shutil.rmtree(short, ignore_errors=True)
+
+
+async def run(workdir: Path, logs: Path, instruction: str) -> None:
     environment = LocalEnvironment(workdir, logs)
     agent = LocalTerminus2(
         logs_dir=logs, model_name=f"openai/{os.environ['HARNESSRL_MODEL']}",
