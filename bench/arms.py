@@ -106,16 +106,17 @@ def rl(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str,
 
 
 def step_lines(run_dir: Path) -> list[dict[str, Any]]:
-    """Per optimizer step: reward, pass rate (overall and per harness), tool calls, loss."""
+    """Per optimizer step: reward, loss, gradient norm (0: no group had mixed rewards, so
+    nothing moved), and per harness the pass rate and tool calls of the step's rollouts."""
     lines = []
     for text in (run_dir / "metrics.jsonl").read_text().splitlines():
         line = json.loads(text) if text.strip() else {}
         if "trl" not in line:
             continue  # an eval line, not a step's
         lines.append({"step": line["step"], "reward": line.get("reward"),
-                      "pass_rate": line.get("pass_rate"), "tool_calls": line.get("tool_calls"),
-                      "rollouts": line.get("rollouts"), "loss": line["trl"].get("loss"),
-                      "harnesses": {h: g.get("pass_rate")
+                      "loss": line["trl"].get("loss"), "grad_norm": line["trl"].get("grad_norm"),
+                      "harnesses": {h: {"pass_rate": g.get("pass_rate"),
+                                        "tool_calls": g.get("tool_calls")}
                                     for h, g in line.get("harnesses", {}).items()}})
     return lines
 

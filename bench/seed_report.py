@@ -12,6 +12,8 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+from arms import step_lines
+
 from harnessrl.rollout.evaluate import wilson
 
 ARM_TEXT = {
@@ -151,19 +153,7 @@ def training(units: dict[str, Any]) -> list[str]:
     lines = []
     for key, u in units.items():
         if key.startswith("train/"):
-            steps = u.get("steps", [])
-            rates = [s["pass_rate"] for s in steps if s.get("pass_rate") is not None]
-            first, last = (rates[:3], rates[-3:]) if rates else ([], [])
-            resumed = " (resumed from a checkpoint)" if u.get("resumed") else ""
-            calls = steps[-1].get("tool_calls") if steps else None
-            lines.append(
-                f"- `{key}` ({', '.join(u.get('harnesses', []))}): {len(steps)} steps in "
-                f"{u['seconds'] / 60:.0f} min{resumed}; training pass rate, first 3 steps "
-                f"{_rates(first)}, last 3 {_rates(last)}; tool calls per rollout at the last "
-                f"step {_num(calls)}.")
-            lines += [f"  - eval while training, step {e['step']}: " + ", ".join(
-                f"{h} {v['passed']}/{v['rollouts']}" for h, v in e["eval"].items())
-                for e in u.get("evals", [])]
+            lines += rl_lines(key, u)
         elif key.startswith("teacher/"):
             lines.append(f"- `{key}`: {u['solved']}/{u['rollouts']} teacher rollouts solved "
                          f"({u['infra_errors']} infra errors), {u['seconds']:.0f} s.")
@@ -175,6 +165,27 @@ def training(units: dict[str, Any]) -> list[str]:
                 f"{u['rows_per_step']} rows{_lr(u)}; loss {_num(u['loss_first'])} -> "
                 f"{_num(u['loss_last'])}; {u['seconds'] / 60:.1f} min.")
     return lines or ["Nothing trained yet."]
+
+
+def rl_lines(key: str, unit: dict[str, Any]) -> list[str]:
+    """An RL arm's steps, read again from its run's metrics.jsonl (what the unit recorded
+    may predate a fix to the reading): steps with a gradient, pass rate per step."""
+    metrics = Path(unit["model"]).parent / "metrics.jsonl"
+    steps = step_lines(metrics.parent) if metrics.is_file() else unit.get("steps", [])
+    moved = sum((s.get("grad_norm") or 0) > 0 for s in steps)
+    resumed = " (resumed from a checkpoint)" if unit.get("resumed") else ""
+    lines = [f"- `{key}` ({', '.join(unit.get('harnesses', []))}): {len(steps)} steps in "
+             f"{unit['seconds'] / 60:.0f} min{resumed}; {moved} of them with a gradient (a "
+             f"step whose groups each scored alike has no advantage and moves nothing)."]
+    for harness in unit.get("harnesses", []):
+        rates = [(s["step"], s.get("harnesses", {}).get(harness, {}).get("pass_rate"))
+                 for s in steps]
+        lines.append(f"  - {harness}, training pass rate per step: " + ", ".join(
+            f"{n}: {_rates([r])}" for n, r in rates if r is not None))
+    lines += [f"  - eval while training, step {e['step']}: " + ", ".join(
+        f"{h} {v['passed']}/{v['rollouts']}" for h, v in e["eval"].items())
+        for e in unit.get("evals", [])]
+    return lines
 
 
 def _lr(unit: dict[str, Any]) -> str:
