@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -149,6 +150,44 @@ def co_solved(units: dict[str, Any], harnesses: list[str]) -> list[str]:
     return lines
 
 
+def paired(units: dict[str, Any], arms: list[str], harnesses: list[str], start: str
+           ) -> list[str]:
+    """Each arm against its start, task by task (same tasks, same seed): tasks gained and
+    lost, the exact two-sided sign test on those, and what was solved per tier (a task's
+    tier is its id's prefix). Sharper than two intervals side by side: the noise of the
+    15 shared tasks cancels."""
+    lines = ["| arm | " + " | ".join(harnesses) + " |", "|---|" + "---|" * len(harnesses)]
+    for arm in arms:
+        cells = []
+        for h in harnesses:
+            gained = lost = 0
+            tiers: dict[str, list[int]] = {}
+            for key, cell in units.items():
+                if not (key.startswith(f"eval/{arm}/") and key.endswith("/" + h)):
+                    continue
+                other = units.get(key.replace(f"eval/{arm}/", f"eval/{start}/", 1), {})
+                for task, t in cell["per_task"].items():
+                    solved = tiers.setdefault(task.split("-")[0], [0, 0])
+                    solved[0] += bool(t["passed"])
+                    solved[1] += 1
+                    b = other.get("per_task", {}).get(task)
+                    if b and arm != start:
+                        gained += bool(t["passed"] and not b["passed"])
+                        lost += bool(b["passed"] and not t["passed"])
+            by_tier = ", ".join(f"{tier} {a}/{n}" for tier, (a, n) in sorted(tiers.items()))
+            change = "" if arm == start else (f"+{gained} -{lost} (sign test p "
+                                              f"{sign_test(gained, lost):.2f}); ")
+            cells.append(f"{change}{by_tier}" if tiers else "not run")
+        lines.append(f"| {ARM_TEXT.get(arm, arm)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def sign_test(gained: int, lost: int) -> float:
+    """Exact two-sided binomial test of gained vs lost tasks at p = 1/2 (1.0 for none)."""
+    n, k = gained + lost, min(gained, lost)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
+
+
 def training(units: dict[str, Any]) -> list[str]:
     lines = []
     for key, u in units.items():
@@ -239,6 +278,7 @@ def write(args: argparse.Namespace, root: Path) -> str:
     harnesses = list(budgets["run"].get("harnesses") or args.harnesses)
     calibrated = list(dict.fromkeys(k.split("/")[2] for k in units if k.startswith("calib/")))
     arms = list(args.arms)
+    start = "sft" if budgets["run"].get("start") == "sft" else "base"
     lines_table, stats = table(units, arms, harnesses)
     commands = (root / "commands.txt").read_text().strip().splitlines() if (
         root / "commands.txt").is_file() else []
@@ -260,6 +300,11 @@ def write(args: argparse.Namespace, root: Path) -> str:
             "Pass@1: one rollout per task at the eval temperature; 95% Wilson interval; "
             "infrastructure errors counted apart and out of every rate; tool calls per solved "
             "task over the solved ones. Seeds are pooled.", "",
+            f"## Against the start ({start}), task by task", "",
+            *paired(units, arms, harnesses, start), "",
+            "Tasks gained (failed by the start, passed by the arm) and lost, on the same "
+            "held-out tasks and seed, with the exact sign test on those; then solved per "
+            "tier.", "",
             "## Tool-call bonus: tool calls per co-solved task", "", *co_solved(units, harnesses),
             "", "## Training and SFT", "", *training(units), "", *notes(root),
             "## Not done / failed", "",
