@@ -127,9 +127,12 @@ def table(units: dict[str, Any], arms: list[str], harnesses: list[str]
 
 
 def co_solved(units: dict[str, Any], harnesses: list[str]) -> list[str]:
-    """Tool calls per task solved by both rl-one and rl-one-bonus (same tasks, same seed)."""
+    """Tool calls per task solved by both rl-one and rl-one-bonus (same tasks, same seed),
+    with the tasks whose calls went down and up, and the turns beside: a bonus on tool
+    calls alone can also be met with turns that call no tool."""
     lines = ["| harness | co-solved tasks | rl-one calls / task | rl-one-bonus calls / task "
-             "| change |", "|---|---|---|---|---|"]
+             "| change | tasks fewer / more calls | rl-one turns / task | rl-one-bonus turns "
+             "/ task |", "|---|---|---|---|---|---|---|---|"]
     for h in harnesses:
         pairs = []
         for key, cell in units.items():
@@ -140,13 +143,17 @@ def co_solved(units: dict[str, Any], harnesses: list[str]) -> list[str]:
                 for task, t in cell["per_task"].items():
                     b = other["per_task"].get(task)
                     if t["passed"] and b and b["passed"]:
-                        pairs.append((t["tool_calls"], b["tool_calls"]))
+                        pairs.append((t, b))
         if not pairs:
-            lines.append(f"| {h} | 0 | - | - | - |")
+            lines.append(f"| {h} | 0 | - | - | - | - | - | - |")
             continue
-        a, b = fmean(p[0] for p in pairs), fmean(p[1] for p in pairs)
+        a, b = (fmean(p[i]["tool_calls"] for p in pairs) for i in (0, 1))
+        ta, tb = (fmean(p[i]["turns"] for p in pairs) for i in (0, 1))
+        fewer = sum(y["tool_calls"] < x["tool_calls"] for x, y in pairs)
+        more = sum(y["tool_calls"] > x["tool_calls"] for x, y in pairs)
         change = f"{(b - a) / a:+.0%}" if a else "-"
-        lines.append(f"| {h} | {len(pairs)} | {a:.2f} | {b:.2f} | {change} |")
+        lines.append(f"| {h} | {len(pairs)} | {a:.2f} | {b:.2f} | {change} | {fewer} / {more} "
+                     f"| {ta:.2f} | {tb:.2f} |")
     return lines
 
 

@@ -70,14 +70,15 @@ def check_budget(state: State, args: argparse.Namespace) -> None:
     keys = BUDGET[args.phase]
     path = state.root / f"budget-{'run' if args.phase == 'sft' else args.phase}.json"
     now = {k: getattr(args, k) for k in keys}
-    if path.is_file():
-        saved = json.loads(path.read_text())
-        if changed := [f"{k}: {saved.get(k)!r} then, {now[k]!r} now" for k in keys
-                       if saved.get(k) != now[k]]:
-            raise SystemExit(f"seed_table: {state.root} was run with another budget "
-                             f"({'; '.join(changed)}); use another --state")
-    else:
-        path.write_text(json.dumps(now, indent=1))
+    saved = json.loads(path.read_text()) if path.is_file() else now
+    # Seeds may be added (`--seeds 1` after `--seeds 0`): each seed's units are its own.
+    if changed := [f"{k}: {saved.get(k)!r} then, {now[k]!r} now" for k in keys
+                   if k != "seeds" and saved.get(k) != now[k]]:
+        raise SystemExit(f"seed_table: {state.root} was run with another budget "
+                         f"({'; '.join(changed)}); use another --state")
+    if "seeds" in now:
+        now["seeds"] = sorted({*saved.get("seeds", []), *now["seeds"]})
+    path.write_text(json.dumps(now, indent=1))
 
 
 # ------------------------------------------------------------------ tasks
