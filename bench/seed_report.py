@@ -160,33 +160,44 @@ def co_solved(units: dict[str, Any], harnesses: list[str]) -> list[str]:
 def paired(units: dict[str, Any], arms: list[str], harnesses: list[str], start: str
            ) -> list[str]:
     """Each arm against its start, task by task (same tasks, same seed): tasks gained and
-    lost, the exact two-sided sign test on those, and what was solved per tier (a task's
-    tier is its id's prefix). Sharper than two intervals side by side: the noise of the
-    15 shared tasks cancels."""
+    lost (pooled, then per seed when there are several), the exact two-sided sign test on
+    the pooled counts, and what was solved per tier (a task's tier is its id's prefix).
+    Sharper than two intervals side by side: the noise of the shared tasks cancels."""
     lines = ["| arm | " + " | ".join(harnesses) + " |", "|---|" + "---|" * len(harnesses)]
     for arm in arms:
         cells = []
         for h in harnesses:
-            gained = lost = 0
+            seeds: dict[str, list[int]] = {}
             tiers: dict[str, list[int]] = {}
             for key, cell in units.items():
                 if not (key.startswith(f"eval/{arm}/") and key.endswith("/" + h)):
                     continue
                 other = units.get(key.replace(f"eval/{arm}/", f"eval/{start}/", 1), {})
+                changed = seeds.setdefault(key.split("/")[2], [0, 0])
                 for task, t in cell["per_task"].items():
                     solved = tiers.setdefault(task.split("-")[0], [0, 0])
                     solved[0] += bool(t["passed"])
                     solved[1] += 1
                     b = other.get("per_task", {}).get(task)
-                    if b and arm != start:
-                        gained += bool(t["passed"] and not b["passed"])
-                        lost += bool(b["passed"] and not t["passed"])
-            by_tier = ", ".join(f"{tier} {a}/{n}" for tier, (a, n) in sorted(tiers.items()))
-            change = "" if arm == start else (f"+{gained} -{lost} (sign test p "
-                                              f"{sign_test(gained, lost):.2f}); ")
-            cells.append(f"{change}{by_tier}" if tiers else "not run")
+                    if b:
+                        changed[0] += bool(t["passed"] and not b["passed"])
+                        changed[1] += bool(b["passed"] and not t["passed"])
+            cells.append(_paired_cell(seeds, tiers, arm == start))
         lines.append(f"| {ARM_TEXT.get(arm, arm)} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _paired_cell(seeds: dict[str, list[int]], tiers: dict[str, list[int]], is_start: bool
+                 ) -> str:
+    if not tiers:
+        return "not run"
+    by_tier = ", ".join(f"{tier} {a}/{n}" for tier, (a, n) in sorted(tiers.items()))
+    if is_start:
+        return by_tier
+    gained, lost = (sum(c[i] for c in seeds.values()) for i in (0, 1))
+    each = (" (" + ", ".join(f"{s} +{g} -{x}" for s, (g, x) in sorted(seeds.items())) + ")"
+            if len(seeds) > 1 else "")
+    return f"+{gained} -{lost}{each}, sign test p {sign_test(gained, lost):.2g}; {by_tier}"
 
 
 def sign_test(gained: int, lost: int) -> float:
@@ -306,7 +317,8 @@ def write(args: argparse.Namespace, root: Path) -> str:
             *lines_table, "",
             "Pass@1: one rollout per task at the eval temperature; 95% Wilson interval; "
             "infrastructure errors counted apart and out of every rate; tool calls per solved "
-            "task over the solved ones. Seeds are pooled.", "",
+            "task over the solved ones. Seeds are pooled: n counts the rollouts of every "
+            "seed run, so an arm run for fewer seeds has a smaller n.", "",
             f"## Against the start ({start}), task by task", "",
             *paired(units, arms, harnesses, start), "",
             "Tasks gained (failed by the start, passed by the arm) and lost, on the same "
