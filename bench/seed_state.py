@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import shutil
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -52,6 +53,19 @@ class State:
 
     def work(self, unit: str) -> Path:
         return self.root / "work" / unit.replace("/", "__")
+
+    def record(self, dest: Path) -> None:
+        """Copy the state's small records (units, failures, budgets, commands, events,
+        notes; no models, runs or logs) to `dest`, a folder to commit: a lost machine then
+        loses no figure, and `report --state DEST` writes the same tables again."""
+        for kind in ("units", "failed"):
+            (dest / kind).mkdir(parents=True, exist_ok=True)
+            for path in (self.root / kind).glob("*.json"):
+                shutil.copy2(path, dest / kind / path.name)
+        for path in self.root.glob("*"):
+            if path.is_file() and (path.suffix in (".json", ".jsonl", ".md")
+                                   or path.name == "commands.txt"):
+                shutil.copy2(path, dest / path.name)
 
 
 @contextlib.contextmanager

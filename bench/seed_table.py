@@ -23,7 +23,8 @@ harness eval) writes its result to STATE/units/*.json and is skipped when run ag
 so a rerun after a kill goes on; an RL arm killed mid-training goes on from its newest whole
 checkpoint (`harnessrl train --resume`). Heavy units take /tmp/harnessrl-heavy.lock (flock)
 for their own duration only. The defaults are the issue's full ask; the .md says the budget
-that was run and its wall time.
+that was run and its wall time. `--record DIR` copies the small records (no weights) to a
+folder in the repository after each unit, so the figures outlive the machine.
 
     python bench/seed_table.py calibrate --calib-per-tier 10
     python bench/seed_table.py run --tiers lookup,count --heldout-sample 30 --steps 8
@@ -200,7 +201,7 @@ def served_evals(args: argparse.Namespace, state: State, model: Path, label: str
             for name, harness, tasks in pending:
                 unit(state, name, lambda n=name, h=harness, t=tasks: eval_cell(
                     args, state, n, server.url, h, t))
-                seed_report.write(args, state.root)  # the .md as measured so far
+                report(args, state)  # the .md as measured so far
 
 
 # ------------------------------------------------------------------ the phases
@@ -250,7 +251,7 @@ def run(args: argparse.Namespace, state: State) -> None:
                 continue  # its training failed: recorded in STATE/failed, retried next run
             cells = [(f"eval/{arm}/s{seed}/{h}", h, heldout) for h in args.harnesses]
             served_evals(args, state, model, f"{arm}-s{seed}", cells)
-            seed_report.write(args, state.root)
+            report(args, state)
 
 
 # ------------------------------------------------------------------ the command line
@@ -260,6 +261,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--state", type=Path, default=Path("runs/seed_table"))
     p.add_argument("--out", type=Path, default=Path("bench/seed_table.md"))
     p.add_argument("--plot", type=Path, default=Path("bench/seed_table.png"))
+    p.add_argument("--record", type=Path, default=None, help="copy the state's small records "
+                   "(units, budgets, commands, notes) here after each unit, to commit")
     p.add_argument("--lock", default="/tmp/harnessrl-heavy.lock", help="'' for none")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--harnesses", default="mini-swe-agent,aider,pi",
@@ -337,7 +340,14 @@ def main(argv: list[str] | None = None) -> None:
         sft_only(args, state)
     elif args.phase == "run":
         run(args, state)
+    report(args, state)
+
+
+def report(args: argparse.Namespace, state: State) -> None:
+    """The .md and .png as measured so far, and (--record) a copy of the records."""
     seed_report.write(args, state.root)
+    if args.record and args.record.resolve() != state.root.resolve():
+        state.record(args.record)
 
 
 if __name__ == "__main__":
