@@ -62,10 +62,10 @@ class State:
             (dest / kind).mkdir(parents=True, exist_ok=True)
             for path in (self.root / kind).glob("*.json"):
                 shutil.copy2(path, dest / kind / path.name)
-        for path in self.root.glob("*"):
-            if path.is_file() and (path.suffix in (".json", ".jsonl", ".md")
-                                   or path.name == "commands.txt"):
-                shutil.copy2(path, dest / path.name)
+        for name in ("budget-calibrate.json", "budget-run.json", "commands.txt",
+                     "events.jsonl", "notes.md"):
+            if (self.root / name).is_file():
+                shutil.copy2(self.root / name, dest / name)
 
 
 @contextlib.contextmanager
