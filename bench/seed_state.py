@@ -60,8 +60,12 @@ class State:
         loses no figure, and `report --state DEST` writes the same tables again."""
         for kind in ("units", "failed"):
             (dest / kind).mkdir(parents=True, exist_ok=True)
-            for path in (self.root / kind).glob("*.json"):
-                shutil.copy2(path, dest / kind / path.name)
+            kept = {path.name for path in (self.root / kind).glob("*.json")}
+            for path in (dest / kind).glob("*.json"):
+                if path.name not in kept:  # a failure since retried, say: mirror, not pile up
+                    path.unlink()
+            for name in kept:
+                shutil.copy2(self.root / kind / name, dest / kind / name)
         for name in ("budget-calibrate.json", "budget-run.json", "commands.txt",
                      "events.jsonl", "notes.md"):
             if (self.root / name).is_file():

@@ -24,7 +24,8 @@ so a rerun after a kill goes on; an RL arm killed mid-training goes on from its 
 checkpoint (`harnessrl train --resume`). Heavy units take /tmp/harnessrl-heavy.lock (flock)
 for their own duration only. The defaults are the issue's full ask; the .md says the budget
 that was run and its wall time. `--record DIR` copies the small records (no weights) to a
-folder in the repository after each unit, so the figures outlive the machine.
+folder in the repository whenever the report is written (after each eval, at the end), so
+the figures outlive the machine.
 
     python bench/seed_table.py calibrate --calib-per-tier 10
     python bench/seed_table.py run --tiers lookup,count --heldout-sample 30 --steps 8
@@ -262,7 +263,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("bench/seed_table.md"))
     p.add_argument("--plot", type=Path, default=Path("bench/seed_table.png"))
     p.add_argument("--record", type=Path, default=None, help="copy the state's small records "
-                   "(units, budgets, commands, notes) here after each unit, to commit")
+                   "(units, budgets, commands, notes) here with each report, to commit")
     p.add_argument("--lock", default="/tmp/harnessrl-heavy.lock", help="'' for none")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--harnesses", default="mini-swe-agent,aider,pi",
