@@ -48,6 +48,13 @@ class AuthenticationFailed(HarnessRLError):
     status = 401
 
 
+class UnsupportedCoding(InvalidRequest):
+    """A request body in a content coding the proxy cannot undo (`proxy/codings.py`):
+    HTTP's 415, in each dialect's shape for a request error."""
+
+    status = 415
+
+
 class NotFound(HarnessRLError):
     kind = "not_found"
     status = 404
