@@ -250,6 +250,14 @@ class Turn(msgspec.Struct, frozen=True, omit_defaults=True):
     flags: tuple[str, ...] = ()
     reply_id: str | None = None  # the id the client saw (chatcmpl-…, msg_…, resp_…)
     error_kind: str | None = None
+    # `raw_request`'s Content-Encoding as received (e.g. "zstd"): the stored bytes are the
+    # coded ones, `proxy.codings.undo` gives the JSON. None: sent uncoded.
+    content_encoding: str | None = None
+    # The client's own count of earlier attempts at this call (`x-stainless-retry-count`);
+    # None when it sent none. `retry_of`: the turn of the same rollout this call repeated
+    # (its body byte for byte, sent with a lower count), which the client did not keep.
+    retry_count: int | None = None
+    retry_of: int | None = None
 
 
 class Rollout(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -10,6 +10,7 @@ idle rollout costs a few hundred bytes.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import secrets
 import time
 from collections.abc import Callable
@@ -20,6 +21,10 @@ import msgspec
 from harnessrl.errors import AuthenticationFailed, StepCapReached
 from harnessrl.proxy.store import TraceStore
 from harnessrl.types import Rollout, Sampling, ToolCall
+
+# How many of a rollout's latest request bodies are remembered (as 16-byte digests) for
+# telling which earlier turn a client's retry repeats.
+RECENT_BODIES = 64
 
 
 @dataclass(slots=True)
@@ -32,6 +37,20 @@ class OpenRollout:
     # call id -> the argument text the model sampled, to restore it when a dialect's wire
     # loses the exact text (see proxy/history.py)
     issued_calls: dict[str, str] = field(default_factory=dict)
+    # digest of each of the latest request bodies -> the turn that sent it last
+    bodies: dict[bytes, int] = field(default_factory=dict)
+
+    def attempt(self, body: bytes, index: int, retry_count: int | None) -> int | None:
+        """Notes `body` as turn `index`'s request; returns the earlier turn that sent the
+        same body when the client says this call is a retry (`retry_count` of 1 or
+        more), else None. Only a client's own count makes a repeat a retry: a harness
+        may well send one request twice on purpose."""
+        digest = hashlib.blake2b(body, digest_size=16).digest()
+        earlier = self.bodies.pop(digest, None)
+        self.bodies[digest] = index
+        if len(self.bodies) > RECENT_BODIES:
+            del self.bodies[next(iter(self.bodies))]
+        return earlier if retry_count else None
 
     def take_index(self) -> int:
         index, self.next_index = self.next_index, self.next_index + 1

@@ -43,6 +43,7 @@ from harnessrl.proxy.rows import (
     READ_COLUMNS,
     ROLLOUT_COLUMNS,
     TURN_COLUMNS,
+    V6_COLUMNS,
     outcome_params,
     rollout_params,
     row_rollout,
@@ -117,8 +118,12 @@ class TraceReader:
         v4 file that could not be brought up to date (read-only): its rows are all whole."""
         if self._columns is None:
             have = {r[1] for r in self.db.execute("PRAGMA table_info(turns)")}
-            self._columns = READ_COLUMNS if "layout" in have else (
+            columns = READ_COLUMNS if "layout" in have else (
                 f"{TURN_COLUMNS}, {', '.join(['NULL'] * len(LAYOUT_COLUMNS.split(',')))}")
+            for column in V6_COLUMNS:  # v6's, likewise NULL in an older read-only file
+                if column not in have:
+                    columns = columns.replace(column, f"NULL AS {column}", 1)
+            self._columns = columns
         return self._columns
 
     def turns(self, key: str, offset: int = 0, limit: int = -1, *,

@@ -26,7 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from harnessrl.errors import AuthenticationFailed, EngineTimeout, InvalidRequest
-from harnessrl.proxy.boundary import as_error, bearer, error_response, read_body
+from harnessrl.proxy.boundary import as_error, bearer, error_response, read_decoded
 from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.dialects import openai_chat
 from harnessrl.proxy.engines.base import Engine
@@ -72,7 +72,7 @@ class WeightRoutes:
         token = self.config.admin_token
         if token is not None and bearer(request) != token:
             raise AuthenticationFailed("this endpoint needs the admin token as the bearer token")
-        raw = await read_body(request, self.config.max_body_bytes)
+        raw = await read_decoded(request, self.config.max_body_bytes)
         try:
             return msgspec.json.decode(raw or b"{}", type=kind)
         except msgspec.ValidationError as exc:
