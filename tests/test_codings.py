@@ -4,6 +4,7 @@ refused, and bodies written by other encoders (gzip and zstd's own tools) decode
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import subprocess
 import sys
@@ -91,10 +92,14 @@ def test_a_damaged_body_is_corrupt(name: str, where: float) -> None:
     body = b'{"model":"m","messages":[{"role":"user","content":"hello hello hello"}]}' * 20
     coded = bytearray(encode(body, [name])[0])
     coded[int(where * len(coded))] ^= 0xFF
-    try:  # a damaged byte fails the decode or, where no checksum covers it, changes it
-        assert decode(bytes(coded), encode(body, [name])[1], 1 << 20) != body
-    except Corrupt:
-        pass
+    names = encode(body, [name])[1]
+    if name == "gzip":  # its header, CRC and length cover every byte of these
+        with pytest.raises(Corrupt):
+            decode(bytes(coded), names, 1 << 20)
+        return
+    # Elsewhere a damaged byte fails the decode or, where no checksum covers it, changes it.
+    with contextlib.suppress(Corrupt):
+        assert decode(bytes(coded), names, 1 << 20) != body
 
 
 # ------------------------------------------------------------------ golden cases

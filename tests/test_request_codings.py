@@ -168,7 +168,7 @@ def test_bomb_damage_and_unknown_codings_are_refused_in_shape(
     path, _, params = dialect.streamed(dialect.good, stream)
     url = f"{served.url}/r/{key}{path}"
     cases = _refused(dialect, served, bomb)
-    for body, coding, status, kind in cases:
+    for body, coding, status, _kind in cases:
         resp = httpx.post(url, content=body, params=params, timeout=60, headers={
             "content-type": "application/json", "content-encoding": coding})
         assert resp.status_code == status, (coding, resp.text)

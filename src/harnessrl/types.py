@@ -278,7 +278,7 @@ class Rollout(msgspec.Struct, frozen=True, omit_defaults=True):
 # Why a chain of turns started (see `harnessrl.rollout.chains.BREAK_REASONS` for the
 # exact rules) and why a turn was left out of every chain (`EXCLUDE_REASONS`).
 BreakReason = Literal["first", "side_call", "history_rewritten", "rewound"]
-ExcludeReason = Literal["failed", "cancelled", "flagged", "no_tokens"]
+ExcludeReason = Literal["failed", "cancelled", "flagged", "no_tokens", "retried"]
 
 
 class ChainBreak(msgspec.Struct, frozen=True, omit_defaults=True):

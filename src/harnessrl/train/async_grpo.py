@@ -88,11 +88,12 @@ def advantages(rewards: Sequence[float | None]) -> list[float]:
     return [0.0 if r is None else (r - mean) / (std + 1e-8) for r in rewards]
 
 
-def rows_of(turns: Sequence[Turn]) -> list[Sample]:
+def rows_of(turns: Sequence[Turn], *, keep_retried: bool = False) -> list[Sample]:
     """Every chain of the rollout that holds a sampled token, as a sample."""
     if not turns:
         return []
-    return [s for s in (chain_sample(c) for c in link(turns).chains) if any(s.mask)]
+    chains = link(turns, keep_retried=keep_retried).chains
+    return [s for s in (chain_sample(c) for c in chains) if any(s.mask)]
 
 
 def captured_tokens(turns: Sequence[Turn]) -> int:
@@ -102,28 +103,30 @@ def captured_tokens(turns: Sequence[Turn]) -> int:
                if t.status == "ok" and t.completion is not None)
 
 
-def main_chain_tokens(turns: Sequence[Turn]) -> int:
-    chain = main_chain(link(turns).chains) if turns else None
+def main_chain_tokens(turns: Sequence[Turn], *, keep_retried: bool = False) -> int:
+    chain = main_chain(link(turns, keep_retried=keep_retried).chains) if turns else None
     return 0 if chain is None else sum(chain_sample(chain).mask)
 
 
-def score_group(group: int, task: str, finished: Sequence[tuple[Outcome, list[Turn]]]
+def score_group(group: int, task: str, finished: Sequence[tuple[Outcome, list[Turn]]],
+                *, keep_retried: bool = False
                 ) -> tuple[GroupReport, list[tuple[Sample, float, Outcome]]]:
-    """The group's rows, each with its rollout's advantage, and its report."""
+    """The group's rows, each with its rollout's advantage, and its report;
+    `keep_retried`: `grpo.train_retried`."""
     rewards = [o.reward if o.status == "done" else None for o, _ in finished]
     adv = advantages(rewards)
     rows: list[tuple[Sample, float, Outcome]] = []
     for (outcome, turns), a in zip(finished, adv, strict=True):
         if outcome.status == "done":
-            rows.extend((s, a, outcome) for s in rows_of(turns))
+            rows.extend((s, a, outcome) for s in rows_of(turns, keep_retried=keep_retried))
     report = GroupReport(
         group=group, harnesses=tuple(o.harness for o, _ in finished), task=task,
         outcomes=tuple(o for o, _ in finished), advantages=tuple(adv),
         rows=tuple(_row(s) for s, _, _ in rows),
         captured_tokens={o.rollout: captured_tokens(t) for o, t in finished
                          if o.status == "done"},
-        main_chain_tokens={o.rollout: main_chain_tokens(t) for o, t in finished
-                           if o.status == "done"})
+        main_chain_tokens={o.rollout: main_chain_tokens(t, keep_retried=keep_retried)
+                           for o, t in finished if o.status == "done"})
     return report, rows
 
 
@@ -359,7 +362,8 @@ class HarnessRolloutWorker:
 
     def _finish(self, group: int, finished: list[Any]) -> None:
         task = finished[0][0].task
-        report, rows = score_group(group, task, finished)
+        report, rows = score_group(group, task, finished,
+                                   keep_retried=self.rollouts.train_retried)
         instruction = next((t.instruction for t in self.rollouts.tasks if t.id == task), task)
         current = self._version
         fates = []

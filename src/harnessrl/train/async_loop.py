@@ -178,6 +178,7 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
         tasks=tasks, harnesses=harnesses, engine=engines.engine, run_dir=run_dir,
         pad_token_id=tokenizer.pad_token_id, sampling=sampling_of(config),
         shaping=config.shaping, mix=config.rollout.mix, settings=config.rollout,
+        train_retried=config.grpo.train_retried,
         cluster=config.cluster, engine_factory=node_engines(config, engines))
     g = config.grpo
     long = long or LongRun(config, run_dir, tasks, console, run_dir / METRICS_FILE)

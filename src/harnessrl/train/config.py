@@ -133,6 +133,10 @@ class GRPOSettings(_Section):
     # (GPUs, one server started with --weight-transfer-config '{"backend":"nccl"}').
     # Either way every turn records the version its server reports serving.
     weight_transfer: Literal["file", "trl"] = "file"
+    # A turn whose client retried it (the SDK's retry count; docs/concepts/retries.md) is
+    # left out of training, excluded as `retried`: the harness went on from the later
+    # attempt. true: judge it as any other turn (an ok reply is then trained).
+    train_retried: bool = False
 
 
 class CheckpointConfig(_Section):

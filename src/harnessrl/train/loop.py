@@ -235,6 +235,7 @@ def _train(config: TrainConfig, tasks: list[Task], harnesses: list[Harness], mod
         run_dir=run_dir,
         pad_token_id=tokenizer.pad_token_id, sync=sync, sampling=sampling_of(config),
         shaping=config.shaping, mix=config.rollout.mix, settings=config.rollout,
+        train_retried=config.grpo.train_retried,
         on_outcome=lambda _o: progress.advance(task_id), cluster=config.cluster,
         engine_factory=node_engines(config, engines))
     log = StepLog(run_dir / METRICS_FILE, rollouts, progress.console, on_step)

@@ -105,13 +105,14 @@ def main_chain(chains: Sequence[Chain]) -> Chain | None:
     return max(chains, key=key, default=None)
 
 
-def record_for(outcome: Outcome, turns: Sequence[Turn]) -> RolloutRecord:
+def record_for(outcome: Outcome, turns: Sequence[Turn], *, keep_retried: bool = False
+               ) -> RolloutRecord:
     """The rollout's main chain as a sample; none for an infrastructure failure, whose
     turns (if any) belong to an attempt that has no reward."""
     stats = rollout_stats(turns) if turns else ChainStats(rollouts=1)
     if outcome.status != "done" or not turns:
         return RolloutRecord(outcome, None, stats)
-    chain = main_chain(link(turns).chains)
+    chain = main_chain(link(turns, keep_retried=keep_retried).chains)
     return RolloutRecord(outcome, None if chain is None else sample(chain), stats)
 
 
@@ -182,6 +183,7 @@ class HarnessRollouts:
     shaping: Shaping = field(default_factory=Shaping)
     mix: Mix = "group"
     settings: RolloutSettings = field(default_factory=lambda: RolloutSettings(retries=1))
+    train_retried: bool = False  # grpo.train_retried: turns a client retried are trained
     on_outcome: Callable[[Outcome], None] = lambda _o: None
     batches: list[Batch] = field(default_factory=list)
     # The rollouts run on a Ray cluster (`rollout.cluster.ClusterSettings`), each node's
@@ -336,7 +338,8 @@ class HarnessRollouts:
         if self._runner is None:
             raise RuntimeError("use HarnessRollouts as a context manager (with ...:)")
         outcomes = asyncio.run(self.run_planned(planned))
-        return [record_for(o, self.seen_turns(o.rollout)) for o in outcomes]
+        return [record_for(o, self.seen_turns(o.rollout), keep_retried=self.train_retried)
+                for o in outcomes]
 
     async def run_planned(self, planned: Sequence[Planned]) -> list[Outcome]:
         """Run `planned` on the caller's event loop; outcomes in order, each stored."""

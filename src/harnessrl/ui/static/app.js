@@ -272,6 +272,7 @@ function rawBox(run, key, index, which) {
     const raw = d[`raw_${which}`];
     btn.classList.add("on");
     box.replaceChildren(h("div", { class: "muted" }, `raw ${which} · ${raw.kind} · ${raw.bytes} bytes`,
+      raw.coding ? ` received in content coding ${raw.coding}, shown decoded` : "",
       raw.clipped ? " (clipped)" : ""), h("pre", {}, raw.text));
   } }, `raw ${which}`);
   return [btn, box];
@@ -284,6 +285,14 @@ function historyNote(how, from) {
   return "";
 }
 
+// The client's own retry count (x-stainless-retry-count), and the turn it repeated.
+function retryNote(t) {
+  if (t.retry_count === null || t.retry_count === undefined || t.retry_count === 0) return "";
+  const of = t.retry_of === null || t.retry_of === undefined ? "" : ` of turn ${t.retry_of}`;
+  return h("span", { class: "note retry", title: "the client's retry count for this call" },
+    `retry ${t.retry_count}${of}`);
+}
+
 function turnCard(run, key, t, mode) {
   const [reqBtn, reqBox] = rawBox(run, key, t.index, "request");
   const [respBtn, respBox] = rawBox(run, key, t.index, "response");
@@ -294,6 +303,7 @@ function turnCard(run, key, t, mode) {
     h("span", {}, secs(took)),
     t.completion ? h("span", { class: "muted" }, `finish: ${t.completion.finish_reason}`) : "",
     t.flags.length ? h("span", { class: "note" }, `flags: ${t.flags.join(", ")}`) : "",
+    retryNote(t),
     h("span", { class: "acts" },
       link("tokens", { run, key, index: t.index }, h("span", { class: "tokens-link" }, "tokens")),
       reqBtn, respBtn));
