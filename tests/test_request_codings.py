@@ -206,6 +206,7 @@ def test_rollout_options_may_be_coded(served) -> None:
     assert served.store.rollout(resp.json()["key"]).metadata == {"harness": "coded"}
 
 
+@pytest.mark.slow
 def test_a_relayed_call_keeps_its_coding(tmp_path: Path, tiny_model: Path) -> None:
     """`serve --workers 2`: a coded call for a rollout the other worker owns is relayed
     as received; the owner decodes it and stores the bytes the client sent."""
