@@ -56,7 +56,7 @@ def decode_table() -> None:
     print("|---|---|---|---|---|---|")
     for kib in (16, 256, 4096):
         body = chat_body(kib, rng)
-        n = max(5, 2000 // kib)
+        n = max(15, 2000 // kib)
         cases = [
             ("zstd", zstandard.ZstdCompressor(level=3).compress(body),
              lambda c: zstandard.ZstdDecompressor().decompressobj().decompress(c)),
