@@ -16,9 +16,10 @@ import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harnessrl.errors import CorruptCoding as Corrupt
 from harnessrl.errors import InvalidRequest, TooLarge, UnsupportedCoding
 from harnessrl.proxy import codings
-from harnessrl.proxy.codings import Corrupt, decode, parse
+from harnessrl.proxy.codings import decode, parse
 
 
 def _raw_deflate(data: bytes, level: int = 6) -> bytes:

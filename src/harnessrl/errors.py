@@ -55,6 +55,11 @@ class UnsupportedCoding(InvalidRequest):
     status = 415
 
 
+class CorruptCoding(InvalidRequest):
+    """A request body in a content coding that does not decode: damaged, cut short, or
+    with data after its end (`proxy/codings.py`)."""
+
+
 class NotFound(HarnessRLError):
     kind = "not_found"
     status = 404

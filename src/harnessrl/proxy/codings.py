@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterable, Iterator
 import brotli
 import zstandard
 
-from harnessrl.errors import InvalidRequest, TooLarge, UnsupportedCoding
+from harnessrl.errors import CorruptCoding as Corrupt
+from harnessrl.errors import TooLarge, UnsupportedCoding
 
 CHUNK = 256 * 1024
 _ZSTD_FEED = 256
@@ -33,11 +34,6 @@ _ZSTD_FEED = 256
 ZSTD_WINDOW = 1 << 27
 
 Stage = Callable[[Iterable[bytes]], Iterator[bytes]]
-
-
-class Corrupt(InvalidRequest):
-    """A coded body that cannot be decoded: damaged, cut short, or with data after its end."""
-
 
 def parse(header: str | None) -> tuple[str, ...]:
     """The codings a `Content-Encoding` value names, in the order applied, lowercased,
