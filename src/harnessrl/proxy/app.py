@@ -29,11 +29,12 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from harnessrl.errors import EngineError, HarnessRLError, NotFound, StoreFailed
-from harnessrl.proxy import codings, nesting
+from harnessrl.proxy import nesting
 from harnessrl.proxy.accumulate import Accumulator
 from harnessrl.proxy.boundary import (
     RELAYED,
     TURN,
+    Wire,
     as_error,
     client_gone,
     decode_json,
@@ -41,7 +42,6 @@ from harnessrl.proxy.boundary import (
     read_body,
     read_decoded,
     request_key,
-    retry_count,
 )
 from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.dialects import Endpoint, endpoints
@@ -77,20 +77,6 @@ _JSON = "application/json"
 _NO_TOKENS = Tokens(None, None, None)
 
 
-@dataclass(frozen=True, slots=True)
-class _Wire:
-    """A model call's request as received: its body's bytes (coded, as they came), their
-    Content-Encoding, and the client's retry count."""
-
-    raw: bytes
-    coding: str | None
-    retry_count: int | None
-
-    @staticmethod
-    def of(request: Request, raw: bytes) -> _Wire:
-        return _Wire(raw, request.headers.get("content-encoding"), retry_count(request))
-
-
 @dataclass
 class _Call:
     """The state of one model call while it runs."""
@@ -99,7 +85,7 @@ class _Call:
     dialect: Dialect
     index: int
     received: float
-    wire: _Wire
+    wire: Wire
     retry_of: int | None
     request: ChatRequest
     used: Sampling
@@ -232,11 +218,11 @@ class Proxy:
     async def _call(self, request: Request, dialect: Dialect, op: Generate) -> Response:
         received = time.time()
         rollout = await self.sessions.resolve(request_key(request))
-        wire, body = _Wire.of(request, b""), b""
+        wire, body = Wire.of(request, b""), b""
         try:
-            wire = _Wire.of(request, await read_body(request, self.config.max_body_bytes))
+            wire = Wire.of(request, await read_body(request, self.config.max_body_bytes))
             # Parsed from the decoded body; stored as received, with its coding.
-            body = await _decoded(wire, self.config.max_body_bytes)
+            body = await wire.decoded(self.config.max_body_bytes)
             rollout.count_call()  # over the rollout's step cap: refused, recorded, not sent
             parsed = dialect.parse_request(decode_json(body), model=op.model, stream=op.stream)
             parsed = await self._full_history(rollout, dialect, parsed)
@@ -446,7 +432,7 @@ class Proxy:
                               "not counted") from exc
 
     async def _record_rejected(self, rollout: OpenRollout, dialect: Dialect, received: float,
-                               wire: _Wire, body: bytes, err: HarnessRLError) -> None:
+                               wire: Wire, body: bytes, err: HarnessRLError) -> None:
         """A call refused before it reached the engine is still a recorded turn (with
         no completion: nothing was sampled), its kind saying why (`step_cap` for a call
         over the rollout's cap). `body`: the decoded body, b"" if it was not decoded."""
@@ -507,14 +493,6 @@ async def _disconnect(receive: Any) -> None:
     # The body is already read, so the server's next message is the disconnect.
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-async def _decoded(wire: _Wire, limit: int) -> bytes:
-    """The body with its codings undone: off the event loop, since decoding up to the
-    limit takes tens of milliseconds (a bomb refused at 32 MiB: some 50-100 ms here)."""
-    if wire.coding is None:
-        return wire.raw
-    return await asyncio.to_thread(codings.undo, wire.raw, wire.coding, limit)
 
 
 def _unfinished() -> EngineError:
