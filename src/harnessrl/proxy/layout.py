@@ -112,9 +112,9 @@ def _parent(prompt: tuple[int, ...], turn: Turn, recent: Sequence[Turn]) -> tupl
     for earlier in reversed(recent):
         # One that holds no more ids than the best so far cannot share more (an exact
         # extension of the latest turn leaves the older ones unread).
-        if earlier.index < turn.index and _size(earlier) > keep:
-            if (shared := _kept(prompt, earlier)) > keep:
-                best, keep = earlier, shared
+        if (earlier.index < turn.index and _size(earlier) > keep
+                and (shared := _kept(prompt, earlier)) > keep):
+            best, keep = earlier, shared
     return (best, keep) if best is not None else None
 
 
