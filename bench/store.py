@@ -51,7 +51,7 @@ from table import Row, figure_table, verdict
 from harnessrl.proxy import layout
 from harnessrl.proxy.layout import Prepared, Staged
 from harnessrl.proxy.rows import INSERT_TURN, turn_row
-from harnessrl.proxy.store import TraceStore
+from harnessrl.proxy.store import TraceReader, TraceStore
 from harnessrl.train.samples import iter_samples
 from harnessrl.types import (
     ChatRequest,
@@ -254,6 +254,27 @@ def issue_rows(tmp: Path) -> list[Row]:
     return rows
 
 
+# ------------------------------------------------------------------ a real run's store
+def real_rows(tmp: Path, source: Path) -> list[Row]:
+    """A real run's turns (`source`, a run directory or its trace.db) written again in
+    each layout, rollout by rollout in order: the share of turns stored with a parent
+    and the file's size."""
+    run = source if source.is_dir() else source.parent
+    with TraceReader(run, up_to_date=True) as reader:
+        turns = list(reader.iter_turns())
+    cells = []
+    for name, (kind, exact) in LAYOUTS.items():
+        run_dir = tmp / f"real-{kind.__name__}-{exact}"
+        with parent_rule(exact), kind(run_dir) as store:
+            for turn in turns:
+                write_timed(store, turn, early=True)
+            parents = store.db.execute("SELECT COUNT(prompt_parent) FROM turns").fetchone()[0]
+        cells.append(f"{name}: {parents}/{len(turns)} with a parent, "
+                     f"{db_bytes(run_dir) / 1e6:.2f} MB")
+    return [Row(f"a real run's store ({run.name}, {len(turns)} turns) written again",
+                "; ".join(cells), str(source))]
+
+
 # ------------------------------------------------------------------ a growing context
 def context_rows(tmp: Path, repeats: int) -> list[Row]:
     from transformers import AutoTokenizer
@@ -422,12 +443,16 @@ def rows(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--old-store-turns", type=int, default=0,
                     help="turns in the v4 store (default: as many as the v5 one)")
     ap.add_argument("--only", default="issue,context,store")
+    ap.add_argument("--real", type=Path, action="append", default=[],
+                    help="a real run's directory (or trace.db) to write again in each layout")
     args = ap.parse_args(argv)
     wanted = set(args.only.split(","))
     out: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="store-bench-") as tmp:
         if "issue" in wanted:
             out += issue_rows(Path(tmp))
+        for source in args.real:
+            out += real_rows(Path(tmp), source)
         if "context" in wanted:
             out += context_rows(Path(tmp), args.repeats)
         if "store" in wanted:
