@@ -366,6 +366,9 @@ async def drive(args: argparse.Namespace, pid: int, base: str) -> Result:
         wall = time.monotonic() - start
         machine1, procs1, load1 = machine_ticks(), process_cpu(), os.getloadavg()[0]
         watch.cancel()
+        if args.calls:  # the soak's last figure: RSS once every call is done
+            samples.append(Sample(wall, len(tally.completed), rss_mib(pid), math.nan,
+                                  math.nan, math.nan))
         progress.cancel()
         lag = await get_json(http, f"{base}/_bench/lag")
     return Result(args, tally, samples, idle_lag, lag, wall,

@@ -99,7 +99,7 @@ def _soak(result: Any) -> list[Row]:
 
 
 def _mean_cpu(result: Any, name: str) -> float:
-    values = [getattr(s, name) for s in result.samples]
+    values = [v for s in result.samples if not math.isnan(v := getattr(s, name))]
     return statistics.fmean(values) if values else float("nan")
 
 
