@@ -106,3 +106,11 @@ class StoreFailed(HarnessRLError):
 
     kind = "internal"
     status = 500
+
+
+class StoreCorrupt(HarnessRLError):
+    """A stored turn cannot be rebuilt exactly (a damaged blob, a missing parent turn):
+    the read fails naming the turn, never returning a different one."""
+
+    kind = "internal"
+    status = 500

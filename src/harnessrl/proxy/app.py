@@ -188,8 +188,11 @@ class Proxy:
 
     # ---------------------------------------------------------------- health
     async def health(self, _request: Request) -> Response:
+        rollouts, weight = self.sessions.store.kept()
         return Response(_encode({"status": "ok", "models": self.served,
-                                 "open_rollouts": len(self.sessions)}), media_type=_JSON)
+                                 "open_rollouts": len(self.sessions),
+                                 "kept_turns": {"rollouts": rollouts, "bytes": weight}}),
+                        media_type=_JSON)
 
     # ---------------------------------------------------------------- model calls
     async def _models(self, request: Request, dialect: Dialect) -> Response:
