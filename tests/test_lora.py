@@ -21,13 +21,14 @@ def _config(raw: dict) -> TrainConfig:
 
 def test_lora_section_defaults_and_peft_config():
     config = _config({"lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj"]}})
-    assert config.lora == LoraSettings(rank=4, alpha=8.0, target_modules=["q_proj"])
+    assert config.lora is not None
+    assert config.lora == LoraSettings(rank=4, alpha=8, target_modules=["q_proj"])
     peft = peft_config(config.lora)
     assert (peft.r, peft.lora_alpha, set(peft.target_modules), peft.bias) == (
-        4, 8.0, {"q_proj"}, "none")
+        4, 8, {"q_proj"}, "none")
     assert _config({}).lora is None  # absent: full fine-tuning
     defaults = LoraSettings()
-    assert (defaults.rank, defaults.alpha, defaults.dropout) == (16, 32.0, 0.0)
+    assert (defaults.rank, defaults.alpha, defaults.dropout) == (16, 32, 0.0)
     assert "lm_head" not in defaults.target_modules
 
 

@@ -40,11 +40,13 @@ SYNC = "merged"  # what the weight sync sends (see the module docstring)
 
 
 class LoraSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """`[lora]`: train a LoRA adapter instead of every weight (async trainer)."""
+    """`[lora]`: train a LoRA adapter instead of every weight (async trainer only; the
+    table absent: full fine-tuning). Guide: docs/guides/async-grpo.md, LoRA."""
 
-    rank: Annotated[int, msgspec.Meta(ge=1)] = 16
-    alpha: Annotated[float, msgspec.Meta(gt=0)] = 32.0  # the update is scaled alpha / rank
-    dropout: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.0
+    rank: Annotated[int, msgspec.Meta(ge=1)] = 16  # r: the adapter's inner dimension
+    alpha: Annotated[int, msgspec.Meta(ge=1)] = 32  # the update is scaled alpha / rank
+    dropout: Annotated[float, msgspec.Meta(ge=0, lt=1)] = 0.0  # on the adapter's input
+    # the linear layers that get an adapter (module names; not lm_head or embed_tokens)
     target_modules: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_TARGETS))
 
     def __post_init__(self) -> None:
@@ -98,7 +100,7 @@ def trainable(model: Any) -> tuple[int, int]:
 def describe(lora: LoraSettings, model: Any) -> str:
     """The line a run prints at start: what trains and what the sync sends."""
     train, total = trainable(model)
-    return (f"LoRA rank {lora.rank}, alpha {lora.alpha:g}, dropout {lora.dropout:g} on "
+    return (f"LoRA rank {lora.rank}, alpha {lora.alpha}, dropout {lora.dropout:g} on "
             f"{', '.join(lora.target_modules)}: {train:,} of {total:,} parameters train "
             f"({train / total:.2%}); weight sync: merged weights (the adapter folded into "
             "the base, vLLM reloads the model; adapter loading is not used)")
