@@ -95,3 +95,13 @@ def test_merged_model_is_the_adapted_model_and_the_adapter_stays_unmerged(
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert not any(getattr(m, "merged", False) for m in model.modules())
+
+
+def test_a_lora_checkpoint_is_refused_as_a_model_naming_the_merged_one(tmp_path: Path):
+    from harnessrl.train.checkpoint import CheckpointError, model_dir_of
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"LoRA adapter, not a model.*RUN_DIR/model"):
+        model_dir_of(adapter)

@@ -274,6 +274,9 @@ def model_dir_of(path: Path) -> Path:
     if step_of(path) is not None or (path / MARKER).exists():
         verify(path)
     if not (path / "config.json").is_file():
+        if (path / "adapter_config.json").is_file():
+            raise CheckpointError(f"{path}: a LoRA adapter, not a model; the run's merged "
+                                  "model is RUN_DIR/model")
         raise CheckpointError(f"{path / 'config.json'}: missing; not a model directory or "
                               "checkpoint")
     return path
