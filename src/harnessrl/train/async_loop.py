@@ -198,6 +198,11 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
                        FileWeightTransfer(sync, model_dir) if file else None,
                        [_callback(run_dir / METRICS_FILE, sync, console, steps, on_step),
                         long.callback(), *callbacks], long.trainer_class)
+    if config.lora is not None:  # what trains, and that the sync sends merged weights
+        from harnessrl.train.lora import attach_metrics, describe
+
+        console.print(describe(config.lora, trainer.model))
+        attach_metrics(trainer, config.lora)
     if not file:  # TRL built its own transfer: every swap still names a version
         trainer.weight_transfer = VersionedTransfer(trainer.weight_transfer, sync)
     worker.transfer = trainer.weight_transfer
@@ -248,12 +253,13 @@ def _trainer(config: TrainConfig, tasks: list[Task], model_dir: Path, args: Any,
     Any: the class is looked up where the installed TRL keeps it (`trl_async`)."""
     from datasets import Dataset
 
+    from harnessrl.train.lora import trainer_kwargs
     from harnessrl.train.trl_async import async_trl
 
     trainer = wrap(async_trl().trainer)(
         model=str(model_dir), args=args, rollout_worker=worker, weight_transfer=transfer,
         train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}),
-        processing_class=tokenizer, callbacks=callbacks)
+        processing_class=tokenizer, callbacks=callbacks, **trainer_kwargs(config.lora))
     quiet(trainer)
     return trainer
 

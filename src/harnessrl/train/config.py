@@ -13,6 +13,7 @@ import msgspec
 from harnessrl.rollout.cluster import ClusterSettings
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.runner import RolloutSettings
+from harnessrl.train.lora import LoraSettings, check_lora
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -177,8 +178,11 @@ class TrainConfig(_Section):
     cluster: ClusterSettings | None = None
     checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
+    # [lora]: train a LoRA adapter (train/lora.py); absent: every weight trains
+    lora: LoraSettings | None = None
 
     def __post_init__(self) -> None:
+        check_lora(self.lora, self.grpo.trainer, self.grpo.weight_transfer)
         several = len(self.engine.roots) > 1 or self.engine.servers > 1
         if several and self.grpo.trl.get("use_vllm"):
             raise ValueError("grpo.trl.use_vllm: TRL's own vLLM sync reaches one server; "
