@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import get_args
@@ -36,14 +35,13 @@ from harnessrl.types import (
     ToolCall,
     Turn,
 )
-from tests.helpers import RECORDED, ServedProxy, make_proxy
+from tests.helpers import RECORDED, ServedProxy, make_proxy, unredacted
 
 REPLIES = [
     f'<think>\nStep {n}: I should look at the files.\n</think>\n\nLooking,  step {n}.\n'
     f'<tool_call>\n{{"name": "terminal", "arguments": {{"command": "ls -la dir{n}"}}}}\n'
     '</tool_call>' for n in range(3)]
 RESULT = "".join(f"file{k}.txt  {k * 17} bytes\n" for k in range(40))
-REDACTED = re.compile(r"<(\d+) chars of harness text>")
 BASES = ["hermes-agent/request-1", "opencode/request-2"]
 
 History = list[dict]
@@ -65,7 +63,7 @@ def _post(served, key: str, body: dict) -> dict:
 
 def converse(served, base: str, mutate: Mutation) -> list[Turn]:
     """Two turns that extend the recorded request, then the mutated third request."""
-    body = _unredacted(json.loads((RECORDED / f"{base}.json").read_text())["body"])
+    body = unredacted(json.loads((RECORDED / f"{base}.json").read_text())["body"])
     body = {**body, "stream": False}
     body.pop("stream_options", None)
     key = served.new_rollout()["key"]
@@ -80,18 +78,6 @@ def converse(served, base: str, mutate: Mutation) -> list[Turn]:
     new_history, new_body = mutate(copy.deepcopy(history), copy.deepcopy(body))
     _post(served, key, {**new_body, "messages": new_history})
     return served.store.turns(key)
-
-
-def _unredacted(value):
-    """The recorded body with each redacted text ("<N chars of harness text>") back at its
-    length, as filler: a system prompt's size decides how much of a prompt it is."""
-    if isinstance(value, str) and (m := REDACTED.fullmatch(value)):
-        return ("You are a coding agent working in a sandbox. " * 200)[:int(m[1])]
-    if isinstance(value, dict):
-        return {k: _unredacted(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_unredacted(v) for v in value]
-    return value
 
 
 def _n(history: History) -> int:

@@ -35,7 +35,7 @@ import queue
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,8 +43,9 @@ from harnessrl.rollout.chains import link
 from harnessrl.train.async_weights import VersionedTransfer, version_number
 from harnessrl.train.order import TaskOrder
 from harnessrl.train.samples import sample as chain_sample
+from harnessrl.train.samples import samples_for_rollout
 from harnessrl.train.trl import HarnessRollouts, main_chain
-from harnessrl.types import Outcome, Sample, Turn
+from harnessrl.types import CallKind, Outcome, Sample, Turn
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue as MPQueue
@@ -88,11 +89,13 @@ def advantages(rewards: Sequence[float | None]) -> list[float]:
     return [0.0 if r is None else (r - mean) / (std + 1e-8) for r in rewards]
 
 
-def rows_of(turns: Sequence[Turn]) -> list[Sample]:
-    """Every chain of the rollout that holds a sampled token, as a sample."""
+def rows_of(turns: Sequence[Turn], kinds: Collection[CallKind] | None = None,
+            harness: str | None = None) -> list[Sample]:
+    """Every chain of the rollout that holds a sampled token and is of one of `kinds`
+    (None: every kind; `grpo.call_kinds`), as a sample that says its kind."""
     if not turns:
         return []
-    return [s for s in (chain_sample(c) for c in link(turns).chains) if any(s.mask)]
+    return [s for s in samples_for_rollout(turns, kinds, harness) if any(s.mask)]
 
 
 def captured_tokens(turns: Sequence[Turn]) -> int:
@@ -107,7 +110,8 @@ def main_chain_tokens(turns: Sequence[Turn]) -> int:
     return 0 if chain is None else sum(chain_sample(chain).mask)
 
 
-def score_group(group: int, task: str, finished: Sequence[tuple[Outcome, list[Turn]]]
+def score_group(group: int, task: str, finished: Sequence[tuple[Outcome, list[Turn]]],
+                kinds: Collection[CallKind] | None = None
                 ) -> tuple[GroupReport, list[tuple[Sample, float, Outcome]]]:
     """The group's rows, each with its rollout's advantage, and its report."""
     rewards = [o.reward if o.status == "done" else None for o, _ in finished]
@@ -115,7 +119,7 @@ def score_group(group: int, task: str, finished: Sequence[tuple[Outcome, list[Tu
     rows: list[tuple[Sample, float, Outcome]] = []
     for (outcome, turns), a in zip(finished, adv, strict=True):
         if outcome.status == "done":
-            rows.extend((s, a, outcome) for s in rows_of(turns))
+            rows.extend((s, a, outcome) for s in rows_of(turns, kinds, outcome.harness))
     report = GroupReport(
         group=group, harnesses=tuple(o.harness for o, _ in finished), task=task,
         outcomes=tuple(o for o, _ in finished), advantages=tuple(adv),
@@ -229,6 +233,7 @@ class HarnessRolloutWorker:
     max_staleness: int
     transfer: VersionedTransfer | None = None
     queue_maxsize: int = 0
+    call_kinds: tuple[CallKind, ...] | None = None  # the kinds that become rows; None: all
     # The order tasks are drawn in (None: the task list as given) and the first group's
     # number, a resumed run's cursor (train.order, train.checkpoint).
     order: TaskOrder | None = None
@@ -359,7 +364,7 @@ class HarnessRolloutWorker:
 
     def _finish(self, group: int, finished: list[Any]) -> None:
         task = finished[0][0].task
-        report, rows = score_group(group, task, finished)
+        report, rows = score_group(group, task, finished, self.call_kinds)
         instruction = next((t.instruction for t in self.rollouts.tasks if t.id == task), task)
         current = self._version
         fates = []

@@ -13,6 +13,7 @@ import msgspec
 from harnessrl.rollout.cluster import ClusterSettings
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.runner import RolloutSettings
+from harnessrl.types import CallKind
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -133,6 +134,10 @@ class GRPOSettings(_Section):
     # (GPUs, one server started with --weight-transfer-config '{"backend":"nccl"}').
     # Either way every turn records the version its server reports serving.
     weight_transfer: Literal["file", "trl"] = "file"
+    # the call kinds that become rows (rollout/kinds.py: main, side, subagent, compaction),
+    # e.g. ["main", "subagent", "compaction"] to leave out titles; every kind by default
+    call_kinds: list[CallKind] = msgspec.field(
+        default_factory=lambda: ["main", "side", "subagent", "compaction"])
 
 
 class CheckpointConfig(_Section):
