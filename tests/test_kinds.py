@@ -44,9 +44,9 @@ def _call(name: str, arguments: dict) -> str:
 class Conversation:
     """One rollout: each `send` posts a body and returns the reply, in its dialect."""
 
-    def __init__(self, served, path: str) -> None:
+    def __init__(self, served, path: str, harness: str) -> None:
         self.served, self.path = served, path
-        self.key = served.new_rollout(metadata={"harness": "x"})["key"]
+        self.key = served.new_rollout(metadata={"harness": harness})["key"]
 
     def send(self, body: dict) -> dict:
         resp = httpx.post(f"{self.served.url}/r/{self.key}{self.path}", json=body, timeout=60)
@@ -69,7 +69,7 @@ def _tool_results(message: dict, content: str) -> list[dict]:
 def opencode_rollout(served) -> list:
     served.proxy.engine.policy = replay(
         ["Listing build files", _call("bash", {"command": "ls"}), "It is build.cfg."])
-    chat = Conversation(served, "/v1/chat/completions")
+    chat = Conversation(served, "/v1/chat/completions", "opencode")
     chat.send(_body("opencode/request-1"))  # the title call opencode makes first
     main = _body("opencode/request-2")
     reply = _chat(chat.send(main))
@@ -82,7 +82,7 @@ def claude_rollout(served) -> list:
         '{"title": "Find the build config"}',
         _call("Agent", {"description": "find config", "prompt": TASK}),
         _call("Bash", {"command": "ls"}), "It is build.cfg.", "The build config is build.cfg."])
-    claude = Conversation(served, "/v1/messages")
+    claude = Conversation(served, "/v1/messages", "claude")
     claude.send(_body("claude/request-title-call"))
     main = _body("claude/request-1")
     agent = claude.send(main)
@@ -110,7 +110,7 @@ def compaction_rollout(served) -> list:
     served.proxy.engine.policy = replay([
         _call("terminal", {"command": "ls"}), _call("terminal", {"command": "cat build.cfg"}),
         SUMMARY, _call("terminal", {"command": "pwd"}), "The path is ./build.cfg."])
-    chat = Conversation(served, "/v1/chat/completions")
+    chat = Conversation(served, "/v1/chat/completions", "hermes-agent")
     body = _body("hermes-agent/request-1")
     history = list(body["messages"])
     for _ in range(2):
@@ -172,3 +172,32 @@ def test_rows_say_their_kind_and_the_config_leaves_kinds_out(served) -> None:
 def test_hints_name_known_harnesses_and_kinds() -> None:
     assert set(CALL_KINDS) == {"main", "side", "subagent", "compaction"}
     assert all(kind in CALL_KINDS for hints in HINTS.values() for kind, _ in hints)
+
+
+def test_the_atlas_and_the_report_command(served, tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "250")  # rich would fold the cells on a narrow terminal
+    from harnessrl.cli import main
+    from harnessrl.proxy.store import TraceReader
+    from harnessrl.rollout.atlas import atlas
+
+    run = tmp_path / "run"
+    with ServedProxy(make_proxy(served.proxy.engine, run)).running() as own:
+        opencode_rollout(own)
+        claude_rollout(own)
+        compaction_rollout(own)
+    with TraceReader(run) as store:
+        found = atlas(store)
+    assert set(found) == {(h, "scripted") for h in ("opencode", "claude", "hermes-agent")}
+    claude, hermes = found["claude", "scripted"], found["hermes-agent", "scripted"]
+    assert claude.kinds == {"side": 1, "main": 2, "subagent": 2}
+    assert claude.causes == {"side_call": 2} and claude.stats.chains == 3
+    assert hermes.kinds == {"main": 4, "compaction": 1}
+    assert hermes.causes == {"side_call": 1, "summary_replaced_turns": 1}
+    summary = hermes.examples["summary_replaced_turns"]
+    assert summary["turn"] == 3 and SUMMARY[:40] in summary["new_text"]
+    assert hermes.rows_per_rollout == 3.0
+    assert main(["report", str(run), "--json", str(tmp_path / "atlas.json")]) == 0
+    out = capsys.readouterr().out
+    assert "drift atlas" in out and "summary_replaced_turns" in out and "subagent 2" in out
+    written = json.loads((tmp_path / "atlas.json").read_text())
+    assert {e["harness"] for e in written} == {"opencode", "claude", "hermes-agent"}
