@@ -98,7 +98,8 @@ def _strings(value: object) -> list[str]:
 def _hinted(turn: Turn, harness: str | None) -> CallKind | None:
     if turn.request is None or harness is None:
         return None
-    return next((kind for kind, says in HINTS.get(harness, ()) if says(turn.request)), None)
+    hints = HINTS.get(harness.split("@")[0], ())  # a variant (opencode@anthropic): its harness's
+    return next((kind for kind, says in hints if says(turn.request)), None)
 
 
 def _spawned(head: Turn, earlier: Sequence[Turn]) -> bool:

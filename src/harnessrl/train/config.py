@@ -134,8 +134,9 @@ class GRPOSettings(_Section):
     # (GPUs, one server started with --weight-transfer-config '{"backend":"nccl"}').
     # Either way every turn records the version its server reports serving.
     weight_transfer: Literal["file", "trl"] = "file"
-    # the call kinds that become rows (rollout/kinds.py: main, side, subagent, compaction),
-    # e.g. ["main", "subagent", "compaction"] to leave out titles; every kind by default
+    # async: the call kinds whose chains become rows (rollout/kinds.py: main, side,
+    # subagent, compaction), e.g. ["main", "subagent", "compaction"] to leave out titles;
+    # every kind by default (sync trains one chain per rollout, the main one)
     call_kinds: list[CallKind] = msgspec.field(
         default_factory=lambda: ["main", "side", "subagent", "compaction"])
 
