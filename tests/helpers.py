@@ -11,6 +11,7 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from harnessrl.proxy.engines.scripted_completions import Sample, ScriptedCompletions
 from harnessrl.proxy.serve import in_thread
@@ -50,7 +51,7 @@ def recorded_requests(*harnesses: str) -> list[Path]:
 REDACTED = re.compile(r"<(\d+) chars of harness text>")
 
 
-def unredacted(value):
+def unredacted(value: Any) -> Any:
     """A recorded body with each redacted text ("<N chars of harness text>") back at its
     length, as filler: a system prompt's size decides how much of a prompt it is."""
     if isinstance(value, str) and (m := REDACTED.fullmatch(value)):

@@ -226,9 +226,12 @@ def _turn(index: int, messages: list[Message], prompt: list[int], completion: li
                     tuple(prompt), tuple(completion), tuple(-0.1 for _ in completion))))
 
 
+def _plain(m: Message) -> str:
+    return "".join(p.text for p in m.parts if isinstance(p, Text))
+
+
 def _render(tokenizer, messages: list[Message], *, prefix: str = "") -> list[int]:
-    chat = [{"role": m.role, "content": "".join(p.text for p in m.parts
-                                                 if isinstance(p, Text))} for m in messages]
+    chat = [{"role": m.role, "content": _plain(m)} for m in messages]
     text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     return tokenizer.encode(prefix + text, add_special_tokens=False)
 
@@ -267,7 +270,7 @@ def test_same_messages_other_rendering_is_template(tokenizer) -> None:
     ok_ids = [*tokenizer.encode("ok", add_special_tokens=False), reply_ids[-1]]
     boundary = "<|im_end|>\n<|im_start|>user\nnow read"
     rendered = tokenizer.encode(tokenizer.apply_chat_template(
-        [{"role": m.role, "content": m.parts[0].text} for m in third], tokenize=False,
+        [{"role": m.role, "content": _plain(m)} for m in third], tokenize=False,
         add_generation_prompt=True).replace(boundary, boundary.replace("\n", "\n\n", 1)),
         add_special_tokens=False)
     turns = [_turn(0, first, _render(tokenizer, first), reply_ids, REPLY),

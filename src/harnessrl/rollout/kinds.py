@@ -165,10 +165,9 @@ def _continued(carried: Turn, chain_of: dict[int, Chain], kinds: dict[int, CallK
     """The kind of the conversation a compaction summarised: its chain's, or when the
     compaction call was a conversation of its own, the one that call broke from."""
     chain = chain_of[carried.index]
-    if len(chain.turns) > 1 or chain.start.against is None:
-        kind = kinds.get(chain.turns[0].index, "main")
-        return "main" if kind in ("compaction", "side") else kind
-    kind = kinds.get(chain.start.against, "main")
+    own = len(chain.turns) == 1 and chain.start.against is not None
+    kind = kinds.get(chain.start.against if own and chain.start.against is not None
+                     else chain.turns[0].index, "main")
     return "main" if kind in ("compaction", "side") else kind
 
 
