@@ -201,3 +201,20 @@ def test_the_atlas_and_the_report_command(served, tmp_path, capsys, monkeypatch)
     assert "drift atlas" in out and "summary_replaced_turns" in out and "subagent 2" in out
     written = json.loads((tmp_path / "atlas.json").read_text())
     assert {e["harness"] for e in written} == {"opencode", "claude", "hermes-agent"}
+
+
+def test_conformance_drift_table(served) -> None:
+    from harnessrl.rollout.conformance import Result, drift_markdown
+
+    runs = []
+    for mode, rollout in (("chat", compaction_rollout), ("token", opencode_rollout)):
+        turns = rollout(served)
+        result = Result("hermes-agent", "1", "openai_chat", mode)
+        result.drift.add(turns[0].rollout, turns, "opencode" if mode == "token" else None)
+        runs.append(result)
+    table = drift_markdown(runs).splitlines()
+    assert table[2] == ("| hermes-agent | chat | 5 | 67% | 3 | side_call 1, "
+                        "summary_replaced_turns 1 | compaction 1, main 4 |")
+    assert table[3] == "| hermes-agent | token | 3 | 100% | 2 | side_call 1 | main 2, side 1 |"
+    example = next(line for line in table if "| summary_replaced_turns | 3 |" in line)
+    assert "Summary of the session" in example

@@ -49,7 +49,7 @@ _ATLAS = ("harness", "model family", "rollouts", "turns", "ext. rate", "rows / r
 
 
 def atlas_cells(harness: str, fam: str, entry: Entry) -> list[str]:
-    rate, rows = entry.stats.extension_rate, entry.rows_per_rollout
+    rate, rows = entry.extension_rate, entry.rows_per_rollout
     return [harness, fam, str(entry.stats.rollouts), str(entry.stats.turns),
             "-" if rate is None else f"{rate:.0%}", "-" if rows is None else f"{rows:.2f}",
             _counts(entry.causes), _counts(entry.kinds)]

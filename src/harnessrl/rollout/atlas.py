@@ -42,6 +42,16 @@ class Entry:
     examples: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
+    def extension_rate(self) -> float | None:
+        """Of the turns that continued a conversation, the share that extended it: as
+        `ChainStats.extension_rate`, but a break the causes call another conversation
+        (`side_call`, e.g. a title call then the agent's own) or a retry (`rewound`)
+        continues nothing."""
+        drifted = sum(n for c, n in self.causes.items() if c not in ("side_call", "rewound"))
+        continuing = self.stats.extended + drifted
+        return self.stats.extended / continuing if continuing else None
+
+    @property
     def rows_per_rollout(self) -> float | None:
         return self.stats.chains / self.stats.rollouts if self.stats.rollouts else None
 
@@ -50,13 +60,15 @@ class Entry:
         if not turns:
             return
         chains = link(turns).chains
-        self.kinds.update(label(chains, harness).values())
-        for drift in drifts(chains):
+        kinds = label(chains, harness)
+        self.kinds.update(kinds.values())
+        for drift in drifts(chains, kinds):
             self.causes[drift.cause] += 1
             self.examples.setdefault(drift.cause, example(key, drift))
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.stats.to_dict(), "rows_per_rollout": self.rows_per_rollout,
+        return {**self.stats.to_dict(), "extension_rate": self.extension_rate,
+                "rows_per_rollout": self.rows_per_rollout,
                 "causes": dict(self.causes), "kinds": dict(self.kinds),
                 "examples": self.examples}
 

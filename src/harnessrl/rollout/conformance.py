@@ -272,7 +272,7 @@ def drift_markdown(results: list[Result]) -> str:
     examples: list[str] = []
     for r in sorted(results, key=lambda r: (r.harness, MODES.index(r.mode))):
         d = r.drift
-        rate = d.stats.extension_rate
+        rate = d.extension_rate
         rows.append(f"| {r.harness} | {r.mode} | {d.stats.turns} | "
                     f"{'-' if rate is None else f'{rate:.0%}'} | {d.stats.chains} | "
                     f"{_counts(d.causes)} | {_counts(d.kinds)} |")

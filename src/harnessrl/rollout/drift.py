@@ -18,13 +18,14 @@ messages' own text around their first differing character, which needs no tokeni
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import msgspec
 
 from harnessrl.rollout.chains import Chain
 from harnessrl.types import (
+    CallKind,
     ChainBreak,
     DriftCause,
     Message,
@@ -376,14 +377,24 @@ def region(cause: DriftCause) -> Region:
     return CAUSES[cause][0]
 
 
-def drifts(chains: Sequence[Chain]) -> list[Drift]:
-    """The drift behind every break of one rollout's chains (`chains.link`)."""
+def drifts(chains: Sequence[Chain], kinds: Mapping[int, CallKind] | None = None
+           ) -> list[Drift]:
+    """The drift behind every break of one rollout's chains (`chains.link`). With the
+    turns' call `kinds` (`rollout.kinds.label`), a break between calls of two kinds (a
+    title call, then the agent's conversation with the same system prompt) is a
+    `side_call`, whatever the messages say."""
     chain_of = {t.index: c for c in chains for t in c.turns}
     out: list[Drift] = []
     for chain in chains:
         against = chain.start.against
         closest = chain_of.get(against) if against is not None else None
         found = classify(chain.start, closest.turns if closest else (), chain.turns[0])
-        if found is not None:
-            out.append(found)
+        if found is None:
+            continue
+        was, now = (kinds.get(against) if kinds and against is not None else None,
+                    kinds.get(found.turn) if kinds else None)
+        if was is not None and now is not None and was != now and found.cause != "side_call":
+            found = msgspec.structs.replace(found, cause="side_call", where="after",
+                                            detail=f"a {now} call after a {was} call")
+        out.append(found)
     return out

@@ -128,7 +128,8 @@ def tokens(request: Request) -> JSONResponse:
     ctx = request.query_params.get("ctx")
     view = token_page.token_view(reader.token_turns(key), index, request.app.state.decoder,
                                  model, int(ctx) if ctx and ctx.isdigit() else None,
-                                 messages=lambda: reader.message_turns(key))
+                                 messages=lambda: reader.message_turns(key),
+                                 harness=(reader.rollout(key) or {}).get("harness"))
     return JSONResponse(view)
 
 

@@ -18,6 +18,7 @@ import msgspec
 
 from harnessrl.rollout.chains import BREAK_REASONS, EXCLUDE_REASONS, Linked, link
 from harnessrl.rollout.drift import CAUSES, Drift, drifts
+from harnessrl.rollout.kinds import label
 from harnessrl.types import Turn
 
 WINDOW = 2000  # prompt / inserted ids sent per request; the page pages through the rest
@@ -128,9 +129,11 @@ def _context(turns: Sequence[Turn], linked: Linked, index: int) -> dict[str, Any
 
 def token_view(turns: Sequence[Turn], index: int, decoder: Decoder, model: str | None,
                ctx_offset: int | None = None,
-               messages: Callable[[], Sequence[Turn]] | None = None) -> dict[str, Any] | None:
+               messages: Callable[[], Sequence[Turn]] | None = None,
+               harness: str | None = None) -> dict[str, Any] | None:
     """The tokens page for turn `index` of one rollout's `turns` (as read for linking).
-    `messages` reads the turns with their requests, for the causes of chain breaks."""
+    `messages` reads the turns with their requests, for the causes of chain breaks;
+    `harness` names the rollout's harness, for its call-kind hints."""
     turn = next((t for t in turns if t.index == index), None)
     if turn is None:
         return None
@@ -157,12 +160,13 @@ def token_view(turns: Sequence[Turn], index: int, decoder: Decoder, model: str |
         },
         "context": {**ctx, "total": total, "offset": ctx_offset, "ids": window,
                     "text": Decoder.pieces(tokenizer, window)},
-        **chain_map(linked, _causes(linked, messages), tokenizer),
+        **chain_map(linked, _causes(linked, messages, harness), tokenizer),
     }
 
 
-def _causes(linked: Linked, messages: Callable[[], Sequence[Turn]] | None
-            ) -> dict[int, Drift]:
+def _causes(linked: Linked, messages: Callable[[], Sequence[Turn]] | None,
+            harness: str | None) -> dict[int, Drift]:
     if messages is None or all(c.start.reason == "first" for c in linked.chains):
         return {}
-    return {d.turn: d for d in drifts(link(messages()).chains)}
+    chains = link(messages()).chains
+    return {d.turn: d for d in drifts(chains, label(chains, harness))}
