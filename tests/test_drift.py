@@ -204,6 +204,74 @@ def test_golden_cause(served, base: str, case: str) -> None:
         assert drift.old_text != drift.new_text or cause in ("tools_changed",)
 
 
+# ------------------------------------------------------------------ Anthropic: Claude Code
+def converse_claude(served, mutate: Callable[[list, dict], tuple[list, dict]]) -> list[Turn]:
+    """The recorded Claude Code request, two turns with tool results as Claude Code sends
+    them (content blocks in a user message), then the mutated third request."""
+    body = unredacted(json.loads((RECORDED / "claude/request-1.json").read_text())["body"])
+    body = {**body, "stream": False}
+    key = served.new_rollout()["key"]
+    served.proxy.engine.policy = replay(REPLIES)
+    history: list = list(body["messages"])
+    for _ in range(2):
+        resp = httpx.post(f"{served.url}/r/{key}/v1/messages",
+                          json={**body, "messages": history}, timeout=60)
+        assert resp.status_code == 200, resp.text
+        content = resp.json()["content"]
+        history = [*history, {"role": "assistant", "content": content},
+                   {"role": "user", "content": [
+                       {"type": "tool_result", "tool_use_id": b["id"], "content": RESULT}
+                       for b in content if b["type"] == "tool_use"]}]
+    new_history, new_body = mutate(copy.deepcopy(history), copy.deepcopy(body))
+    resp = httpx.post(f"{served.url}/r/{key}/v1/messages",
+                      json={**new_body, "messages": new_history}, timeout=60)
+    assert resp.status_code == 200, resp.text
+    return served.store.turns(key)
+
+
+def _claude_first(h: list) -> int:
+    return next(k for k, m in enumerate(h) if m["role"] == "assistant")
+
+
+def _claude_text(h: list, body: dict) -> tuple[list, dict]:
+    reply = h[_claude_first(h) + 2]["content"]
+    block = next(b for b in reply if b["type"] == "text")
+    block["text"] = block["text"].replace("  ", " ")
+    return h, body
+
+
+def _claude_result(h: list, body: dict) -> tuple[list, dict]:
+    h[_claude_first(h) + 1]["content"][0]["content"] = RESULT[:150] + "\n[truncated]"
+    return h, body
+
+
+def _claude_system(h: list, body: dict) -> tuple[list, dict]:
+    body["system"][-1]["text"] += "\nThe time is 02:14:07."
+    return h, body
+
+
+def _claude_summary(h: list, body: dict) -> tuple[list, dict]:
+    first = _claude_first(h)
+    return [*h[:first], {"role": "user", "content": "Summary: dir0 and dir1 listed."}], body
+
+
+CLAUDE: dict[str, tuple[Callable[[list, dict], tuple[list, dict]], DriftCause]] = {
+    "whitespace": (_claude_text, "whitespace"),
+    "tool_result_truncated": (_claude_result, "tool_result_truncated"),
+    "system_prompt_changed": (_claude_system, "system_prompt_changed"),
+    "summary_replaced_turns": (_claude_summary, "summary_replaced_turns"),
+}
+
+
+@pytest.mark.parametrize("case", CLAUDE)
+def test_golden_cause_claude(served, case: str) -> None:
+    mutate, cause = CLAUDE[case]
+    linked = link(converse_claude(served, mutate))
+    assert [len(c.turns) for c in linked.chains] == [2, 1], "the first two turns extend"
+    [drift] = drifts(linked.chains)
+    assert (drift.cause, drift.turn, drift.against) == (cause, 2, 1), drift
+
+
 def test_an_unchanged_history_is_no_break(served) -> None:
     turns = converse(served, BASES[0], lambda h, b: (h, b))
     assert [len(c.turns) for c in link(turns).chains] == [3]
