@@ -207,10 +207,11 @@ def test_conformance_drift_table(served) -> None:
     from harnessrl.rollout.conformance import Result, drift_markdown
 
     runs = []
-    for mode, rollout in (("chat", compaction_rollout), ("token", opencode_rollout)):
+    for token, rollout in ((False, compaction_rollout), (True, opencode_rollout)):
         turns = rollout(served)
+        mode = "token" if token else "chat"
         result = Result("hermes-agent", "1", "openai_chat", mode)
-        result.drift.add(turns[0].rollout, turns, "opencode" if mode == "token" else None)
+        result.drift.add(turns[0].rollout, turns, "opencode" if token else None)
         runs.append(result)
     table = drift_markdown(runs).splitlines()
     assert table[2] == ("| hermes-agent | chat | 5 | 67% | 3 | side_call 1, "
