@@ -272,6 +272,37 @@ def test_golden_cause_claude(served, case: str) -> None:
     assert (drift.cause, drift.turn, drift.against) == (cause, 2, 1), drift
 
 
+# ------------------------------------------------------------------ real request pairs
+def _markup(message: dict) -> str:
+    """What a model that wrote `message` sampled, in the tiny model's Hermes markup."""
+    text = message.get("content") or ""
+    if isinstance(text, list):
+        text = "".join(p.get("text", "") for p in text)
+    calls = "\n".join(
+        f'<tool_call>\n{{"name": "{c["function"]["name"]}", '
+        f'"arguments": {c["function"]["arguments"]}}}\n</tool_call>'
+        for c in message.get("tool_calls") or [])
+    return "\n".join(x for x in (text, calls) if x)
+
+
+@pytest.mark.parametrize("harness", ["hermes-agent", "kimi-cli", "openhands", "mini-swe-agent"])
+def test_a_recorded_second_request_extends_the_first(served, harness: str) -> None:
+    """Each harness's own two requests, as recorded: the model replies with what the
+    second request says it replied, and the harness's history then extends it token for
+    token (no drift), in this proxy's chat mode."""
+    first, second = (unredacted(json.loads((RECORDED / harness / f"request-{n}.json")
+                                           .read_text())["body"]) for n in (1, 2))
+    served.proxy.engine.policy = replay([_markup(second["messages"][len(first["messages"])])])
+    key = served.new_rollout()["key"]
+    for body in (first, second):
+        body = {**body, "stream": False}
+        body.pop("stream_options", None)
+        httpx.post(f"{served.url}/r/{key}/v1/chat/completions", json=body,
+                   timeout=60).raise_for_status()
+    linked = link(served.store.turns(key))
+    assert [len(c.turns) for c in linked.chains] == [2] and drifts(linked.chains) == []
+
+
 def test_an_unchanged_history_is_no_break(served) -> None:
     turns = converse(served, BASES[0], lambda h, b: (h, b))
     assert [len(c.turns) for c in link(turns).chains] == [3]

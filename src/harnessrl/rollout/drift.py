@@ -348,7 +348,7 @@ def _result_cause(old: dict[str, str], new: dict[str, str]) -> DriftCause:
 def _message_text(parts: Sequence[object]) -> str:
     out: list[str] = []
     for p in parts:
-        if isinstance(p, Reasoning | Text):
+        if isinstance(p, Reasoning | Text) and p.text:
             out.append(p.text)
         elif isinstance(p, ToolCall):
             out.append(f"{p.name}({p.arguments})")
