@@ -219,3 +219,15 @@ def test_conformance_drift_table(served) -> None:
     assert table[3] == "| hermes-agent | token | 3 | 100% | 2 | side_call 1 | main 2, side 1 |"
     example = next(line for line in table if "| summary_replaced_turns | 3 |" in line)
     assert "Summary of the session" in example
+
+
+def test_the_train_config_names_the_kinds_to_keep() -> None:
+    import msgspec
+
+    from harnessrl.train.config import TrainConfig
+
+    assert TrainConfig().grpo.call_kinds == list(CALL_KINDS)
+    kept = msgspec.convert({"grpo": {"call_kinds": ["main", "compaction"]}}, TrainConfig)
+    assert kept.grpo.call_kinds == ["main", "compaction"]
+    with pytest.raises(msgspec.ValidationError, match="call_kinds"):
+        msgspec.convert({"grpo": {"call_kinds": ["title"]}}, TrainConfig)
