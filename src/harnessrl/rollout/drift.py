@@ -62,8 +62,9 @@ CAUSES: dict[DriftCause, tuple[Region, str, str]] = {
         "completion", "an earlier reply's text or tool call edited by the harness",
         "what the next turns saw is not what the model sampled; train the turns apart"),
     "retokenized": (
-        "completion", "an earlier reply sent back unchanged, but its text renders to "
-        "other ids than the model sampled",
+        "completion", "an earlier reply sent back unchanged, but rendered to other ids "
+        "than the model sampled (the tokenizer splits its text otherwise, or the template "
+        "prints it otherwise, e.g. drops earlier reasoning or reformats a tool call)",
         "re-tokenization drift proper: token mode (the proxy reuses the sampled ids) "
         "removes it; a chat-mode trainer re-rendering the text would train on other ids"),
     "tool_result_changed": (
