@@ -35,7 +35,7 @@ import queue
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,8 +43,9 @@ from harnessrl.rollout.chains import link
 from harnessrl.train.async_weights import VersionedTransfer, version_number
 from harnessrl.train.order import TaskOrder
 from harnessrl.train.samples import sample as chain_sample
+from harnessrl.train.samples import samples_for_rollout
 from harnessrl.train.trl import HarnessRollouts, main_chain
-from harnessrl.types import Outcome, Sample, Turn
+from harnessrl.types import CallKind, Outcome, Sample, Turn
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue as MPQueue
@@ -88,12 +89,15 @@ def advantages(rewards: Sequence[float | None]) -> list[float]:
     return [0.0 if r is None else (r - mean) / (std + 1e-8) for r in rewards]
 
 
-def rows_of(turns: Sequence[Turn], *, keep_retried: bool = False) -> list[Sample]:
-    """Every chain of the rollout that holds a sampled token, as a sample."""
+def rows_of(turns: Sequence[Turn], kinds: Collection[CallKind] | None = None,
+            harness: str | None = None, *, keep_retried: bool = False) -> list[Sample]:
+    """Every chain of the rollout that holds a sampled token and is of one of `kinds`
+    (None: every kind; `grpo.call_kinds`), as a sample that says its kind;
+    `keep_retried`: `grpo.train_retried`."""
     if not turns:
         return []
-    chains = link(turns, keep_retried=keep_retried).chains
-    return [s for s in (chain_sample(c) for c in chains) if any(s.mask)]
+    return [s for s in samples_for_rollout(turns, kinds, harness, keep_retried=keep_retried)
+            if any(s.mask)]
 
 
 def captured_tokens(turns: Sequence[Turn]) -> int:
@@ -109,7 +113,7 @@ def main_chain_tokens(turns: Sequence[Turn], *, keep_retried: bool = False) -> i
 
 
 def score_group(group: int, task: str, finished: Sequence[tuple[Outcome, list[Turn]]],
-                *, keep_retried: bool = False
+                kinds: Collection[CallKind] | None = None, *, keep_retried: bool = False
                 ) -> tuple[GroupReport, list[tuple[Sample, float, Outcome]]]:
     """The group's rows, each with its rollout's advantage, and its report;
     `keep_retried`: `grpo.train_retried`."""
@@ -118,7 +122,8 @@ def score_group(group: int, task: str, finished: Sequence[tuple[Outcome, list[Tu
     rows: list[tuple[Sample, float, Outcome]] = []
     for (outcome, turns), a in zip(finished, adv, strict=True):
         if outcome.status == "done":
-            rows.extend((s, a, outcome) for s in rows_of(turns, keep_retried=keep_retried))
+            rows.extend((s, a, outcome) for s in rows_of(
+                turns, kinds, outcome.harness, keep_retried=keep_retried))
     report = GroupReport(
         group=group, harnesses=tuple(o.harness for o, _ in finished), task=task,
         outcomes=tuple(o for o, _ in finished), advantages=tuple(adv),
@@ -232,6 +237,7 @@ class HarnessRolloutWorker:
     max_staleness: int
     transfer: VersionedTransfer | None = None
     queue_maxsize: int = 0
+    call_kinds: tuple[CallKind, ...] | None = None  # the kinds that become rows; None: all
     # The order tasks are drawn in (None: the task list as given) and the first group's
     # number, a resumed run's cursor (train.order, train.checkpoint).
     order: TaskOrder | None = None
@@ -362,7 +368,7 @@ class HarnessRolloutWorker:
 
     def _finish(self, group: int, finished: list[Any]) -> None:
         task = finished[0][0].task
-        report, rows = score_group(group, task, finished,
+        report, rows = score_group(group, task, finished, self.call_kinds,
                                    keep_retried=self.rollouts.train_retried)
         instruction = next((t.instruction for t in self.rollouts.tasks if t.id == task), task)
         current = self._version

@@ -187,6 +187,7 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
                                   # TRL's own bound on queued rows (grpo.trl), as its
                                   # worker takes it: the sampler runs at most that far ahead
                                   queue_maxsize=args.queue_maxsize,
+                                  call_kinds=tuple(g.call_kinds),
                                   order=long.order, first_group=long.first_group,
                                   on_start=long.on_worker_start)
     if config.cluster is not None:

@@ -14,6 +14,7 @@ from harnessrl.rollout.cluster import ClusterSettings
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.runner import RolloutSettings
 from harnessrl.train.lora import LoraSettings, check_lora
+from harnessrl.types import CallKind
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -138,6 +139,11 @@ class GRPOSettings(_Section):
     # left out of training, excluded as `retried`: the harness went on from the later
     # attempt. true: judge it as any other turn (an ok reply is then trained).
     train_retried: bool = False
+    # async: the call kinds whose chains become rows (rollout/kinds.py: main, side,
+    # subagent, compaction), e.g. ["main", "subagent", "compaction"] to leave out titles;
+    # every kind by default (sync trains one chain per rollout, the main one)
+    call_kinds: list[CallKind] = msgspec.field(
+        default_factory=lambda: ["main", "side", "subagent", "compaction"])
 
 
 class CheckpointConfig(_Section):

@@ -127,8 +127,14 @@ def tokens(request: Request) -> JSONResponse:
         raise HTTPException(404, "no such turn")
     ctx = request.query_params.get("ctx")
     view = token_page.token_view(reader.token_turns(key), index, request.app.state.decoder,
-                                 model, int(ctx) if ctx and ctx.isdigit() else None)
+                                 model, int(ctx) if ctx and ctx.isdigit() else None,
+                                 messages=lambda: reader.message_turns(key),
+                                 harness=(reader.rollout(key) or {}).get("harness"))
     return JSONResponse(view)
+
+
+def atlas(request: Request) -> JSONResponse:
+    return JSONResponse({"rows": _reader(request).atlas()})
 
 
 def index(_request: Request) -> FileResponse:
@@ -144,6 +150,7 @@ def build_app(root: Path, tokenizer: str | None = None) -> Starlette:
         Route("/api/turns", turns),
         Route("/api/turn", turn),
         Route("/api/tokens", tokens),
+        Route("/api/atlas", atlas),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ])
     app.state.runs = Runs(root.resolve())
