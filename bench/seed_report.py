@@ -13,6 +13,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+import seed_pooled
 from arms import step_lines
 
 from harnessrl.rollout.evaluate import wilson
@@ -73,9 +74,11 @@ def calls_text(p: dict[str, Any] | None) -> str:
 
 
 def calibration(units: dict[str, Any], harnesses: list[str]) -> list[str]:
-    cells = {k.split("/", 1)[1]: v for k, v in units.items() if k.startswith("calib/")}
+    # issue 40's cells, calib/TIER/HARNESS (issue 46's per-task ones are seed_pooled's)
+    cells = {k.split("/", 1)[1]: v for k, v in units.items()
+             if k.startswith("calib/") and k.count("/") == 2}
     if not cells:
-        return ["Not run yet."]
+        return ["Not run (see the per-task calibration)."]
     harnesses = sorted({k.split("/")[1] for k in cells}, key=lambda h: (h not in harnesses, h))
     order = ("lookup", "count", "filter", "sum", "groupmax", "join")
     tiers = sorted({k.split("/")[0] for k in cells},
@@ -291,10 +294,12 @@ def start_note(budget: dict[str, Any]) -> str:
 
 def write(args: argparse.Namespace, root: Path) -> str:
     units, failed = _load(root, "units"), _load(root, "failed")
-    budgets = {phase: _json(root / f"budget-{phase}.json") for phase in ("calibrate", "run")}
+    budgets = {phase: _json(root / f"budget-{phase}.json")
+               for phase in ("calibrate", "sft", "run")}
     # each phase's own harnesses (calibration may try more than the run keeps)
     harnesses = list(budgets["run"].get("harnesses") or args.harnesses)
-    calibrated = list(dict.fromkeys(k.split("/")[2] for k in units if k.startswith("calib/")))
+    calibrated = list(dict.fromkeys(k.split("/")[2] for k in units
+                                    if k.startswith("calib/") and k.count("/") == 2))
     arms = list(args.arms)
     start = "sft" if budgets["run"].get("start") == "sft" else "base"
     lines_table, stats = table(units, arms, harnesses)
@@ -325,7 +330,8 @@ def write(args: argparse.Namespace, root: Path) -> str:
             "held-out tasks and seed, with the exact sign test on those; then solved per "
             "tier.", "",
             "## Tool-call bonus: tool calls per co-solved task", "", *co_solved(units, harnesses),
-            "", "## Training and SFT", "", *training(units), "", *notes(root),
+            "", *experiment(args, units, budgets, arms, harnesses, start),
+            "## Training and SFT", "", *training(units), "", *notes(root),
             "## Not done / failed", "",
             *([f"- `{k}`: {v['error'].splitlines()[0]}" for k, v in failed.items()]
               or ["- nothing failed"]), "", "## The reference, beside", "", REFERENCE, ""]
@@ -333,6 +339,37 @@ def write(args: argparse.Namespace, root: Path) -> str:
     args.out.write_text(body)
     plot(stats, arms, harnesses, args.plot)
     return body
+
+
+def experiment(args: argparse.Namespace, units: dict[str, Any], budgets: dict[str, Any],
+               arms: list[str], harnesses: list[str], start: str) -> list[str]:
+    """Issue 46's sections: the per-task calibration with the power it gives, the arms
+    against the start and the control pooled over the seeds per eval temperature, the
+    bonus on executed calls, the diagnosis per arm, and the curves (a PNG beside)."""
+    run = budgets["run"]
+    band, group = run.get("band") or args.band, run.get("group") or args.group
+    samples = budgets["calibrate"].get("calib_samples") or args.calib_samples
+    lines = ["## Per-task calibration at the training temperature (issue 46)", "",
+             *seed_pooled.calibration(units, band, group, samples), ""]
+    temperatures = run.get("eval_temperatures") or [run.get("eval_temperature", 0.6)]
+    for n, temperature in enumerate(temperatures):
+        kind = "eval" if n == 0 else f"eval@{temperature:g}"
+        if not any(k.startswith(kind + "/") for k in units):
+            continue
+        for reference in (start, "control"):
+            lines += [f"## Against the {reference}, pooled over the seeds, at temperature "
+                      f"{temperature:g}", "",
+                      *seed_pooled.pooled_paired(units, kind, arms, harnesses, reference), "",
+                      "Per task and seed, the arm's pass rate minus the reference's (points), "
+                      "mean with a 95% bootstrap interval over those units; tasks better / "
+                      "worse with the exact sign test; each seed's mean in brackets.", ""]
+        lines += [f"## The tool-call bonus on the calls the harness ran, at temperature "
+                  f"{temperature:g}", "", *seed_pooled.bonus(units, kind, harnesses, arms), ""]
+    curves = args.out.with_name(args.out.stem + "_curves.png")
+    if seed_pooled.plot_curves(units, arms, run.get("train_harness") or harnesses[0], curves):
+        lines += [f"![training reward and eval curves per arm]({curves.name})", ""]
+    return [*lines, "## Diagnosis per RL arm (issue 45's step diagnostics)", "",
+            *seed_pooled.diagnosis(units, arms), ""]
 
 
 def plot(stats: dict[str, dict[str, Any] | None], arms: list[str], harnesses: list[str],
