@@ -159,7 +159,7 @@ def teacher_tasks(args: argparse.Namespace, train: Path, seed: int) -> list[Any]
     tasks = sorted({_key(t): t for t in sorted(load_tasks(train), key=lambda t: t.id,
                                                reverse=True)}.values(), key=lambda t: t.id)
     steps, per_step = sft_budget(args)
-    wanted = args.teacher_tasks or math.ceil(steps * per_step / len(args.harnesses))
+    wanted = args.teacher_tasks or math.ceil(steps * per_step / len(args.teacher_harnesses))
     return sorted(random.Random(f"teacher:{seed}").sample(tasks, min(wanted, len(tasks))),
                   key=lambda t: t.id)
 
@@ -228,7 +228,7 @@ def teacher(args: argparse.Namespace, state: State, train: Path, seed: int, harn
 
 def sft_model(args: argparse.Namespace, state: State, train: Path, seed: int, base: Path
               ) -> Path | None:
-    runs = {h: teacher(args, state, train, seed, h) for h in args.harnesses}
+    runs = {h: teacher(args, state, train, seed, h) for h in args.teacher_harnesses}
     if any(r is None for r in runs.values()):
         return None
     name = f"sft/s{seed}"

@@ -69,7 +69,7 @@ BUDGET = {"calibrate": (*SHARED, "calib_samples", "calib_temperature"),
 # What the SFT start depends on, apart from the run (the sft phase builds the start that
 # calibration and the run then share): its own file, so the run's budget can be chosen
 # after calibrating the start.
-SFT_KEYS = (*SHARED, "harnesses", "tiers", "seeds", "sft_lr", "teacher_tasks")
+SFT_KEYS = (*SHARED, "teacher_harnesses", "tiers", "seeds", "sft_lr", "teacher_tasks")
 
 
 def budget_of(phase: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -85,11 +85,13 @@ def check_budget(state: State, args: argparse.Namespace) -> None:
     also checks the start's budget (budget-sft.json), which the sft phase writes."""
     phases = {"calibrate": ["calibrate"], "sft": ["sft"],
               "run": ["run", *(["sft"] if args.start == "sft" else [])]}[args.phase]
-    for phase in phases:
-        _check(state.root / f"budget-{phase}.json", budget_of(phase, args))
+    checked = {state.root / f"budget-{phase}.json": _check(
+        state.root / f"budget-{phase}.json", budget_of(phase, args)) for phase in phases}
+    for path, budget in checked.items():  # written once every phase's budget agrees
+        path.write_text(json.dumps(budget, indent=1))
 
 
-def _check(path: Path, now: dict[str, Any]) -> None:
+def _check(path: Path, now: dict[str, Any]) -> dict[str, Any]:
     saved = json.loads(path.read_text()) if path.is_file() else now
     # Seeds may be added (`--seeds 1` after `--seeds 0`): each seed's units are its own.
     if changed := [f"{k}: {saved.get(k)!r} then, {now[k]!r} now" for k in now
@@ -98,7 +100,7 @@ def _check(path: Path, now: dict[str, Any]) -> None:
                          f"({'; '.join(changed)}); use another --state")
     if "seeds" in now:
         now["seeds"] = sorted({*saved.get("seeds", []), *now["seeds"]})
-    path.write_text(json.dumps(now, indent=1))
+    return now
 
 
 # ------------------------------------------------------------------ tasks
@@ -424,6 +426,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-nice", action="store_true", help="train the SFT model outside "
                    "the heavy lock at nice 19 (CPU training only; teacher rollouts and "
                    "evals still take the lock)")
+    p.add_argument("--teacher-harnesses", default="", help="the harnesses the teacher's SFT "
+                   "rollouts run in (default: --harnesses): the start can be built from all "
+                   "three while the run evaluates in fewer")
     p.add_argument("--teacher-tasks", type=int, default=0, help="train tasks per harness "
                    "the teacher runs (0: enough for one row per SFT example)")
     p.add_argument("--start", choices=["base", "sft"], default="base",
@@ -437,9 +442,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=4)
     args = p.parse_args(argv)
     for name in ("harnesses", "arms", "tiers", "calib_tiers", "calib_splits",
-                 "calib_harnesses"):
+                 "calib_harnesses", "teacher_harnesses"):
         setattr(args, name, [v for v in getattr(args, name).split(",") if v])
     args.calib_harnesses = args.calib_harnesses or args.harnesses
+    args.teacher_harnesses = args.teacher_harnesses or args.harnesses
     args.band = [float(v) for v in args.band.split(",")]
     args.eval_temperatures = [float(v) for v in args.eval_temperatures.split(",") if v] or [
         args.eval_temperature]

@@ -164,6 +164,18 @@ def test_the_sft_start_has_its_own_budget(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="eval_samples"):
         seed_table.check_budget(State(tmp_path), seed_table.parse(
             ["run", *common, "--steps", "30", "--select"]))
+    # the start was built from the default harnesses' teacher rollouts: a run evaluating in
+    # fewer names them as the teacher's, or is refused
+    fewer = ["--harnesses", "mini-swe-agent,pi", "--steps", "30", "--eval-samples", "4",
+             "--select"]
+    with pytest.raises(SystemExit, match="teacher_harnesses"):
+        seed_table.check_budget(State(tmp_path / "b"), seed_table.parse(["sft", *common]))
+        seed_table.check_budget(State(tmp_path / "b"), seed_table.parse(["run", *common, *fewer]))
+    assert not (tmp_path / "b" / "budget-run.json").exists()  # a refused run writes nothing
+    seed_table.check_budget(State(tmp_path / "b"), seed_table.parse(
+        ["run", *common, *fewer, "--teacher-harnesses", "mini-swe-agent,aider,pi"]))
+    assert json.loads((tmp_path / "b" / "budget-run.json").read_text())["harnesses"] == [
+        "mini-swe-agent", "pi"]
 
 
 # ------------------------------------------------------------------ the control arm
