@@ -88,7 +88,7 @@ def rl_config(args: argparse.Namespace, train: Path, seed: int, arm: str, start:
         "checkpoint": {"every_steps": args.checkpoint_every, "keep": 1},
         # issue 37's eval while training, on the held-out sample in every eval harness
         "eval": {"every_steps": args.eval_every, "tasks": str(args.heldout_dir),
-                 "harnesses": list(args.harnesses), "slots": 1,
+                 "harnesses": list(args.curve_harnesses), "slots": 1,
                  "temperature": args.eval_temperature} if args.eval_every else {},
     }
     return merged(config, CONTROL) if arm == "control" else config

@@ -65,7 +65,7 @@ BUDGET = {"calibrate": (*SHARED, "calib_samples", "calib_temperature"),
                   "steps", "group", "tasks_per_step", "lr", "max_staleness", "bonus",
                   "bonus_budget", "sft_lr", "teacher_tasks", "start", "eval_every",
                   "sft_steps", "sft_rows_per_step", "eval_samples", "eval_temperatures",
-                  "select", "band")}
+                  "select", "band", "curve_harnesses", "teacher_harnesses")}
 # What the SFT start depends on, apart from the run (the sft phase builds the start that
 # calibration and the run then share): its own file, so the run's budget can be chosen
 # after calibrating the start.
@@ -416,6 +416,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=0, help="RL arms: also evaluate on the "
                    "held-out sample every N steps while training (issue 37's in-training eval; "
                    "curves only: the table is every arm's final model, evaluated alike)")
+    p.add_argument("--curve-harnesses", default="", help="--eval-every's harnesses (default: "
+                   "--harnesses): each curve point is a pass of the held-out tasks in each")
     p.add_argument("--bonus", type=float, default=0.2, help="tool_call_bonus w")
     p.add_argument("--bonus-budget", type=int, default=20, help="tool_call_budget B")
     p.add_argument("--sft-lr", type=float, default=1e-5)
@@ -442,10 +444,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=4)
     args = p.parse_args(argv)
     for name in ("harnesses", "arms", "tiers", "calib_tiers", "calib_splits",
-                 "calib_harnesses", "teacher_harnesses"):
+                 "calib_harnesses", "teacher_harnesses", "curve_harnesses"):
         setattr(args, name, [v for v in getattr(args, name).split(",") if v])
     args.calib_harnesses = args.calib_harnesses or args.harnesses
     args.teacher_harnesses = args.teacher_harnesses or args.harnesses
+    args.curve_harnesses = args.curve_harnesses or args.harnesses
     args.band = [float(v) for v in args.band.split(",")]
     args.eval_temperatures = [float(v) for v in args.eval_temperatures.split(",") if v] or [
         args.eval_temperature]
