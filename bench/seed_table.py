@@ -1,35 +1,37 @@
 #!/usr/bin/env python3
-"""The seed's experiment in kind (issue 40), on a CPU: does training SmolLM2-135M in one
-harness, or in several, help in each; what a tool-call bonus and SFT do. Figures, not a test.
+"""The seed's experiment in kind (issues 40 and 46), on a CPU: does training SmolLM2-135M in
+one harness, or in several, help in each, against its start and against a control; what a
+tool-call bonus and SFT do. Figures, not a test.
 
-Arms, each from the same weights with the same seeds and budget (optimizer steps x rows per
-step), each evaluated on the same held-out sample of generated data-analysis tasks in every
-eval harness (pass@1 with a Wilson 95% interval, tool calls per solved task):
+Arms, each from the same start with the same seeds and budget (optimizer steps x rows per
+step), each evaluated on the same held-out tasks in every eval harness (pass rate with a
+Wilson 95% interval; per task and seed paired against the start and the control):
 
-    base          the starting weights, untrained
+    base          the base weights, untrained
     rl-one        GRPO in one harness (--train-harness)
+    control       rl-one with the advantages shuffled within each group (issue 45's
+                  [grpo] advantage_control): what any update and sampling noise do
     rl-all        GRPO in every eval harness at once, one harness per group
     rl-one-bonus  rl-one with the reference's tool-call bonus r*(1 + w*B/(B + calls))
     sft           SFT on teacher rollouts: each task's reference program driven through the
                   harnesses by a scripted policy (text, no student ids: re-tokenized by the
-                  student's template, flagged so), the same number of optimizer steps
+                  student's template, flagged so); with --start sft, the start itself
 
-Phases: `calibrate` (the base model's pass rate per tier per harness on a small sample, to
-pick the tiers where it passes 5-50%), `sft` (only the run's SFT model: the teacher's
-rollouts and the training, no eval; with --sft-nice its training runs outside the heavy
-lock at nice 19), `run` (the arms), `report` (the .md and .png from what is measured).
-Every unit of work (a calibration cell, a teacher run, an arm's training, an arm x
-harness eval) writes its result to STATE/units/*.json and is skipped when run again,
-so a rerun after a kill goes on; an RL arm killed mid-training goes on from its newest whole
-checkpoint (`harnessrl train --resume`). Heavy units take /tmp/harnessrl-heavy.lock (flock)
-for their own duration only. The defaults are the issue's full ask; the .md says the budget
-that was run and its wall time. `--record DIR` copies the small records (no weights) to a
-folder in the repository whenever the report is written (after each eval, at the end), so
-the figures outlive the machine.
-
-    python bench/seed_table.py calibrate --calib-per-tier 10
-    python bench/seed_table.py run --tiers lookup,count --heldout-sample 30 --steps 8
-    python bench/seed_table.py report
+Phases: `sft` (each seed's SFT start: the teacher's rollouts under the heavy lock and the
+training, with --sft-nice outside it at nice 19; its budget is its own, budget-sft.json),
+`calibrate` (each task's pass rate from --calib-samples rollouts at the training
+temperature, for the base model or each seed's SFT start, per harness, split and tier, in
+cells of 8 tasks that --calib-per-tier can add to), `run` (the arms; --select trains on the
+tasks whose calibrated pass rate is in --band and evaluates on up to --heldout-sample
+held-out tasks in it; --eval-samples rollouts per task at each of --eval-temperatures),
+`report` (the .md and .png from what is measured, and <out>_curves.png). Every unit of work
+(a calibration cell, a teacher run, an arm's training, an arm x harness eval) writes its
+result to STATE/units/*.json and is skipped when run again, so a rerun after a kill goes
+on; an RL arm killed mid-training goes on from its newest whole checkpoint (`harnessrl
+train --resume`). Heavy units take /tmp/harnessrl-heavy.lock (flock) for their own
+duration only. `--record DIR` copies the small records (no weights) to a folder in the
+repository whenever the report is written, so the figures outlive the machine.
+docs/seed-table.md gives the commands of each experiment.
 """
 
 from __future__ import annotations
