@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import seed_pooled
 from arms import step_lines
+from seed_stats import rates, sign_test
 
 from harnessrl.rollout.evaluate import wilson
 
@@ -143,10 +143,9 @@ def co_solved(units: dict[str, Any], harnesses: list[str]) -> list[str]:
                 other = units.get(key.replace("eval/rl-one/", "eval/rl-one-bonus/", 1))
                 if other is None:
                     continue
-                for task, t in cell["per_task"].items():
-                    b = other["per_task"].get(task)
-                    if t["passed"] and b and b["passed"]:
-                        pairs.append((t, b))
+                solved = [_solved(cell["per_task"]), _solved(other["per_task"])]
+                pairs += [(solved[0][t], solved[1][t]) for t in sorted(solved[0])
+                          if t in solved[1]]
         if not pairs:
             lines.append(f"| {h} | 0 | - | - | - | - | - | - |")
             continue
@@ -158,6 +157,17 @@ def co_solved(units: dict[str, Any], harnesses: list[str]) -> list[str]:
         lines.append(f"| {h} | {len(pairs)} | {a:.2f} | {b:.2f} | {change} | {fewer} / {more} "
                      f"| {ta:.2f} | {tb:.2f} |")
     return lines
+
+
+def _solved(per_task: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per task with a passing rollout: the mean tool calls and turns of its passing
+    rollouts (one rollout per task, or several: keys `task#sample`)."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for key, t in per_task.items():
+        if t["status"] == "done" and t["passed"]:
+            found.setdefault(key.split("#", 1)[0], []).append(t)
+    return {task: {"tool_calls": fmean(r["tool_calls"] for r in rs),
+                   "turns": fmean(r["turns"] for r in rs)} for task, rs in found.items()}
 
 
 def paired(units: dict[str, Any], arms: list[str], harnesses: list[str], start: str
@@ -177,14 +187,15 @@ def paired(units: dict[str, Any], arms: list[str], harnesses: list[str], start: 
                     continue
                 other = units.get(key.replace(f"eval/{arm}/", f"eval/{start}/", 1), {})
                 changed = seeds.setdefault(key.split("/")[2], [0, 0])
-                for task, t in cell["per_task"].items():
+                mine, theirs = rates(cell["per_task"]), rates(other.get("per_task", {}))
+                for task, (passed, n) in mine.items():
                     solved = tiers.setdefault(task.split("-")[0], [0, 0])
-                    solved[0] += bool(t["passed"])
-                    solved[1] += 1
-                    b = other.get("per_task", {}).get(task)
-                    if b:
-                        changed[0] += bool(t["passed"] and not b["passed"])
-                        changed[1] += bool(b["passed"] and not t["passed"])
+                    solved[0] += passed
+                    solved[1] += n
+                    if n and theirs.get(task, (0, 0))[1]:  # a task's rate, over its samples
+                        a, b = passed / n, theirs[task][0] / theirs[task][1]
+                        changed[0] += a > b
+                        changed[1] += b > a
             cells.append(_paired_cell(seeds, tiers, arm == start))
         lines.append(f"| {ARM_TEXT.get(arm, arm)} | " + " | ".join(cells) + " |")
     return lines
@@ -201,12 +212,6 @@ def _paired_cell(seeds: dict[str, list[int]], tiers: dict[str, list[int]], is_st
     each = (" (" + ", ".join(f"{s} +{g} -{x}" for s, (g, x) in sorted(seeds.items())) + ")"
             if len(seeds) > 1 else "")
     return f"+{gained} -{lost}{each}, sign test p {sign_test(gained, lost):.2g}; {by_tier}"
-
-
-def sign_test(gained: int, lost: int) -> float:
-    """Exact two-sided binomial test of gained vs lost tasks at p = 1/2 (1.0 for none)."""
-    n, k = gained + lost, min(gained, lost)
-    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
 
 
 def training(units: dict[str, Any]) -> list[str]:
