@@ -135,7 +135,7 @@ def bonus(units: Units, kind: str, harnesses: list[str], arms: list[str]) -> lis
     nothing and costs none), per seed and over the seeds (t interval); the unparsed-call
     share per answered turn per arm beside it."""
     lines = ["| harness | seed | co-solved tasks | rl-one calls / task | rl-one-bonus calls / "
-             "task | change |", "|---|---|---|---|---|---|"]
+             "task | change | counted from |", "|---|---|---|---|---|---|---|"]
     shares = ["| harness | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
     for h in harnesses:
         changes = []
@@ -149,18 +149,23 @@ def bonus(units: Units, kind: str, harnesses: list[str], arms: list[str]) -> lis
                 continue
             a, b = fmean(p[0] for p in pairs), fmean(p[1] for p in pairs)
             changes += [(b - a) / a] if a else []
+            sources = sorted({r.get("tool_call_source", "?") for c in (cell, other)
+                              for r in c["per_task"].values()})
             lines.append(f"| {h} | {parts[2]} | {len(pairs)} | {a:.2f} | {b:.2f} | "
-                         f"{(b - a) / a if a else 0:+.0%} |")
+                         f"{(b - a) / a if a else 0:+.0%} | {', '.join(sources)} |")
         if changes:
             lines.append(f"| {h} | pooled over {len(changes)} seeds | | | | "
-                         f"{_over_seeds(changes, '+.0%')} |")
+                         f"{_over_seeds(changes, '+.0%')} | |")
         row = []
         for arm in arms:
             per_seed = [s for k, c in units.items() if k.startswith(f"{kind}/{arm}/")
                         and k.endswith("/" + h) and (s := unparsed_share(c)) is not None]
             row.append(_over_seeds(per_seed, ".0%") if per_seed else "-")
         shares.append(f"| {h} | " + " | ".join(row) + " |")
-    return [*lines, "", "Unparsed calls per answered turn (a reply with `tool_call>` in its "
+    return [*lines, "", "Calls the harness ran: `harness` is its own action record "
+            "(mini-swe-agent's accepted commands), `native` the calls the dialect parsed; "
+            "a call written as text and not parsed ran nothing and is not counted.", "",
+            "Unparsed calls per answered turn (a reply with `tool_call>` in its "
             "text and no parsed call), mean over seeds (95% t interval over the seeds):", "",
             *shares]
 

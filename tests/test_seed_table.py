@@ -266,8 +266,8 @@ def test_bonus_counts_the_calls_run_on_co_solved_tasks_and_the_unparsed_share() 
                                        units["eval/rl-one-bonus/s0/msa"]["per_task"]) == [
         (4.0, 3.0)]
     text = "\n".join(seed_pooled.bonus(units, "eval", ["msa"], ["rl-one", "rl-one-bonus"]))
-    assert "| msa | s0 | 1 | 4.00 | 3.00 | -25% |" in text
-    assert "| msa | s1 | 1 | 2.00 | 1.00 | -50% |" in text
+    assert "| msa | s0 | 1 | 4.00 | 3.00 | -25% | ? |" in text
+    assert "| msa | s1 | 1 | 2.00 | 1.00 | -50% | ? |" in text
     assert "-38% (" in text and "2 seeds" in text
     assert "| msa | 0%" in text and "| 38% (" in text  # 2/4 and 1/4 of the turns
 
