@@ -240,6 +240,7 @@ def cell(results: dict[str, list[bool]], calls: int = 2, unparsed: int = 0) -> d
     for task, passed in results.items():
         for n, ok in enumerate(passed):
             per_task[f"{task}#{n}"] = {"status": "done", "passed": ok, "tool_calls": calls,
+                                       "tool_call_source": "harness", "turns": 4,
                                        "answered_turns": 4, "unparsed_turns": unparsed}
     return {"per_task": per_task, "eval": {}}
 
@@ -266,8 +267,8 @@ def test_bonus_counts_the_calls_run_on_co_solved_tasks_and_the_unparsed_share() 
                                        units["eval/rl-one-bonus/s0/msa"]["per_task"]) == [
         (4.0, 3.0)]
     text = "\n".join(seed_pooled.bonus(units, "eval", ["msa"], ["rl-one", "rl-one-bonus"]))
-    assert "| msa | s0 | 1 | 4.00 | 3.00 | -25% | ? |" in text
-    assert "| msa | s1 | 1 | 2.00 | 1.00 | -50% | ? |" in text
+    assert "| msa | s0 | 1 | 4.00 | 3.00 | -25% | harness |" in text
+    assert "| msa | s1 | 1 | 2.00 | 1.00 | -50% | harness |" in text
     assert "-38% (" in text and "2 seeds" in text
     assert "| msa | 0%" in text and "| 38% (" in text  # 2/4 and 1/4 of the turns
 
