@@ -145,7 +145,7 @@ def bonus(units: Units, kind: str, harnesses: list[str], arms: list[str]) -> lis
                 continue
             other = units.get(f"{kind}/rl-one-bonus/{parts[2]}/{h}")
             pairs = co_solved_calls(cell["per_task"], other["per_task"]) if other else []
-            if not pairs:
+            if other is None or not pairs:
                 continue
             a, b = fmean(p[0] for p in pairs), fmean(p[1] for p in pairs)
             changes += [(b - a) / a] if a else []
