@@ -162,9 +162,10 @@ def bonus(units: Units, kind: str, harnesses: list[str], arms: list[str]) -> lis
                         and k.endswith("/" + h) and (s := unparsed_share(c)) is not None]
             row.append(_over_seeds(per_seed, ".0%") if per_seed else "-")
         shares.append(f"| {h} | " + " | ".join(row) + " |")
-    return [*lines, "", "Calls the harness ran: `harness` is its own action record "
-            "(mini-swe-agent's accepted commands), `native` the calls the dialect parsed; "
-            "a call written as text and not parsed ran nothing and is not counted.", "",
+    return [*lines, "", "Calls the harness ran (`Outcome.tool_calls`): `native`, the calls "
+            "the dialect carried parsed; `harness`, the harness's own action record (a "
+            "harness that parses actions from text); a call written as text and not parsed "
+            "ran nothing and is not counted.", "",
             "Unparsed calls per answered turn (a reply with `tool_call>` in its "
             "text and no parsed call), mean over seeds (95% t interval over the seeds):", "",
             *shares]
