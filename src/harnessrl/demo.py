@@ -95,7 +95,8 @@ def run_demo(run_dir: Path, model: str | None = None, *, steps: int = 2,
                   f"{config.grpo.num_generations} rollouts, {config.grpo.max_inflight} "
                   f"rollouts in flight; a progress line every {every:.0f} s")
     with Live(run_dir, console, steps=steps, every=every) as live:
-        steps_done = train(config, console=console, on_step=live.step)
+        steps_done = train(config, console=console, on_step=live.step,
+                           on_phase=live.set_phase)
     with TraceReader(run_dir) as store:
         _show(console, store, resolve_model(config.model.path, console), steps_done)
     console.print(f"\nstore: [bold]{store.path}[/] · look at it with [bold]harnessrl ui "

@@ -13,6 +13,7 @@ import msgspec
 from harnessrl.rollout.cluster import ClusterSettings
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.runner import RolloutSettings
+from harnessrl.train.schedule import ScheduleSettings
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -173,6 +174,9 @@ class TrainConfig(_Section):
     cluster: ClusterSettings | None = None
     checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
+    # [schedule]: colocated (the trainer gets the hardware while it steps) or overlapped;
+    # threads (train/schedule.py, docs/guides/async-grpo.md)
+    schedule: ScheduleSettings = msgspec.field(default_factory=ScheduleSettings)
 
     def __post_init__(self) -> None:
         several = len(self.engine.roots) > 1 or self.engine.servers > 1
