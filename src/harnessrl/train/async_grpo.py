@@ -337,6 +337,10 @@ class HarnessRolloutWorker:
                     group, position, planned = pending.popleft()
                     task = asyncio.ensure_future(self.rollouts.run_planned([planned]))
                     tasks[task] = (group, position)
+                if not tasks:  # the schedule holds new rollouts: waiting, not stuck
+                    self._heartbeat = time.time()
+                    await asyncio.sleep(POLL_SECONDS)
+                    continue
                 done, _ = await asyncio.wait(tasks, timeout=POLL_SECONDS,
                                              return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
@@ -364,7 +368,11 @@ class HarnessRolloutWorker:
         unscored = sum(len(g) for g in groups.values())
         scored = self.stats["rollouts_scored"]
         per_rollout = self.stats["rows_all"] / scored if scored else 1.0
-        return s.wants_rollouts(self.stats["rows_queued"], unscored, per_rollout)
+        if s.wants_rollouts(self.stats["rows_queued"], unscored, per_rollout):
+            return True
+        # Rows the trainer took and dropped (stale in its queue) count as queued: when it
+        # has taken every row and nothing is under way, it still waits for a batch.
+        return not unscored and self.rollout_buffer.empty() and s.steps_left()
 
     def _taken(self, item: Any) -> None:
         """The trainer took a row from the queue: its rollout is trained."""

@@ -145,6 +145,11 @@ class Schedule:
             wanted = (self.steps_begun + 1) * self.step_rows
         return rows_queued + rollouts_unscored * rows_per_rollout < wanted
 
+    def steps_left(self) -> bool:
+        """Sampling, with a step still to begin."""
+        with self._lock:
+            return self.phase == "sampling" and self.steps_begun < self.steps
+
     # ---------------------------------------------------------------- the trainer's side
     def step_begin(self, step: int) -> None:
         """The trainer has its batch: close the gates (and on a GPU wait for the running
