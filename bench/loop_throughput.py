@@ -115,7 +115,7 @@ def table(alone: float, results: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--arms", default="colocated,today")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("bench/loop_throughput.json"))

@@ -63,9 +63,9 @@ def serving(fake: FakeVLLM) -> Iterator[str]:
             self.end_headers()
             self.wfile.write(data)
 
-        do_GET = do_POST = _reply  # noqa: N815
+        do_GET = do_POST = _reply
 
-        def log_message(self, *_: object) -> None:
+        def log_message(self, format: str, *args: object) -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -131,13 +131,13 @@ def test_a_wake_that_leaves_vllm_asleep_is_an_error():
     with serving(FakeVLLM(stuck=True)) as url:
         sleeper = VLLMSleep([url])
         sleeper.sleep()
-        with pytest.raises(VLLMSleepError, match="vLLM at .* still sleeps"):
+        with pytest.raises(VLLMSleepError, match=r"vLLM at .* still sleeps"):
             sleeper.wake_up()
 
 
 def test_a_server_without_sleep_mode_is_named_with_the_flag_it_needs():
     with serving(FakeVLLM(sleep_mode=False)) as url, pytest.raises(
-            VLLMSleepError, match="HTTP 404.*--enable-sleep-mode"):
+            VLLMSleepError, match=r"HTTP 404.*--enable-sleep-mode"):
         VLLMSleep([url]).sleep()
 
 

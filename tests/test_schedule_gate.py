@@ -12,6 +12,7 @@ import time
 
 import httpx
 import openai
+from openai.types.chat import ChatCompletion
 
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
 from harnessrl.train.schedule import Schedule
@@ -82,7 +83,7 @@ def test_a_step_holds_new_calls_lets_running_ones_finish_and_releases_after_the_
         second = served.store.turns(other)
 
     held = results["held"]
-    assert isinstance(held, openai.types.chat.ChatCompletion), held
+    assert isinstance(held, ChatCompletion), held
     assert held.choices[0].message.content and results["held_at"] >= opened  # type: ignore[operator]
     assert [t.weight_version for t in first] == ["v1"]  # sampled before the step
     # the held call is stored once, sampled by the weights the step produced

@@ -288,7 +288,7 @@ class HarnessRolloutWorker:
             # The cold sync ran before this engine was known: it serves what vLLM says.
             sync.stamp(sync.agreed_version())
         if self.schedule is not None and self.rollouts.cluster is None:
-            self.schedule.gates.extend(self.rollouts.gates())  # closed during each step
+            self.schedule.gates.append(self.rollouts.proxy.gate)  # closed during each step
         self._thread = threading.Thread(target=self._main, name="harnessrl-rollouts",
                                         daemon=True)
         self._thread.start()
