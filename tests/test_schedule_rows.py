@@ -131,3 +131,61 @@ def test_colocated_starts_no_rollout_during_a_step_and_samples_what_is_trained(r
     # overlapped, the sampler ran on during the steps
     off = runs[False]
     assert any(began < t < ended for began, ended in off["steps"] for t in off["starts"])
+
+
+# ------------------------------------------------------------------ real vLLM, the whole loop
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_harnessrl_train_colocated_on_real_vllm_records_the_schedule(
+        vllm_tiny, tmp_path, tiny_model, monkeypatch):
+    """`harnessrl train` with the async trainer, real vLLM (the tiny model) and the
+    schedule forced on: every step line has the schedule's figures, each phase took time,
+    the phase callbacks came in order, and every rollout sampled was trained."""
+    import harnessrl.harnesses
+    from harnessrl.train.config import load_config
+    from harnessrl.train.loop import train
+    from tests.test_train import QUIET
+
+    script = tmp_path / "agent.py"
+    script.write_text(AGENT)
+    scripted_agent = agent("agent-solve", "solve", script)
+    monkeypatch.setattr(harnessrl.harnesses, "get", lambda _name: scripted_agent)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("\n".join(json.dumps({"id": name, "instruction": f"Create {name}.txt",
+                                           "verify": [f"test -f {name}.txt"],
+                                           "timeout": 45}) for name in ("a", "b")))
+    path = tmp_path / "train.toml"
+    path.write_text(f"""
+run_dir = "{tmp_path / 'run'}"
+[model]
+path = "{tiny_model}"
+[engine]
+url = "{vllm_tiny.url}"
+max_tokens = 16
+[rollout]
+harnesses = ["agent-solve"]
+tasks = "{tasks}"
+retries = 0
+hide_host = false
+[grpo]
+steps = 2
+num_generations = 2
+tasks_per_step = 1
+max_inflight = 4
+learning_rate = 1.0e-3
+[schedule]
+colocated = "on"
+""")
+    phases: list[str] = []
+    lines = train(load_config(path), console=QUIET, on_phase=phases.append)
+    assert [line["step"] for line in lines] == [1, 2]
+    last = lines[-1]["schedule"]
+    assert last["colocated"] is True
+    assert all(last["phase_s"][p] > 0 for p in ("sampling", "training", "syncing"))
+    assert last["rollouts_sampled"] >= 2 and last["rows_trained"] >= 4
+    assert last["trainer_tokens_per_s"] > 0
+    # the rollouts the sampler finished were (nearly) all trained: at most one group
+    # finished after the last step began
+    assert last["rollouts_trained"] >= last["rollouts_sampled"] - 2
+    assert phases[:3] == ["training step 1", "syncing weights", "sampling"]
+    assert phases[3:] == ["training step 2", "syncing weights", "sampling"]

@@ -331,6 +331,9 @@ class HarnessRolloutWorker:
         tasks: dict[asyncio.Task, tuple[int, int]] = {}
         try:
             while not self._stop.is_set():
+                if self.schedule is not None and not self.schedule.steps_left():
+                    # held by the schedule (a step runs): waiting, not stuck
+                    self._heartbeat = time.time()
                 while len(tasks) < self.max_inflight and self._may_start(pending, groups):
                     if not pending:
                         pending.extend(self._plan_group(groups))
