@@ -81,6 +81,7 @@ def run_arm(arm: str, root: Path, steps: int, console: Console) -> dict[str, Any
     return {
         "arm": arm, "steps": len(lines), "wall_s": round(wall, 1),
         "phase_s": last["phase_s"],
+        "rollouts_started": last["rollouts_started"],
         "rollouts_sampled": last["rollouts_sampled"],
         "rollouts_trained": last["rollouts_trained"],
         "trained_share": last["rollouts_trained_share"],
@@ -97,7 +98,7 @@ def table(alone: float, results: list[dict[str, Any]]) -> str:
         return "-" if v is None else format(v, spec)
 
     out = ["| arm | steps | wall s | sampling / training / syncing s | rollouts trained / "
-           "sampled | share | rollouts trained/h | steps/h | trainer tok/s (vs alone) |",
+           "finished | share | rollouts trained/h | steps/h | trainer tok/s (vs alone) |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
@@ -108,7 +109,8 @@ def table(alone: float, results: list[dict[str, Any]]) -> str:
         out.append(
             f"| {r['arm']} | {r['steps']} | {r['wall_s']:.0f} | {p['sampling']:.0f} / "
             f"{p['training']:.0f} / {p['syncing']:.0f} | {r['rollouts_trained']} / "
-            f"{r['rollouts_sampled']} | {f(r['trained_share'], '.0%')} | "
+            f"{r['rollouts_sampled']} ({r['rollouts_started']} started) | "
+            f"{f(r['trained_share'], '.0%')} | "
             f"{r['rollouts_trained_per_h']:.1f} | {r['steps_per_h']:.1f} | "
             f"{f(rate, '.0f')} ({f(rate / alone if rate else None, '.0%')}) |")
     return "\n".join(out) + f"\n\ntrainer alone: {alone:.0f} forwarded tokens/s\n"

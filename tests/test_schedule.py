@@ -246,3 +246,28 @@ def test_trainer_threads_per_phase_and_the_override():
     assert trainer_threads(auto, colocated=False, local_engine=False, ncores=8) == 8
     assert trainer_threads(ScheduleSettings(trainer_threads=3), colocated=True,
                            local_engine=True, ncores=8) == 3
+
+
+def test_figures_for_the_metrics_line_and_the_summary():
+    from collections import Counter
+
+    from harnessrl.train.schedule import figures, summary
+
+    clock = Clock()
+    schedule = Schedule(colocated=True, step_rows=4, steps=2, clock=clock)
+    clock.now = 60.0
+    schedule.step_begin(1)
+    clock.now = 90.0
+    stats = Counter(rollouts=5, rollouts_started=7, rows_all=9, rows_taken=8)
+    line = figures(schedule, stats, 4, {"batch/forwarded_tokens_per_step": 2400.0,
+                                        "perf/fwd_bwd_s": 30.0})
+    assert line == {"colocated": True,
+                    "phase_s": {"sampling": 60.0, "training": 30.0, "syncing": 0.0},
+                    "rollouts_started": 7, "rollouts_sampled": 5, "rollouts_trained": 4,
+                    "rollouts_trained_share": 0.8, "rows_sampled": 9, "rows_trained": 8,
+                    "trainer_tokens_per_s": 80.0}
+    assert summary(line) == ("schedule colocated: rollouts trained 4 of 5 finished (80%), "
+                             "7 started · seconds sampling 60, training 30, syncing 0 · "
+                             "trainer 80 tokens/s in its step")
+    empty = figures(schedule, Counter(), 0, {})
+    assert empty["rollouts_trained_share"] is None and empty["trainer_tokens_per_s"] is None

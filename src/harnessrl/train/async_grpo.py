@@ -340,6 +340,7 @@ class HarnessRolloutWorker:
                     group, position, planned = pending.popleft()
                     task = asyncio.ensure_future(self.rollouts.run_planned([planned]))
                     tasks[task] = (group, position)
+                    self.stats["rollouts_started"] += 1
                 if not tasks:  # the schedule holds new rollouts: waiting, not stuck
                     self._heartbeat = time.time()
                     await asyncio.sleep(POLL_SECONDS)

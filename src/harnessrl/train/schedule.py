@@ -280,6 +280,8 @@ def figures(schedule: Schedule, stats: Any, trained_rollouts: int,
     return {
         "colocated": schedule.colocated,
         "phase_s": {k: round(v, 2) for k, v in schedule.totals().items()},
+        # started: finished or not (a rollout cut at the run's end is no sample)
+        "rollouts_started": int(stats["rollouts_started"]),
         "rollouts_sampled": sampled, "rollouts_trained": trained_rollouts,
         "rollouts_trained_share": trained_rollouts / sampled if sampled else None,
         "rows_sampled": int(stats["rows_all"]), "rows_trained": int(stats["rows_taken"]),
@@ -293,7 +295,8 @@ def summary(line: dict[str, Any]) -> str:
     share = line["rollouts_trained_share"]
     rate = line["trainer_tokens_per_s"]
     return (f"schedule {'colocated' if line['colocated'] else 'overlapped'}: rollouts "
-            f"trained {line['rollouts_trained']} of {line['rollouts_sampled']} sampled"
-            f"{f' ({share:.0%})' if share is not None else ''} · seconds sampling "
+            f"trained {line['rollouts_trained']} of {line['rollouts_sampled']} finished"
+            f"{f' ({share:.0%})' if share is not None else ''}, "
+            f"{line['rollouts_started']} started · seconds sampling "
             f"{p['sampling']:.0f}, training {p['training']:.0f}, syncing {p['syncing']:.0f}"
             f" · trainer {'-' if rate is None else f'{rate:.0f}'} tokens/s in its step")
