@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
 import statistics
 import tempfile
 import time
@@ -37,9 +38,11 @@ import msgspec
 from rich.console import Console
 
 from harnessrl.demo import demo_config
+from harnessrl.train.async_grpo import HarnessRolloutWorker
 from harnessrl.train.loop import resolve_model, train
 from harnessrl.train.schedule import ScheduleSettings, cores
 
+TAKEN: dict[str, list[Any]] = {}  # per arm, the rows its trainer took, in order
 ARMS = {
     "colocated": lambda: ScheduleSettings(colocated="on"),
     "today": lambda: ScheduleSettings(colocated="off", trainer_threads=cores()),
@@ -66,11 +69,82 @@ def trainer_alone(console: Console, rows: int = 4, tokens: int = 640, repeats: i
     return max(rates)
 
 
+class _Stub:
+    """TRL's rollout worker and weight transfer for the replay: the rows an arm trained,
+    queued up front; no vLLM, no harness, no sampling."""
+
+    def __init__(self, rows: list[Any]) -> None:
+        self.rollout_buffer: queue.Queue = queue.Queue()
+        self.metrics_queue: queue.Queue = queue.Queue()
+        for row in rows:
+            self.rollout_buffer.put(row)
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def update_model_version(self, model_version: int) -> None: ...
+    def check_health(self, stale_after_s: float) -> None: ...
+    def init_weight_transfer(self) -> None: ...
+    def pause(self) -> None: ...
+    def send_weights(self, iterator: Any) -> None: ...
+    def resume(self) -> None: ...
+    def destroy(self) -> None: ...
+
+
+def trainer_alone_trl(rows: list[Any], steps: int, root: Path, console: Console,
+                      model: str | None = None) -> float:
+    """Forwarded tokens/s of TRL's own forward+backward (its packed tree attention, on a
+    CPU through harnessrl's SDPA stand-in) on the very rows the colocated arm trained, in
+    the same batches, with nothing else of harnessrl running: the trainer alone."""
+    import dataclasses
+
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+
+    from harnessrl.train.async_loop import _prepare, async_config
+    from harnessrl.train.trl_async import async_trl
+
+    torch.set_num_threads(cores())
+    config = demo_config(root / "alone", model, steps)
+    model_dir = resolve_model(config.model.path, console)
+    tokenizer = _prepare(model_dir)
+    args = async_config(config, root / "alone", "http://127.0.0.1:9")
+    logs: list[dict[str, Any]] = []
+
+    class Keep(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs_: Any = None,
+                   **kw: Any) -> None:
+            logs.append(dict(kw.get("logs") or logs_ or {}))
+
+    # and one more step's rows: accelerate fetches the next batch before it yields one
+    rows = rows + rows[:len(rows) // steps]
+    stub = _Stub([dataclasses.replace(r, model_version=0) for r in rows])
+    trainer = async_trl().trainer(
+        model=str(model_dir), args=args, rollout_worker=stub, weight_transfer=stub,
+        train_dataset=Dataset.from_dict({"prompt": ["t"]}), processing_class=tokenizer,
+        callbacks=[Keep()])
+    trainer.train()
+    steps_logged = [x for x in logs if "perf/fwd_bwd_s" in x]
+    tokens = sum(x["batch/forwarded_tokens_per_step"] for x in steps_logged)
+    return tokens / sum(x["perf/fwd_bwd_s"] for x in steps_logged)
+
+
 def run_arm(arm: str, root: Path, steps: int, console: Console) -> dict[str, Any]:
     config = demo_config(root / arm, None, steps)
     config = msgspec.structs.replace(config, schedule=ARMS[arm]())
+    taken = TAKEN.setdefault(arm, [])
+    original = HarnessRolloutWorker._taken
+
+    def keep(self: HarnessRolloutWorker, item: Any) -> None:  # the rows the trainer took
+        taken.append(item)
+        original(self, item)
+
+    HarnessRolloutWorker._taken = keep  # type: ignore[method-assign]
     start = time.monotonic()
-    lines = train(config, console=console)
+    try:
+        lines = train(config, console=console)
+    finally:
+        HarnessRolloutWorker._taken = original  # type: ignore[method-assign]
     wall = time.monotonic() - start
     if not lines:
         return {"arm": arm, "wall_s": wall, "error": "no step finished"}
@@ -123,14 +197,22 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/loop_throughput.json"))
     args = parser.parse_args()
     console = Console()
-    alone = trainer_alone(console)
-    console.print(f"trainer alone: {alone:.0f} tokens/s")
+    alone_hf = trainer_alone(console)
+    console.print(f"trainer alone (plain forward+backward): {alone_hf:.0f} tokens/s")
     results: list[dict[str, Any]] = []
+    alone = alone_hf
     with tempfile.TemporaryDirectory(prefix="loop-throughput-") as tmp:
         for arm in args.arms.split(","):
             results.append(run_arm(arm, Path(tmp), args.steps, console))
-            args.out.write_text(json.dumps({"alone_tokens_per_s": alone,
+            args.out.write_text(json.dumps({"alone_tokens_per_s": alone_hf,
                                             "arms": results}, indent=1))
+            console.print(table(alone, results))
+        if TAKEN.get("colocated"):
+            alone = trainer_alone_trl(TAKEN["colocated"], args.steps, Path(tmp), console)
+            args.out.write_text(json.dumps({"alone_tokens_per_s": alone_hf,
+                                            "alone_trl_tokens_per_s": alone,
+                                            "arms": results}, indent=1))
+            console.print("against TRL's own step on the colocated arm's rows, alone:")
             console.print(table(alone, results))
 
 
