@@ -17,6 +17,8 @@ Per arm: wall time of `train()` (vLLM's start included) and of the training prop
 step line's run minus vLLM start is not separable, so both are given: wall, and seconds
 per phase from the schedule), rollouts sampled and trained, the share trained, rollouts
 trained and steps per hour, the trainer's tokens/s in its forward+backward against alone.
+Last, the like-for-like baseline: the rows the colocated arm trained, replayed through
+TRL's own trainer (same batches, its packed tree attention) with nothing else running.
 Figures only; nothing is asserted. A JSON of each arm is written as soon as it ends.
 
     flock /tmp/heavy.lock nice .venv/bin/python bench/loop_throughput.py
