@@ -282,6 +282,9 @@ OWN_ROUTES = {
                                "(`{\"timeout\": 600}`; on timeout a 504 naming the calls).",
     ("POST", "/weights/release"): "Let held calls go on; `{\"version\": \"v3\"}` stamps the "
                                   "calls admitted from now on with that weight version.",
+    ("POST", "/weights/close"): "The colocated schedule's optimizer step: new model calls "
+                                "wait from now on; the running ones are not waited for.",
+    ("POST", "/weights/open"): "The step is over: the calls held by `/weights/close` go on.",
     ("GET", "/health"): "The proxy is up and the engine's models.",
     ("GET", "/"): "A probe (Claude Code checks its base URL before calling).",
     ("GET", "/r/{key}"): "The same probe under a rollout's prefix.",

@@ -10,7 +10,10 @@ rollouts in a child process) it calls these:
 - `POST /weights/release` `{"version": "v3"}`: the engine records `version` on the calls
   admitted from now on, and the held calls go on.
 
-Both need the admin token when the proxy has one. Errors are in the OpenAI shape, as the
+- `POST /weights/close`, `POST /weights/open`: the colocated schedule's step: new calls
+  wait from now on (the running ones are not waited for) until `open`.
+
+All need the admin token when the proxy has one. Errors are in the OpenAI shape, as the
 rollout routes answer.
 """
 
@@ -39,6 +42,10 @@ class Hold(msgspec.Struct, forbid_unknown_fields=True):
     timeout: float = 600.0
 
 
+class Empty(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
 class Release(msgspec.Struct, forbid_unknown_fields=True):
     version: str | None = None  # None: the calls keep the version they had
 
@@ -51,7 +58,9 @@ class WeightRoutes:
 
     def routes(self) -> list[Route]:
         return [Route("/weights/hold", self._answer(self.hold), methods=["POST"]),
-                Route("/weights/release", self._answer(self.release), methods=["POST"])]
+                Route("/weights/release", self._answer(self.release), methods=["POST"]),
+                Route("/weights/close", self._answer(self.close), methods=["POST"]),
+                Route("/weights/open", self._answer(self.open), methods=["POST"])]
 
     async def hold(self, request: Request) -> dict[str, object]:
         body = await self._body(request, Hold)
@@ -67,6 +76,16 @@ class WeightRoutes:
             self.engine.weight_version = body.version
         self.gate.release()
         return {"held": False, "weight_version": self.engine.weight_version}
+
+    async def close(self, request: Request) -> dict[str, object]:
+        await self._body(request, Empty)
+        self.gate.close()
+        return {"closed": True, "inflight": self.gate.inflight}
+
+    async def open(self, request: Request) -> dict[str, object]:
+        await self._body(request, Empty)
+        self.gate.open()
+        return {"closed": False, "waiting": self.gate.waiting}
 
     async def _body(self, request: Request, kind: type[_T]) -> _T:
         token = self.config.admin_token

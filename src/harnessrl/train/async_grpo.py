@@ -50,6 +50,8 @@ from harnessrl.types import CallKind, Outcome, Sample, Turn
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue as MPQueue
 
+    from harnessrl.train.schedule import Schedule
+
 POLL_SECONDS = 0.2
 REPORTS_KEPT = 2000
 
@@ -245,6 +247,9 @@ class HarnessRolloutWorker:
     # Runs once the store is open, before the first rollout (a resume marks the rollouts
     # its crash interrupted).
     on_start: Callable[[HarnessRollouts], None] | None = None
+    # The run's phases (train.schedule): colocated, a group is planned only while the next
+    # step needs rows, and no rollout starts during a step.
+    schedule: Schedule | None = None
     # typed as TRL's protocol has them; these are in-process queues
     rollout_buffer: queue.Queue | MPQueue = field(init=False)
     metrics_queue: queue.Queue | MPQueue = field(init=False)
@@ -255,7 +260,9 @@ class HarnessRolloutWorker:
         if self.num_generations < 1 or self.max_inflight < 1 or self.max_staleness < 0:
             raise ValueError("num_generations and max_inflight must be >= 1, "
                              "max_staleness >= 0")
-        self.rollout_buffer = queue.Queue(maxsize=self.queue_maxsize)
+        self.rollout_buffer = _TakenQueue(self._taken, maxsize=self.queue_maxsize)
+        self._origin: dict[int, str] = {}  # id(queued row) -> its rollout
+        self.trained_rollouts: set[str] = set()  # rollouts with a row the trainer took
         self.metrics_queue = queue.Queue()
         self._version = 0
         self._stop = threading.Event()
@@ -289,6 +296,8 @@ class HarnessRolloutWorker:
                 sync.engines.append(versioned)
             # The cold sync ran before this engine was known: it serves what vLLM says.
             sync.stamp(sync.agreed_version())
+        if self.schedule is not None and self.rollouts.cluster is None:
+            self.schedule.gates.append(self.rollouts.proxy.gate)  # closed during each step
         self._thread = threading.Thread(target=self._main, name="harnessrl-rollouts",
                                         daemon=True)
         self._thread.start()
@@ -331,12 +340,20 @@ class HarnessRolloutWorker:
         tasks: dict[asyncio.Task, tuple[int, int]] = {}
         try:
             while not self._stop.is_set():
-                while len(tasks) < self.max_inflight:
+                if self.schedule is not None and not self.schedule.steps_left():
+                    # held by the schedule (a step runs): waiting, not stuck
+                    self._heartbeat = time.time()
+                while len(tasks) < self.max_inflight and self._may_start(pending, groups):
                     if not pending:
                         pending.extend(self._plan_group(groups))
                     group, position, planned = pending.popleft()
                     task = asyncio.ensure_future(self.rollouts.run_planned([planned]))
                     tasks[task] = (group, position)
+                    self.stats["rollouts_started"] += 1
+                if not tasks:  # the schedule holds new rollouts: waiting, not stuck
+                    self._heartbeat = time.time()
+                    await asyncio.sleep(POLL_SECONDS)
+                    continue
                 done, _ = await asyncio.wait(tasks, timeout=POLL_SECONDS,
                                              return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
@@ -352,6 +369,29 @@ class HarnessRolloutWorker:
                 task.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _may_start(self, pending: deque[Any], groups: dict[int, list[Any]]) -> bool:
+        """Whether a rollout may start now (train.schedule): the rest of a group under way
+        whenever the sampler samples; a new group only while the next step wants rows."""
+        s = self.schedule
+        if s is None or not s.colocated:
+            return True
+        if pending:
+            return s.phase == "sampling"
+        unscored = sum(len(g) for g in groups.values())
+        scored = self.stats["rollouts_scored"]
+        per_rollout = self.stats["rows_all"] / scored if scored else 1.0
+        if s.wants_rollouts(self.stats["rows_queued"], unscored, per_rollout):
+            return True
+        # Rows the trainer took and dropped (stale in its queue) count as queued: when it
+        # has taken every row and nothing is under way, it still waits for a batch.
+        return not unscored and self.rollout_buffer.empty() and s.steps_left()
+
+    def _taken(self, item: Any) -> None:
+        """The trainer took a row from the queue: its rollout is trained."""
+        self.stats["rows_taken"] += 1
+        if (key := self._origin.pop(id(item), None)) is not None:
+            self.trained_rollouts.add(key)
 
     def _plan_group(self, groups: dict[int, list[Any]]) -> list[tuple[int, int, Any]]:
         """The next group: the next task for the next harness (tasks advance once every
@@ -379,10 +419,13 @@ class HarnessRolloutWorker:
                 fate = "stale"
             if fate == "queued":
                 assert row.version is not None
-                self._put(rollout_sample(s, advantage, row.version, group, outcome,
-                                         instruction))
+                item = rollout_sample(s, advantage, row.version, group, outcome, instruction)
+                self._origin[id(item)] = outcome.rollout
+                self._put(item)
             fates.append(fate)
             self.stats[f"rows_{fate}"] += 1
+            self.stats["rows_all"] += 1
+        self.stats["rollouts_scored"] += sum(o.status == "done" for o in report.outcomes)
         report = _with_fates(report, fates)
         self.reports.append(report)
         self.stats["groups"] += 1
@@ -400,6 +443,19 @@ class HarnessRolloutWorker:
                 return
             except queue.Full:
                 self._heartbeat = time.time()
+
+
+class _TakenQueue(queue.Queue):
+    """The rollout queue, telling the worker which rows the trainer took."""
+
+    def __init__(self, on_take: Callable[[Any], None], maxsize: int = 0) -> None:
+        super().__init__(maxsize)
+        self._on_take = on_take
+
+    def _get(self) -> Any:
+        item = super()._get()
+        self._on_take(item)
+        return item
 
 
 def _with_fates(report: GroupReport, fates: list[str]) -> GroupReport:

@@ -5,8 +5,9 @@ One line per optimizer step in `metrics.jsonl`, built from what the trainer logs
 own numbers and the worker's, which reach TRL's `report_to` backends the same way): reward,
 rows per rollout, sampled tokens trained / captured with all chains and with the main
 chain only (overall and per harness), rows dropped as stale (here and in TRL's queue),
-staleness at enqueue, the trainer's idle share (time waiting for rows / step time), and
-the version vLLM serves.
+staleness at enqueue, the trainer's idle share (time waiting for rows / step time), the
+version vLLM serves, and the schedule's figures (train.schedule; cumulative): seconds per
+phase, rollouts sampled and trained, the trainer's tokens/s in its step.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from harnessrl.rollout.tasks import Task
     from harnessrl.train.async_grpo import HarnessRolloutWorker
     from harnessrl.train.async_weights import VersionedTransfer
+    from harnessrl.train.schedule import Schedule
     from harnessrl.train.weights import VLLMWeightSync
 
 METRICS_FILE = "metrics.jsonl"
@@ -90,8 +92,17 @@ def async_config(config: TrainConfig, run_dir: Path, vllm_url: str) -> Any:
         report_to=g.report_to or "none", logging_steps=1,
         token_budget=0, vllm_server_base_url=vllm_url, disable_tqdm=True,
         # checkpoints are harnessrl's (train.checkpoint), at TRL's save points
-        **_saving(config.checkpoint.every_steps))
+        **_saving(config.checkpoint.every_steps), **_colocated_queue(config))
     return async_trl().config(**{**values, **g.trl})
+
+
+def _colocated_queue(config: TrainConfig) -> dict[str, Any]:
+    """Colocated (train.schedule), the sampler runs one step's rows ahead, no more."""
+    from harnessrl.train.schedule import is_colocated
+
+    if not is_colocated(config.schedule, config.engine.roots, config.cluster is not None):
+        return {}
+    return {"queue_maxsize": config.grpo.tasks_per_step * config.grpo.num_generations}
 
 
 def _saving(every_steps: int) -> dict[str, Any]:
@@ -137,8 +148,11 @@ def _row(line: dict[str, Any]) -> str:
 
 
 def _callback(path: Path, sync: VLLMWeightSync, console: Console, steps: list[dict[str, Any]],
-              on_step: Callable[[dict[str, Any]], None] | None) -> TrainerCallback:
+              on_step: Callable[[dict[str, Any]], None] | None,
+              schedule: Schedule, worker: HarnessRolloutWorker) -> TrainerCallback:
     from transformers import TrainerCallback
+
+    from harnessrl.train.schedule import figures
 
     class AsyncStepLog(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any,
@@ -147,6 +161,8 @@ def _callback(path: Path, sync: VLLMWeightSync, console: Console, steps: list[di
                     or is_eval_log(logs)):
                 return
             line = step_line(int(state.global_step), logs, sync.agreed_version())
+            line["schedule"] = figures(schedule, worker.stats, len(worker.trained_rollouts),
+                                       logs)
             steps.append(line)
             with path.open("a") as f:
                 f.write(json.dumps(line) + "\n")
@@ -161,13 +177,16 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
                 model_dir: Path,
                 engines: PolicyEngines, run_dir: Path, console: Console,
                 on_step: Callable[[dict[str, Any]], None] | None, *,
-                long: LongRun | None = None, callbacks: Sequence[Any] = ()
-                ) -> list[dict[str, Any]]:
+                long: LongRun | None = None, callbacks: Sequence[Any] = (),
+                on_phase: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """The main process: vLLM, the proxy (or the cluster's shards), the rollout worker and
     rank 0 of the trainer. `long`: its checkpoints, resume and eval (train.long_run)."""
     from harnessrl.train.async_grpo import HarnessRolloutWorker
     from harnessrl.train.async_weights import FileWeightTransfer, VersionedTransfer
     from harnessrl.train.engines import node_engines
+    from harnessrl.train.schedule import callback as schedule_callback
+    from harnessrl.train.schedule import scheduled
+    from harnessrl.train.schedule import summary as schedule_summary
     from harnessrl.train.trl import HarnessRollouts
 
     tokenizer = _prepare(model_dir)
@@ -182,6 +201,8 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
         cluster=config.cluster, engine_factory=node_engines(config, engines))
     g = config.grpo
     long = long or LongRun(config, run_dir, tasks, console, run_dir / METRICS_FILE)
+    status = console.status("async GRPO: rollouts in flight while the trainer steps")
+    schedule = _schedule(config, engines, args, status, on_phase)
     worker = HarnessRolloutWorker(rollouts, num_generations=g.num_generations,
                                   max_inflight=g.max_inflight, max_staleness=g.max_staleness,
                                   # TRL's own bound on queued rows (grpo.trl), as its
@@ -189,7 +210,7 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
                                   queue_maxsize=args.queue_maxsize,
                                   call_kinds=tuple(g.call_kinds),
                                   order=long.order, first_group=long.first_group,
-                                  on_start=long.on_worker_start)
+                                  on_start=long.on_worker_start, schedule=schedule)
     if config.cluster is not None:
         with console.status("placing the rollout nodes on Ray"):
             worker.open()  # a cluster that can run no rollout is refused here
@@ -197,8 +218,11 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
     steps: list[dict[str, Any]] = []
     trainer = _trainer(config, tasks, model_dir, args, tokenizer, worker,
                        FileWeightTransfer(sync, model_dir) if file else None,
-                       [_callback(run_dir / METRICS_FILE, sync, console, steps, on_step),
-                        long.callback(), *callbacks], long.trainer_class)
+                       [_callback(run_dir / METRICS_FILE, sync, console, steps, on_step,
+                                  schedule, worker), long.callback(), *callbacks],
+                       lambda cls: scheduled(long.trainer_class(cls), schedule))
+    # after TRL's own callbacks: its step end (the weight sync) comes first
+    trainer.add_callback(schedule_callback(schedule))
     if config.lora is not None:  # what trains, and that the sync sends merged weights
         from harnessrl.train.lora import attach_metrics, describe
 
@@ -212,14 +236,33 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
     trainer.weight_transfer.version = version
     long.attach(trainer, worker, version)
     try:
-        with console.status("async GRPO: rollouts in flight while the trainer steps"):
+        with status:
             trainer.train(resume_from_checkpoint=long.resume_from)
     finally:
         worker.stop()
+    if steps:
+        console.print(schedule_summary(steps[-1]["schedule"]))
     model = long.finish(trainer)
     console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'} · "
                   f"model: {model}")
     return steps
+
+
+def _schedule(config: TrainConfig, engines: PolicyEngines, args: Any, status: Any,
+              on_phase: Callable[[str], None] | None) -> Schedule:
+    """The run's schedule; its phase shown on the status line and given to `on_phase`."""
+    from harnessrl.train.schedule import for_run
+
+    def shown(phase: str) -> None:
+        status.update(f"async GRPO: {phase}")
+        if on_phase is not None:
+            on_phase(phase)
+
+    g = config.grpo
+    return for_run(config.schedule, engine_roots=config.engine.roots,
+                   clustered=config.cluster is not None, served=engines.urls,
+                   step_rows=g.tasks_per_step * g.num_generations, steps=g.steps,
+                   on_phase=shown)
 
 
 def train_async_rank(config: TrainConfig, tasks: list[Task], model_dir: Path) -> None:

@@ -14,6 +14,7 @@ from harnessrl.rollout.cluster import ClusterSettings
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.runner import RolloutSettings
 from harnessrl.train.lora import LoraSettings, check_lora
+from harnessrl.train.schedule import ScheduleSettings
 from harnessrl.types import CallKind
 
 
@@ -186,6 +187,9 @@ class TrainConfig(_Section):
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
     # [lora]: train a LoRA adapter (train/lora.py); absent: every weight trains
     lora: LoraSettings | None = None
+    # [schedule]: colocated (the trainer gets the hardware while it steps) or overlapped;
+    # threads (train/schedule.py, docs/guides/async-grpo.md)
+    schedule: ScheduleSettings = msgspec.field(default_factory=ScheduleSettings)
 
     def __post_init__(self) -> None:
         check_lora(self.lora, self.grpo.trainer, self.grpo.weight_transfer)

@@ -157,10 +157,12 @@ def resolve_model(spec: str, console: Console) -> Path:
 
 def train(config: TrainConfig, *, console: Console | None = None,
           on_step: Callable[[dict[str, Any]], None] | None = None,
-          resume: str | None = None, callbacks: Sequence[Any] = ()) -> list[dict[str, Any]]:
+          resume: str | None = None, callbacks: Sequence[Any] = (),
+          on_phase: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Run GRPO steps end to end (up to `config.grpo.steps` in all); one metrics dict per
     step. `resume`: "latest" or a checkpoint's path, to go on from (async trainer);
-    `callbacks`: more `TrainerCallback`s for the trainer."""
+    `callbacks`: more `TrainerCallback`s for the trainer; `on_phase`: told each phase
+    of the async trainer's schedule ("sampling", "training step N", "syncing weights")."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental"
     # TRL names the vLLM versions its own vLLM integration was tested with; harnessrl talks
     # to vLLM itself (through the proxy), so that range does not apply.
@@ -198,7 +200,8 @@ def train(config: TrainConfig, *, console: Console | None = None,
     with policy_engines(config, model_dir, run_dir, status=console.status) as engines:
         if long is not None:
             return train_async(config, tasks, harnesses, model_dir, engines, run_dir,
-                               console, on_step, long=long, callbacks=callbacks)
+                               console, on_step, long=long, callbacks=callbacks,
+                               on_phase=on_phase)
         return _train(config, tasks, harnesses, model_dir, engines, run_dir, console, on_step,
                       callbacks)
 
