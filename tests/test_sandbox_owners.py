@@ -1,0 +1,212 @@
+"""No sandbox outlives its run: a runner killed with SIGKILL takes its sandboxes' processes
+with it (reaper_launcher.py), what a dead runner left is swept at the next runner start and
+by `harnessrl sandboxes --remove` (rollout/owners.py), local and Docker alike."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from harnessrl.rollout import owners
+
+CHILD = Path(__file__).with_name("sandbox_child.py")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def registry(tmp_path: Path, monkeypatch) -> Path:
+    """A registry of this test's own (the machine's is shared with other runs)."""
+    folder = tmp_path / "registry"
+    monkeypatch.setenv(owners.REGISTRY_ENV, str(folder))
+    return folder
+
+
+def _env(registry: Path) -> dict[str, str]:
+    return {**os.environ, owners.REGISTRY_ENV: str(registry),
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+
+
+def _until(check, seconds: float, what: str):  # noqa: ANN001, ANN202
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if found := check():
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"not within {seconds:.0f} s: {what}")
+
+
+def _homes_under(root: Path) -> list[int]:
+    """Processes whose HOME lies under `root` (a sandbox's agent and what it started)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry.name}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        homes = [Path(v[5:].decode()) for v in environ if v.startswith(b"HOME=")]
+        if homes and homes[0].is_relative_to(root.resolve()):
+            found.append(int(entry.name))
+    return found
+
+
+RUNNER = textwrap.dedent("""
+    import asyncio, sys
+    from pathlib import Path
+    from harnessrl.rollout.sandbox import LocalSandbox
+
+    async def main():
+        box = await LocalSandbox.create(Path(sys.argv[1]), "box")
+        print("started", flush=True)
+        await box.run("setsid sleep 300 & exec sleep 300", timeout=600)
+
+    asyncio.run(main())
+""")
+
+
+def _start_runner(root: Path, registry: Path) -> tuple[subprocess.Popen, owners.Entry]:
+    child = subprocess.Popen([sys.executable, "-c", RUNNER, str(root)], env=_env(registry),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    entry = _until(lambda: next(iter(owners.entries()), None), 60, "the sandbox registered")
+    _until(lambda: len(owners.marked(entry.token)) >= 3, 60,
+           "the reaper, the command and the process that left its group running")
+    return child, entry
+
+
+def test_a_sigkilled_runner_takes_its_sandbox_commands_with_it(tmp_path, registry, capsys):
+    from harnessrl.cli import main
+
+    child, entry = _start_runner(tmp_path / "root", registry)
+    assert entry.owner == f"{child.pid}:{owners.start_time(child.pid)}"
+    assert entry.here() and not entry.left_over()
+    child.kill()
+    child.wait()
+    # the reaper saw its owner die: the command and the one that left its group are gone
+    _until(lambda: not owners.marked(entry.token), 10, "the sandbox's processes killed")
+    # the directories and the entry are what a dead runner leaves: listed, then removed
+    assert Path(entry.directory).is_dir() and owners.entries()[0].left_over()
+    assert main(["sandboxes"]) == 0
+    out, err = capsys.readouterr()
+    assert f"left-over pid {child.pid}" in out and entry.directory in out
+    assert "1 left over" in err
+    assert main(["sandboxes", "--remove", "--json"]) == 0
+    (shown,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert shown["state"] == "removed" and shown["token"] == entry.token
+    assert not Path(entry.directory).exists() and not Path(entry.private).exists()
+    assert owners.entries() == []
+
+
+def _dead_entry(tmp_path: Path, namespace: str | None = None) -> tuple[owners.Entry,
+                                                                       subprocess.Popen]:
+    """A sandbox whose watcher could not kill it (killed too): a marked process running,
+    registered to an owner that is gone (this pid with another start time)."""
+    token = "deadbeef" * 3
+    directory, private = tmp_path / "sandboxes" / "box", tmp_path / "private"
+    for folder in (directory / "work", private):
+        folder.mkdir(parents=True)
+    process = subprocess.Popen(["sleep", "300"], env={owners.MARKER: token},
+                               start_new_session=True)
+    owners.register(token, directory, private)
+    path = owners.registry_dir() / f"{token}.json"
+    entry = json.loads(path.read_text())
+    entry["owner"] = f"{os.getpid()}:1"  # the pid of a process long gone
+    if namespace is not None:
+        entry["namespace"] = namespace
+    path.write_text(json.dumps(entry))
+    return owners.entries()[0], process
+
+
+def test_a_runner_start_sweeps_what_a_dead_owner_left(tmp_path, registry):
+    from harnessrl.proxy.store import TraceStore
+    from harnessrl.rollout.runner import RunConfig, Runner
+
+    entry, process = _dead_entry(tmp_path)
+    assert entry.left_over() and owners.marked(entry.token) == [process.pid]
+    with TraceStore(tmp_path / "run") as store:
+        Runner(RunConfig(harnesses=[], tasks=[]), store, "http://127.0.0.1:1",
+               tmp_path / "run")
+    assert process.wait(timeout=10) == -signal.SIGKILL
+    assert not Path(entry.directory).exists() and not Path(entry.private).exists()
+    assert owners.entries() == []
+
+
+def test_entries_of_another_pid_namespace_are_listed_never_removed(tmp_path, registry,
+                                                                   capsys):
+    from harnessrl.cli import main
+
+    entry, process = _dead_entry(tmp_path, namespace="another-boot:pid:[1]")
+    try:
+        assert not entry.left_over() and owners.sweep() == []
+        assert main(["sandboxes", "--remove"]) == 0
+        assert capsys.readouterr().out.startswith("elsewhere")
+        assert process.poll() is None and Path(entry.directory).is_dir()
+    finally:
+        process.kill()
+        process.wait()
+
+
+async def test_the_reaper_passes_exit_codes_and_signals_through(tmp_path, registry):
+    from harnessrl.rollout.sandbox import LocalSandbox
+
+    async with await LocalSandbox.create(tmp_path, "box") as box:
+        assert (await box.run("exit 3", timeout=30)).exit_code == 3
+        assert (await box.run("kill -TERM $$", timeout=30)).exit_code == -signal.SIGTERM
+        missing = await box.run(["no-such-program-here"], timeout=30)
+        assert missing.exit_code == 127 and b"no-such-program-here" in missing.stderr
+        assert len(owners.entries()) == 1
+    assert owners.entries() == []  # closed: unregistered
+
+
+# -- whole commands, killed ------------------------------------------------------------------
+
+@pytest.fixture
+def fake_engine():
+    """A stand-in vLLM the trainer's proxy can start against (the agent never calls it)."""
+    from harnessrl.proxy.serve import in_thread
+    from tests.fake_vllm import FakeVLLM
+
+    with in_thread(FakeVLLM().app()) as (url, _server):
+        yield url
+
+
+@pytest.mark.slow
+def test_sigkilled_harnessrl_train_leaves_no_harness_process(tmp_path, registry, tiny_model,
+                                                            fake_engine):
+    run_dir = tmp_path / "run"
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "hello", "instruction": "Create hello.txt",
+                                 "verify": ["test -f hello.txt"], "timeout": 600}))
+    config = tmp_path / "train.yaml"
+    config.write_text(f"""
+run_dir: {run_dir}
+model: {{path: "{tiny_model}"}}
+engine: {{url: "{fake_engine}/v1", max_tokens: 32}}
+rollout: {{harnesses: [sleeper], tasks: "{tasks}", tools_dir: "{tmp_path / 'tools'}",
+          hide_host: false, concurrency: 2}}
+grpo: {{trainer: sync, steps: 1, num_generations: 2, tasks_per_step: 1}}
+""")
+    child = subprocess.Popen([sys.executable, str(CHILD), str(tmp_path / "tools"), "train",
+                              "--config", str(config)], env=_env(registry),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        # two rollouts, each an agent and the sleep that left its process group
+        agents = _until(lambda: len(found := _homes_under(run_dir)) >= 4 and found
+                        or child.poll() is not None and ["exited"], 300,
+                        "the trainer's agents running")
+        assert agents != ["exited"], child.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+    finally:
+        child.kill()
+        child.wait()
+    _until(lambda: not _homes_under(run_dir), 10, "no harness process of the run left")
+    assert all(e.left_over() for e in owners.entries()) and len(owners.entries()) == 2
+    owners.sweep()  # what the next start does
+    assert owners.entries() == [] and not list((run_dir / "sandboxes").iterdir())
