@@ -34,11 +34,16 @@ def _env(registry: Path) -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
 
 
-def _until(check, seconds: float, what: str):  # noqa: ANN001, ANN202
+def _until(check, seconds: float, what: str, child: subprocess.Popen | None = None):
+    """check()'s first true value; fails after `seconds`, or when `child` has ended."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if found := check():
             return found
+        if child is not None and child.poll() is not None:
+            assert child.stderr is not None
+            raise AssertionError(f"the command ended ({child.returncode}) before {what}: "
+                                 f"{child.stderr.read().decode()[-3000:]}")
         time.sleep(0.1)
     raise AssertionError(f"not within {seconds:.0f} s: {what}")
 
@@ -199,10 +204,8 @@ grpo: {{trainer: sync, steps: 1, num_generations: 2, tasks_per_step: 1}}
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         # two rollouts, each an agent and the sleep that left its process group
-        agents = _until(lambda: len(found := _homes_under(run_dir)) >= 4 and found
-                        or child.poll() is not None and ["exited"], 300,
-                        "the trainer's agents running")
-        assert agents != ["exited"], child.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+        _until(lambda: len(_homes_under(run_dir)) >= 4, 300, "the trainer's agents running",
+               child)
     finally:
         child.kill()
         child.wait()
@@ -210,3 +213,73 @@ grpo: {{trainer: sync, steps: 1, num_generations: 2, tasks_per_step: 1}}
     assert all(e.left_over() for e in owners.entries()) and len(owners.entries()) == 2
     owners.sweep()  # what the next start does
     assert owners.entries() == [] and not list((run_dir / "sandboxes").iterdir())
+
+
+def _docker_problem() -> str | None:
+    from harnessrl.rollout.docker import BASE_IMAGE, docker_problem
+
+    if (problem := docker_problem()) is not None:
+        return problem
+    found = subprocess.run(["docker", "image", "inspect", BASE_IMAGE], capture_output=True)
+    return None if found.returncode == 0 else f"the base image {BASE_IMAGE} is missing"
+
+
+def _containers(label: str) -> list[str]:
+    listed = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={label}"],
+                            capture_output=True, text=True, check=True)
+    return listed.stdout.split()
+
+
+def _watcher_of(pid: int) -> list[int]:
+    """The Docker watcher (reaper_launcher.py --docker-label) of runner `pid`."""
+    found = []
+    for entry in os.scandir("/proc"):
+        try:
+            argv = Path(f"/proc/{entry.name}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--docker-label" in argv and f"{owners.LABEL}={pid}:".encode() in b" ".join(argv):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("watcher", ["alive", "killed too"])
+def test_after_sigkill_of_harnessrl_run_no_container_is_left(watcher, tmp_path, registry):
+    """With its watcher the runner's container goes at once; with the watcher killed too
+    (a lost node), the next runner start sweeps it."""
+    if (problem := _docker_problem()) is not None:
+        pytest.skip(f"docker sandbox: {problem}")
+    from harnessrl.proxy.store import TraceStore
+    from harnessrl.rollout.docker import RUN_LABEL
+    from harnessrl.rollout.runner import RunConfig, Runner
+
+    run_dir = tmp_path / "run"
+    label = f"{RUN_LABEL}={run_dir.resolve()}"
+    child = subprocess.Popen([sys.executable, str(CHILD), str(tmp_path / "tools"), "run",
+                              "--harness", "sleeper", "--tasks", "bundled:fizzbuzz",
+                              "--oracle", "--sandbox", "docker", "--retries", "0",
+                              "--tools-dir", str(tmp_path / "tools"), "--run-dir",
+                              str(run_dir)], env=_env(registry),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _until(lambda: _containers(label) and _homes_under(run_dir), 180,
+               "the agent running in its container", child)
+        (entry,) = owners.entries()
+        assert entry.container and _containers(label)
+        watchers = _watcher_of(child.pid)
+        assert len(watchers) == 1
+    finally:
+        child.kill()
+        child.wait()
+    if watcher == "alive":
+        _until(lambda: not _containers(label), 60, "the watcher removed the container")
+    else:
+        os.kill(watchers[0], signal.SIGKILL)
+        time.sleep(1)
+        assert _containers(label)  # nothing ran to remove it
+    with TraceStore(tmp_path / "next") as store:  # the next start
+        Runner(RunConfig(harnesses=[], tasks=[]), store, "http://127.0.0.1:1",
+               tmp_path / "next")
+    assert _containers(label) == [] and owners.entries() == []
+    assert not _homes_under(run_dir)

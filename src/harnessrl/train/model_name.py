@@ -41,8 +41,13 @@ def _smollm2(status: Status | None) -> Path:
     if status is None:
         return prepare_smollm2()
     with status("preparing SmolLM2-135M-Instruct (first run: ~1 min)") as shown:
-        update = getattr(shown, "update", None)
-        return prepare_smollm2(progress=update if callable(update) else None)
+        update = getattr(shown, "update", None)  # a rich Status shows each step
+
+        def progress(message: str) -> None:
+            if callable(update):
+                update(message)
+
+        return prepare_smollm2(progress=progress)
 
 
 BUILT_IN: dict[str, Callable[[Status | None], Path]] = {"tiny": _tiny, "smollm2": _smollm2}
