@@ -165,6 +165,7 @@ async def test_the_reaper_passes_exit_codes_and_signals_through(tmp_path, regist
     async with await LocalSandbox.create(tmp_path, "box") as box:
         assert (await box.run("exit 3", timeout=30)).exit_code == 3
         assert (await box.run("kill -TERM $$", timeout=30)).exit_code == -signal.SIGTERM
+        assert (await box.run("kill -KILL $$", timeout=30)).exit_code == -signal.SIGKILL
         missing = await box.run(["no-such-program-here"], timeout=30)
         assert missing.exit_code == 127 and b"no-such-program-here" in missing.stderr
         assert len(owners.entries()) == 1
