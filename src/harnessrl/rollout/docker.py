@@ -107,7 +107,7 @@ def _install_cleanup() -> None:
     atexit.register(lambda: remove_now(sorted(_LIVE)))
     # In a session of its own: a signal to this process's group does not stop it before
     # it has cleaned up.
-    subprocess.Popen([sys.executable, "-I", str(_HERE / "reaper_launcher.py"), "--owner",
+    subprocess.Popen([sys.executable, "-I", "-S", str(_HERE / "reaper_launcher.py"), "--owner",
                       str(os.getpid()), "--docker-label", f"{LABEL}={owners.owner()}"],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL, start_new_session=True)

@@ -1,7 +1,7 @@
 """A sandbox command's first process: runs the command and kills it with its owner.
 
-Usage: python -I reaper_launcher.py --owner PID --token TOKEN -- COMMAND...
-       python -I reaper_launcher.py --owner PID --docker-label LABEL=VALUE
+Usage: python -I -S reaper_launcher.py --owner PID --token TOKEN -- COMMAND...
+       python -I -S reaper_launcher.py --owner PID --docker-label LABEL=VALUE
 
 The runner starts it (in a new session, so the command's process group is this one's),
 and it starts COMMAND, waits for it and exits as it did (code or signal). If the owner
@@ -15,7 +15,8 @@ when the *thread* that forked the child ends, and an event loop's thread can end
 before the runner does. Without pidfds it polls its parent pid (a dead owner's children
 are handed to init or a subreaper).
 
-Standard library only, and no imports from harnessrl: it runs with `python -I`.
+Standard library only, and no imports from harnessrl: it runs with `python -I -S` (no
+site import: it starts before every sandbox command, ~20 ms instead of ~30).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import contextlib
 import os
 import select
 import signal
-import subprocess
 import sys
 
 MARKER = "HARNESSRL_SANDBOX"
@@ -83,6 +83,8 @@ def kill_marked(token: str) -> None:
 
 
 def remove_containers(label: str) -> None:
+    import subprocess  # here: most reapers never need it, and each start costs
+
     listed = subprocess.run(["docker", "ps", "-aq", "--filter", f"label={label}"],
                             capture_output=True, text=True, timeout=60)
     if names := listed.stdout.split():

@@ -295,7 +295,7 @@ class LocalSandbox:
                     "--tmp", str(self.tmp), *reveal, *shown, *hidden, "--", *argv]
             namespaces.append("--mount")
         argv = ["unshare", *namespaces, "--", *argv] if namespaces else argv
-        return [sys.executable, "-I", str(_REAPER), "--owner", str(os.getpid()), "--token",
+        return [sys.executable, "-I", "-S", str(_REAPER), "--owner", str(os.getpid()), "--token",
                 self.token, "--", *argv]
 
     async def run(self, command: str | list[str], *, env: Mapping[str, str] | None = None,
