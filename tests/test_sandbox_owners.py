@@ -184,6 +184,30 @@ def fake_engine():
         yield url
 
 
+def test_sigkilled_harnessrl_run_leaves_no_harness_process(tmp_path, registry, capsys):
+    """`harnessrl run` (the oracle engine: no model) with two sleeping agents, SIGKILLed."""
+    from harnessrl.cli import main
+
+    run_dir, tools = tmp_path / "run", tmp_path / "tools"
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "hello", "instruction": "Create hello.txt",
+                                 "verify": ["test -f hello.txt"], "timeout": 600}))
+    child = subprocess.Popen([sys.executable, str(CHILD), str(tools), "run", "--harness",
+                              "sleeper", "--tasks", str(tasks), "--oracle", "--no-hide",
+                              "-k", "2", "--retries", "0", "--tools-dir", str(tools),
+                              "--run-dir", str(run_dir)], env=_env(registry),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:  # each rollout: the reaper, the agent and the sleep that left its group
+        _until(lambda: len(_homes_under(run_dir)) >= 6, 120, "both agents running", child)
+    finally:
+        child.kill()
+        child.wait()
+    _until(lambda: not _homes_under(run_dir), 10, "no harness process of the run left")
+    assert main(["sandboxes", "--remove"]) == 0
+    assert capsys.readouterr().out.count("removed   pid") == 2
+    assert owners.entries() == [] and not list((run_dir / "sandboxes").iterdir())
+
+
 @pytest.mark.slow
 def test_sigkilled_harnessrl_train_leaves_no_harness_process(tmp_path, registry, tiny_model,
                                                             fake_engine):
