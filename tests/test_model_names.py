@@ -235,8 +235,10 @@ def test_serve_starts_vllm_on_the_built_in_model(tmp_path):
                 break
         else:
             raise AssertionError(f"serve ended: {server.wait()}")
-        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()
-        assert [m["id"] for m in models["data"]] == [str(built)]
+        base = f"http://127.0.0.1:{port}"
+        key = httpx.post(f"{base}/rollouts", json={}, timeout=30).json()["key"]
+        models = httpx.get(f"{base}/r/{key}/v1/models", timeout=30).json()
+        assert [m["id"] for m in models["data"]] == [str(built)], models
     finally:
         server.terminate()
         server.wait(timeout=60)

@@ -176,11 +176,33 @@ async def test_the_reaper_passes_exit_codes_and_signals_through(tmp_path, regist
 
 @pytest.fixture
 def fake_engine():
-    """A stand-in vLLM the trainer's proxy can start against (the agent never calls it)."""
-    from harnessrl.proxy.serve import in_thread
-    from tests.fake_vllm import FakeVLLM
+    """A stand-in for vLLM in dev mode that the trainer can start against and sync its
+    weights to (the sleeping agent never asks it for a completion)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
 
-    with in_thread(FakeVLLM().app()) as (url, _server):
+    from harnessrl.proxy.serve import in_thread
+
+    served = {"weight_version": None}
+
+    async def models(_request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [{"id": "policy", "object": "model"}]})
+
+    async def weight_info(_request: Request) -> JSONResponse:
+        return JSONResponse(served)
+
+    async def posted(request: Request) -> JSONResponse:
+        if request.url.path == "/update_weight_version":
+            served["weight_version"] = (await request.json())["new_version"]
+        return JSONResponse({})
+
+    app = Starlette(routes=[
+        Route("/v1/models", models), Route("/weight_info", weight_info),
+        *(Route(path, posted, methods=["POST"]) for path in
+          ("/collective_rpc", "/reset_prefix_cache", "/update_weight_version"))])
+    with in_thread(app) as (url, _server):
         yield url
 
 
