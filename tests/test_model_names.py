@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -236,7 +237,15 @@ def test_serve_starts_vllm_on_the_built_in_model(tmp_path):
         else:
             raise AssertionError(f"serve ended: {server.wait()}")
         base = f"http://127.0.0.1:{port}"
-        key = httpx.post(f"{base}/rollouts", json={}, timeout=30).json()["key"]
+        # the line is printed just before the proxy listens: a moment's retry
+        for _ in range(100):
+            try:
+                key = httpx.post(f"{base}/rollouts", json={}, timeout=30).json()["key"]
+                break
+            except httpx.ConnectError:
+                time.sleep(0.1)
+        else:
+            raise AssertionError("the proxy never listened")
         models = httpx.get(f"{base}/r/{key}/v1/models", timeout=30).json()
         assert [m["id"] for m in models["data"]] == [str(built)], models
     finally:
