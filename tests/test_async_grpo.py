@@ -18,6 +18,7 @@ import pytest
 from harnessrl.harnesses.base import Harness
 from harnessrl.rollout.chains import link
 from harnessrl.train.async_grpo import advantages, rows_of, score_group
+from harnessrl.train.grpo import RowSettings
 from harnessrl.types import Outcome
 from tests.helpers import CACHE, make_turn
 
@@ -102,8 +103,11 @@ def test_group_advantage_leaves_infra_failures_out_and_every_chain_is_a_row():
                     status="done", reward=0.0)
     failed = Outcome(harness="h", harness_version="1", task="t", sample=2, rollout="r3",
                      status="infra_error")
+    # turn 1's prompt repeats turn 0's and goes on without its reply: a dropped reply,
+    # masked by default (tests/test_grpo.py); trained here, so each chain is a row
+    keep = RowSettings(rejected_turns="train")
     report, rows = score_group(7, "t", [(done, [a, b]), (other, [make_turn("r2", 0)]),
-                                        (failed, [make_turn("r3", 0)])])
+                                        (failed, [make_turn("r3", 0)])], keep)
     assert [s.rollout for s, _, _ in rows] == ["r1", "r1", "r2"]  # none for the failure
     assert [adv for _, adv, _ in rows] == pytest.approx([1.0, 1.0, -1.0], abs=1e-6)
     assert report.captured_tokens == {"r1": 6, "r2": 3}

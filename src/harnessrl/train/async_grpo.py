@@ -41,6 +41,16 @@ from typing import TYPE_CHECKING, Any
 
 from harnessrl.rollout.chains import link
 from harnessrl.train.async_weights import VersionedTransfer, version_number
+from harnessrl.train.group_batches import GroupItem
+from harnessrl.train.grpo import (
+    ChainRow,
+    RowSettings,
+    chain_rows,
+    flagged_turns,
+    group_advantages,
+    has_spread,
+    shuffled,
+)
 from harnessrl.train.order import TaskOrder
 from harnessrl.train.samples import sample as chain_sample
 from harnessrl.train.trl import HarnessRollouts, main_chain
@@ -63,7 +73,13 @@ class Row:
     input_ids: tuple[int, ...]
     trained_tokens: int
     version: int | None  # None: a turn has no version we set; the row is not trained
-    fate: str = "queued"  # queued | stale | untagged
+    # queued | stale | untagged | uniform (its group had no reward spread)
+    fate: str = "queued"
+    advantage: float = 0.0
+    # replies of the row left out of its loss or penalised: (turn, rejected | truncated)
+    flagged: tuple[tuple[int, str], ...] = ()
+    kind: str = "rollout"  # rollout | penalty (the row of penalised replies only)
+    treatment: str = "train"  # what was done to its flagged replies: mask | penalty | train
 
 
 @dataclass(frozen=True)
@@ -76,16 +92,13 @@ class GroupReport:
     rows: tuple[Row, ...]
     captured_tokens: dict[str, int]  # per rollout key: sampled tokens of its ok turns
     main_chain_tokens: dict[str, int]
+    spread: bool = True  # the scored rewards differ
+    flagged: dict[str, dict[int, str]] = field(default_factory=dict)  # per rollout
 
 
 def advantages(rewards: Sequence[float | None]) -> list[float]:
     """TRL's group advantage over the scored rollouts (population std); 0 for None."""
-    scored = [r for r in rewards if r is not None]
-    if not scored:
-        return [0.0] * len(rewards)
-    mean = sum(scored) / len(scored)
-    std = (sum((r - mean) ** 2 for r in scored) / len(scored)) ** 0.5
-    return [0.0 if r is None else (r - mean) / (std + 1e-8) for r in rewards]
+    return group_advantages(rewards, "group")
 
 
 def rows_of(turns: Sequence[Turn]) -> list[Sample]:
@@ -107,32 +120,50 @@ def main_chain_tokens(turns: Sequence[Turn]) -> int:
     return 0 if chain is None else sum(chain_sample(chain).mask)
 
 
-def score_group(group: int, task: str, finished: Sequence[tuple[Outcome, list[Turn]]]
+def score_group(group: int, task: str, finished: Sequence[tuple[Outcome, list[Turn]]],
+                settings: RowSettings | None = None
                 ) -> tuple[GroupReport, list[tuple[Sample, float, Outcome]]]:
-    """The group's rows, each with its rollout's advantage, and its report."""
+    """The group's rows, each with its advantage (its rollout's, or a penalty row's),
+    and its report (one `Row` per row, in the same order)."""
+    settings = settings or RowSettings()
     rewards = [o.reward if o.status == "done" else None for o, _ in finished]
-    adv = advantages(rewards)
+    adv = group_advantages(rewards, settings.scale_rewards)
+    if settings.advantage_control == "shuffle":
+        adv = shuffled(adv, rewards, settings.seed, group)
     rows: list[tuple[Sample, float, Outcome]] = []
+    reports: list[Row] = []
+    flagged: dict[str, dict[int, str]] = {}
     for (outcome, turns), a in zip(finished, adv, strict=True):
-        if outcome.status == "done":
-            rows.extend((s, a, outcome) for s in rows_of(turns))
+        if outcome.status != "done" or not turns:
+            continue
+        flags = flagged_turns(turns)
+        flagged[outcome.rollout] = dict(flags)
+        for chain in link(turns).chains:
+            for r in chain_rows(chain, a, flags, settings):
+                rows.append((r.sample, r.advantage, outcome))
+                reports.append(_row(r, settings))
     report = GroupReport(
         group=group, harnesses=tuple(o.harness for o, _ in finished), task=task,
         outcomes=tuple(o for o, _ in finished), advantages=tuple(adv),
-        rows=tuple(_row(s) for s, _, _ in rows),
+        rows=tuple(reports),
         captured_tokens={o.rollout: captured_tokens(t) for o, t in finished
                          if o.status == "done"},
         main_chain_tokens={o.rollout: main_chain_tokens(t) for o, t in finished
-                           if o.status == "done"})
+                           if o.status == "done"},
+        spread=has_spread(rewards), flagged=flagged)
     return report, rows
 
 
-def _row(s: Sample) -> Row:
+def _row(r: ChainRow, settings: RowSettings) -> Row:
+    s = r.sample
     versions = [version_number(v) for v in s.weight_versions]
     version = None if not versions or None in versions else min(
         v for v in versions if v is not None)
+    treatment = ("penalty" if r.kind == "penalty" else
+                 ",".join(sorted({settings.treatment(f) for _, f in r.flagged})) or "train")
     return Row(s.rollout, s.turns, (*s.prompt_ids, *s.completion_ids), sum(s.mask), version,
-               "queued" if version is not None else "untagged")
+               "queued" if version is not None else "untagged", r.advantage,
+               r.flagged, r.kind, treatment)
 
 
 def rollout_sample(s: Sample, advantage: float, version: int, group: int,
@@ -184,7 +215,43 @@ def group_metrics(report: GroupReport, current: int) -> dict[str, Any]:
             _add(out, f"harnessrl/staleness_{current - row.version}_total", 1.0)
         if row.fate != "queued":
             _add(out, f"harnessrl/rows_{row.fate}_dropped_total", 1.0)
+    _add_signal(out, report)
     return out
+
+
+def _add_signal(out: dict[str, Any], report: GroupReport) -> None:
+    """Whether the group carried a signal, and what its replies were."""
+    fate = report.rows[0].fate if report.rows else "empty"
+    _add(out, "harnessrl/groups_with_spread", (float(report.spread), 1.0))
+    _add(out, f"harnessrl/groups_{fate}_total", 1.0)
+    scored = [a for a, o in zip(report.advantages, report.outcomes, strict=True)
+              if o.status == "done"]
+    if scored:
+        _add(out, "harnessrl/advantage_abs", (sum(abs(a) for a in scored), len(scored)))
+        _add(out, "harnessrl/advantage_range", max(scored) - min(scored))
+    flags = [f for per in report.flagged.values() for f in per.values()]
+    replies = sum(o.turns for o in report.outcomes if o.status == "done")
+    for flag in ("rejected", "truncated"):
+        _add(out, f"harnessrl/replies_{flag}", (float(flags.count(flag)), replies))
+    _add(out, "harnessrl/agent_timeouts_total",
+         float(sum(o.agent_timed_out for o in report.outcomes if o.status == "done")))
+
+
+def group_fate(report: GroupReport, current: int, max_staleness: int,
+               drop_uniform: bool) -> str:
+    """What becomes of a whole group: queued, or dropped as empty (no row), uniform (no
+    reward spread), untagged (a row with no version) or stale (its oldest row is more
+    than `max_staleness` versions behind)."""
+    versions = [r.version for r in report.rows]
+    if not versions:
+        return "empty"
+    if drop_uniform and not report.spread:
+        return "uniform"
+    if None in versions:
+        return "untagged"
+    if current - min(v for v in versions if v is not None) > max_staleness:
+        return "stale"
+    return "queued"
 
 
 # What each scored rollout adds per harness, as (sum, count) rates over scored rollouts.
@@ -194,6 +261,9 @@ OUTCOME_RATES: dict[str, Callable[[Outcome], float]] = {
     "tool_calls": lambda o: float(o.tool_calls),
     "turns": lambda o: float(o.turns),
     "completion_tokens": lambda o: float(o.completion_tokens),
+    # an agent killed at its wall-clock deadline scores as it ended (a 0 if unsolved);
+    # counted apart from wrong answers, since a slow engine under load causes them
+    "agent_timeouts": lambda o: float(o.agent_timed_out),
 }
 
 
@@ -236,6 +306,9 @@ class HarnessRolloutWorker:
     # Runs once the store is open, before the first rollout (a resume marks the rollouts
     # its crash interrupted).
     on_start: Callable[[HarnessRollouts], None] | None = None
+    # how rollouts become rows (advantage scale, flagged replies, the control arm)
+    settings: RowSettings = field(default_factory=RowSettings)
+    drop_uniform: bool = True  # a group with no reward spread is not queued
     # typed as TRL's protocol has them; these are in-process queues
     rollout_buffer: queue.Queue | MPQueue = field(init=False)
     metrics_queue: queue.Queue | MPQueue = field(init=False)
@@ -358,24 +431,25 @@ class HarnessRolloutWorker:
         return [(group, i, p) for i, p in enumerate(planned)]
 
     def _finish(self, group: int, finished: list[Any]) -> None:
+        """Score the group and queue it whole, or drop it whole and say why."""
         task = finished[0][0].task
-        report, rows = score_group(group, task, finished)
+        report, rows = score_group(group, task, finished, self.settings)
         instruction = next((t.instruction for t in self.rollouts.tasks if t.id == task), task)
         current = self._version
-        fates = []
-        for (s, advantage, outcome), row in zip(rows, report.rows, strict=True):
-            fate = row.fate
-            if row.version is not None and current - row.version > self.max_staleness:
-                fate = "stale"
-            if fate == "queued":
-                assert row.version is not None
-                self._put(rollout_sample(s, advantage, row.version, group, outcome,
-                                         instruction))
-            fates.append(fate)
-            self.stats[f"rows_{fate}"] += 1
-        report = _with_fates(report, fates)
+        fate = group_fate(report, current, self.max_staleness, self.drop_uniform)
+        if fate == "queued":
+            version = min(r.version for r in report.rows if r.version is not None)
+            self._put(GroupItem(group, version, [
+                rollout_sample(s, advantage, row.version or version, group, outcome,
+                               instruction)
+                for (s, advantage, outcome), row in zip(rows, report.rows, strict=True)],
+                [o.reward for o in report.outcomes
+                 if o.status == "done" and o.reward is not None]))
+        report = _with_fates(report, [fate] * len(report.rows))
         self.reports.append(report)
         self.stats["groups"] += 1
+        self.stats[f"groups_{fate}"] += 1
+        self.stats[f"rows_{fate}"] += len(report.rows)
         self.stats["infra_errors"] += sum(o.status != "done" for o in report.outcomes)
         self.metrics_queue.put(group_metrics(report, current))
         self._heartbeat = time.time()

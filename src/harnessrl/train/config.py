@@ -115,7 +115,8 @@ class GRPOSettings(_Section):
     trainer: Literal["async", "sync"] = "async"
     steps: Annotated[int, msgspec.Meta(ge=1)] = 2  # optimizer steps
     num_generations: Annotated[int, msgspec.Meta(ge=1)] = 2  # rollouts per GRPO group
-    # sync: tasks per step; async: rows per optimizer step = tasks_per_step * num_generations
+    # GRPO groups per optimizer step, whole: every row of every rollout of each (async: a
+    # rollout gives one row per chain, so the rows per step follow)
     tasks_per_step: Annotated[int, msgspec.Meta(ge=1)] = 2
     max_inflight: Annotated[int, msgspec.Meta(ge=1)] = 4  # async: rollouts running at once
     # async: how many weight versions behind the trainer a row may be and still be trained
@@ -133,6 +134,26 @@ class GRPOSettings(_Section):
     # (GPUs, one server started with --weight-transfer-config '{"backend":"nccl"}').
     # Either way every turn records the version its server reports serving.
     weight_transfer: Literal["file", "trl"] = "file"
+    # --- how rollouts become a loss (train/grpo.py; docs/guides/async-grpo.md) ---
+    # The group advantage's scale, as TRL's GRPOConfig.scale_rewards (its default in 1.16):
+    # group: (r - group mean) / group std; batch: / the std of the step's rewards; none:
+    # r - group mean (a small shaping spread stays small instead of becoming +-1).
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    # async: a group whose scored rollouts all have the same reward has no advantage; it
+    # is counted and not trained, and the sampler draws more tasks to fill the step
+    # (DAPO's dynamic sampling). False: such groups are trained (advantage 0).
+    drop_uniform_groups: bool = True
+    # A reply the harness dropped from its history (rejected: e.g. an unparsed tool call)
+    # and a reply cut by max_tokens (finish reason "length"): mask (no loss), penalty
+    # (advantage -format_penalty on that reply's tokens alone; async) or train (the
+    # rollout's advantage, as every other reply).
+    rejected_turns: Literal["mask", "penalty", "train"] = "mask"
+    truncated_turns: Literal["mask", "penalty", "train"] = "mask"
+    format_penalty: Annotated[float, msgspec.Meta(ge=0)] = 1.0
+    # async, the control arm of an experiment: "shuffle" permutes the advantages of each
+    # group's scored rollouts (seeded by grpo.seed and the group), so the update has the
+    # same size but no relation to what the rollouts did.
+    advantage_control: Literal["none", "shuffle"] = "none"
 
 
 class CheckpointConfig(_Section):

@@ -48,6 +48,20 @@ def sample(chain: Chain) -> Sample:
         break_reason=None if reason == "first" else reason)
 
 
+def turn_spans(chain: Chain) -> dict[int, tuple[int, int]]:
+    """Where each turn's sampled ids lie in the chain's sample's `completion_ids`:
+    turn index -> (start, end)."""
+    spans: dict[int, tuple[int, int]] = {}
+    at = 0
+    for turn, after in zip(chain.turns, (*chain.turns[1:], None), strict=True):
+        n = len(tokens(turn).completion_ids or ())
+        spans[turn.index] = (at, at + n)
+        at += n
+        if after is not None:
+            at += len(tokens(after).prompt_ids or ()) - length(turn)
+    return spans
+
+
 def samples_for_rollout(turns: Sequence[Turn]) -> list[Sample]:
     return [sample(c) for c in chains(turns)]
 
