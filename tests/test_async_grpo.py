@@ -24,6 +24,12 @@ from tests.helpers import CACHE, make_turn
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
+# 8-token replies are cut by max_tokens and the rewards are coin flips: every reply is
+# trained and every group queued, as these tests check every chain's row (the defaults
+# that mask truncated replies and drop uniform groups: tests/test_grpo.py)
+EVERY_ROW = {"settings": RowSettings(rejected_turns="train", truncated_turns="train"),
+             "drop_uniform": False}
+
 AGENT = r'''
 import os, sys
 from openai import OpenAI
@@ -197,6 +203,7 @@ def test_async_grpo_trains_every_chain_with_weight_swaps_and_drops_stale_rows(
     from harnessrl.rollout.tasks import load_tasks
     from harnessrl.train.async_grpo import HarnessRolloutWorker
     from harnessrl.train.async_weights import FileWeightTransfer, install_cpu_support
+    from harnessrl.train.group_batches import group_trainer
     from harnessrl.train.trl import HarnessRollouts, on_policy_sampling
     from harnessrl.train.weights import VLLMWeightSync
 
@@ -218,20 +225,26 @@ def test_async_grpo_trains_every_chain_with_weight_swaps_and_drops_stale_rows(
         sampling=on_policy_sampling(max_tokens=8),
         settings=RolloutSettings(retries=0, hide_host=False))
     worker = HarnessRolloutWorker(rollouts, num_generations=2, max_inflight=4,
-                                  max_staleness=0, transfer=transfer)
+                                  max_staleness=0, transfer=transfer,
+                                  **EVERY_ROW)
     install_cpu_support()
     args = AsyncGRPOConfig(
         output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=4,
         num_generations=2, learning_rate=5e-2, use_cpu=True, bf16=False, dtype="float32",
         report_to="none", logging_steps=1, save_strategy="no", token_budget=0,
         max_staleness=0, vllm_server_base_url=url, seed=0, disable_tqdm=True)
-    trainer = AsyncGRPOTrainer(
+    trainer = group_trainer(AsyncGRPOTrainer, groups_per_step=2, scale="group")(
         model=str(tiny_model), args=args, rollout_worker=worker, weight_transfer=transfer,
         train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}))
     during_swap = _call_during_second_swap(transfer, rollouts)
     consumed = []
     get = worker.rollout_buffer.get
-    worker.rollout_buffer.get = lambda *a, **k: consumed.append(get(*a, **k)) or consumed[-1]
+    def take(*a, **k):  # a whole group; its rows are what is consumed
+        item = get(*a, **k)
+        consumed.extend(item.samples)
+        return item
+
+    worker.rollout_buffer.get = take
     trainer.train()
     store = rollouts.store  # a reader, still usable after the worker closed it
     reports = list(worker.reports)

@@ -185,6 +185,33 @@ def test_train_keeps_every_reply():
     assert sum(sum(s.mask) for _, s, _ in rows) == 4 * 20 + 3
 
 
+def test_the_sync_trainers_row_masks_the_same_replies():
+    from harnessrl.train.trl import record_for
+
+    turns = agent_turns("r", truncated=True, side_call=False)  # one chain: 0-3
+    masked = record_for(outcome("r", 1.0), turns, RowSettings())
+    kept = record_for(outcome("r", 1.0), turns)  # no settings: every reply trained
+    assert masked.sample is not None and kept.sample is not None
+    assert sum(kept.sample.mask) == 80 and sum(masked.sample.mask) == 60
+    dropped = [i for i, (a, b) in enumerate(zip(kept.sample.mask, masked.sample.mask,
+                                                strict=True)) if a != b]
+    assert [kept.sample.completion_ids[i] for i in dropped] == list(reply(3))
+
+
+@pytest.mark.parametrize(("grpo", "says"), [
+    ({"rejected_turns": "penalty"}, "rejected_turns"),
+    ({"truncated_turns": "penalty"}, "truncated_turns"),
+    ({"advantage_control": "shuffle"}, "advantage_control")])
+def test_the_sync_trainer_refuses_what_only_the_async_one_does(grpo, says):
+    from harnessrl.train.config import GRPOSettings, TrainConfig
+    from harnessrl.train.loop import check_sync
+
+    config = TrainConfig(grpo=GRPOSettings(trainer="sync", **grpo))
+    with pytest.raises(ValueError, match=says):
+        check_sync(config)
+    check_sync(TrainConfig(grpo=GRPOSettings(trainer="sync")))  # the defaults run
+
+
 # ------------------------------------------------------------------ the worker, scripted
 class ScriptedRollouts:
     """`HarnessRollouts`' face to the worker, with a scripted engine (the turns of
@@ -360,9 +387,7 @@ def test_batch_scale_divides_by_the_std_of_the_steps_rewards():
 def test_the_optimizer_does_not_step_on_a_batch_with_no_gradient():
     import torch
 
-    from harnessrl.train.group_batches import guard_optimizer
-
-    torch.manual_seed(0)
+    from harnessrl.train.group_batches import guard_optimizer, has_gradient
 
     def run(guarded: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
         torch.manual_seed(0)
@@ -384,7 +409,112 @@ def test_the_optimizer_does_not_step_on_a_batch_with_no_gradient():
                 after_first = model.weight.detach().clone()
         return after_first, model.weight.detach().clone(), len(skipped)
 
+    model = torch.nn.Linear(2, 1)
+    assert not has_gradient(model)
+    (model(torch.ones(1, 2)).sum() * 0).backward()
+    assert not has_gradient(model)  # zero everywhere
+    model(torch.ones(1, 2)).sum().backward()
+    assert has_gradient(model)
+
     first, last, skipped = run(guarded=True)
     assert torch.equal(first, last) and skipped == 1
     first, last, _ = run(guarded=False)
     assert not torch.equal(first, last)  # AdamW's moments move the weights unguarded
+
+
+# ------------------------------------------------------------------ the real trainer
+class ScriptedGroupWorker:
+    """TRL's `RolloutWorkerProtocol`, scripted: queues fixed whole groups at start (the
+    first two with no advantage at all), as the harnessrl worker queues them."""
+
+    def __init__(self, groups: list[list[float]]) -> None:
+        self.rollout_buffer: queue.Queue[Any] = queue.Queue()
+        self.metrics_queue: queue.Queue[Any] = queue.Queue()
+        self.groups = groups
+
+    def start(self) -> None:
+        from harnessrl.train.group_batches import GroupItem
+        from harnessrl.train.trl_async import async_trl
+
+        sample = async_trl().rollout_sample
+        for g, advantages in enumerate(self.groups):
+            rows = []
+            for i, adv in enumerate(advantages):
+                for chain in range(1 + i % 2):  # a rollout is one or two rows
+                    ids = np.asarray([1 + (g * 7 + i * 3 + chain + k) % 50 for k in range(10)])
+                    rows.append(sample(
+                        prompt=[], completion=[], input_ids=ids,
+                        completion_mask=np.asarray([0] * 4 + [1] * 6),
+                        old_log_probs=np.full(10, -3.0, dtype=np.float32), advantage=adv,
+                        model_version=0, group_id=g, metrics={}))
+            self.rollout_buffer.put(GroupItem(g, 0, rows, [0.0] * len(advantages)))
+
+    def stop(self) -> None:
+        pass
+
+    def update_model_version(self, model_version: int) -> None:
+        pass
+
+    def check_health(self, stale_after_s: float) -> None:
+        pass
+
+
+class NoTransfer:
+    """A weight transfer that sends nothing (no vLLM in this test)."""
+
+    def init_weight_transfer(self) -> None: ...
+    def pause(self) -> None: ...
+    def send_weights(self, iterator: Any) -> None: ...
+    def resume(self) -> None: ...
+    def destroy(self) -> None: ...
+
+
+@pytest.mark.slow  # imports TRL's async trainer, which imports vLLM (~20-50 s)
+def test_the_trainer_takes_whole_groups_and_does_not_step_without_a_gradient(tiny_model,
+                                                                            tmp_path):
+    import torch
+    from datasets import Dataset
+
+    from harnessrl.train.async_weights import install_cpu_support
+    from harnessrl.train.group_batches import group_trainer
+    from harnessrl.train.trl_async import async_trl
+
+    trl = async_trl()
+    install_cpu_support()
+    args = trl.config(
+        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4,
+        num_generations=2, learning_rate=5e-2, weight_decay=0.1, use_cpu=True, bf16=False,
+        dtype="float32", report_to="none", logging_steps=1, save_strategy="no",
+        token_budget=0, max_staleness=4, vllm_server_base_url="http://127.0.0.1:9",
+        seed=0, disable_tqdm=True)
+    # step 1: two groups, every advantage 0; step 2: two groups with a spread
+    worker = ScriptedGroupWorker([[0.0, 0.0], [0.0, 0.0], [1.0, -1.0], [-1.0, 1.0]])
+    trainer = group_trainer(trl.trainer, groups_per_step=2, scale="group")(
+        model=str(tiny_model), args=args, rollout_worker=worker, weight_transfer=NoTransfer(),
+        train_dataset=Dataset.from_dict({"prompt": ["t"]}))
+    seen: list[dict[str, torch.Tensor]] = []
+
+    def params() -> dict[str, torch.Tensor]:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    from transformers import TrainerCallback
+
+    class Snapshot(TrainerCallback):
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            seen.append(params())
+
+    trainer.add_callback(Snapshot())
+    before = params()
+    trainer.train()
+    logs = [e for e in trainer.state.log_history if "loss" in e]
+    assert trainer.state.global_step == 2 and len(seen) == 2
+    # step 1 had no gradient: no optimizer step, so weight decay moved nothing either
+    assert all(torch.equal(before[n], seen[0][n]) for n in before)
+    assert logs[0].get("harnessrl/steps_without_gradient_total") == 1
+    # step 2 did
+    assert any(not torch.equal(seen[0][n], seen[1][n]) for n in before)
+    assert not logs[1].get("harnessrl/steps_without_gradient_total")
+    # each step took two whole groups: all 3 rows of each
+    assert [e.get("batch/groups_per_step") for e in logs] == [2, 2]
+    assert [e.get("harnessrl/step_rows") for e in logs] == [6, 6]

@@ -212,3 +212,24 @@ def group_trainer(base: type, *, groups_per_step: int, scale: Scale) -> type:
             self._metrics["train"]["harnessrl/steps_without_gradient_total"].append(1.0)
 
     return GroupGRPOTrainer
+
+
+def has_gradient(model: Any) -> bool:
+    """Whether any parameter has a non-zero gradient."""
+    return any(p.grad is not None and bool(p.grad.any()) for p in model.parameters())
+
+
+def guarded_trainer(base: type) -> type:
+    """`base` (TRL's sync `GRPOTrainer`) whose optimizer does not step when every
+    gradient is zero (every rollout's advantage 0, or every reply masked)."""
+
+    class GuardedTrainer(base):  # type: ignore[valid-type, misc]
+        def create_optimizer(self, model: Any = None) -> Any:
+            optimizer = super().create_optimizer(model)
+            guard_optimizer(optimizer, lambda: has_gradient(self.model), self._skipped)
+            return optimizer
+
+        def _skipped(self) -> None:
+            self._metrics["train"]["harnessrl/steps_without_gradient"].append(1.0)
+
+    return GuardedTrainer

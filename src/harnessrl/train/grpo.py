@@ -146,6 +146,15 @@ def chain_rows(chain: Chain, advantage: float, flags: Mapping[int, Flag],
     return rows
 
 
+def masked_chain(chain: Chain, flags: Mapping[int, Flag], settings: RowSettings) -> Sample:
+    """The chain as one sample with its flagged replies masked per setting (the sync
+    trainer's one row per rollout: a penalty needs a row of its own, which it has not)."""
+    spans = turn_spans(chain)
+    off = [spans[t.index] for t in chain.turns
+           if t.index in flags and settings.treatment(flags[t.index]) != "train"]
+    return _masked(sample(chain), off, keep=False)
+
+
 def _masked(s: Sample, spans: Sequence[tuple[int, int]], *, keep: bool) -> Sample:
     """`s` with its loss mask cleared on `spans` (keep=False) or everywhere else."""
     if not spans:
