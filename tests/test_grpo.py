@@ -427,10 +427,11 @@ class ScriptedGroupWorker:
     """TRL's `RolloutWorkerProtocol`, scripted: queues fixed whole groups at start (the
     first two with no advantage at all), as the harnessrl worker queues them."""
 
-    def __init__(self, groups: list[list[float]]) -> None:
+    def __init__(self, groups: list[list[float]], engine_logprob: float = -3.0) -> None:
         self.rollout_buffer: queue.Queue[Any] = queue.Queue()
         self.metrics_queue: queue.Queue[Any] = queue.Queue()
         self.groups = groups
+        self.engine_logprob = engine_logprob
 
     def start(self) -> None:
         from harnessrl.train.group_batches import GroupItem
@@ -445,7 +446,8 @@ class ScriptedGroupWorker:
                     rows.append(sample(
                         prompt=[], completion=[], input_ids=ids,
                         completion_mask=np.asarray([0] * 4 + [1] * 6),
-                        old_log_probs=np.full(10, -3.0, dtype=np.float32), advantage=adv,
+                        old_log_probs=np.full(10, self.engine_logprob, dtype=np.float32),
+                        advantage=adv,
                         model_version=0, group_id=g, metrics={}))
             self.rollout_buffer.put(GroupItem(g, 0, rows, [0.0] * len(advantages)))
 
@@ -469,14 +471,21 @@ class NoTransfer:
     def destroy(self) -> None: ...
 
 
+# importance sampling: none; a band wide enough to mask nothing; the default band with the
+# engine's logprobs perturbed so far (+5: rho < e^-5) that every token leaves it
+CORRECTIONS = [(None, -3.0), ("wide", -3.0), ("default", 5.0)]
+
+
 @pytest.mark.slow  # imports TRL's async trainer, which imports vLLM (~20-50 s)
-def test_the_trainer_takes_whole_groups_and_does_not_step_without_a_gradient(tiny_model,
-                                                                            tmp_path):
+@pytest.mark.parametrize(("importance", "engine_logprob"), CORRECTIONS)
+def test_the_trainer_takes_whole_groups_and_does_not_step_without_a_gradient(
+        tiny_model, tmp_path, importance, engine_logprob):
     import torch
     from datasets import Dataset
 
     from harnessrl.train.async_weights import install_cpu_support
     from harnessrl.train.group_batches import group_trainer
+    from harnessrl.train.importance import Importance
     from harnessrl.train.trl_async import async_trl
 
     trl = async_trl()
@@ -488,8 +497,12 @@ def test_the_trainer_takes_whole_groups_and_does_not_step_without_a_gradient(tin
         token_budget=0, max_staleness=4, vllm_server_base_url="http://127.0.0.1:9",
         seed=0, disable_tqdm=True)
     # step 1: two groups, every advantage 0; step 2: two groups with a spread
-    worker = ScriptedGroupWorker([[0.0, 0.0], [0.0, 0.0], [1.0, -1.0], [-1.0, 1.0]])
-    trainer = group_trainer(trl.trainer, groups_per_step=2, scale="group")(
+    worker = ScriptedGroupWorker([[0.0, 0.0], [0.0, 0.0], [1.0, -1.0], [-1.0, 1.0]],
+                                 engine_logprob)
+    correction = {None: None, "wide": Importance(cap=2.0, band=(1e-30, 1e30)),
+                  "default": Importance()}[importance]
+    trainer = group_trainer(trl.trainer, groups_per_step=2, scale="group",
+                            importance=correction)(
         model=str(tiny_model), args=args, rollout_worker=worker, weight_transfer=NoTransfer(),
         train_dataset=Dataset.from_dict({"prompt": ["t"]}))
     seen: list[dict[str, torch.Tensor]] = []
@@ -512,9 +525,88 @@ def test_the_trainer_takes_whole_groups_and_does_not_step_without_a_gradient(tin
     # step 1 had no gradient: no optimizer step, so weight decay moved nothing either
     assert all(torch.equal(before[n], seen[0][n]) for n in before)
     assert logs[0].get("harnessrl/steps_without_gradient_total") == 1
-    # step 2 did
-    assert any(not torch.equal(seen[0][n], seen[1][n]) for n in before)
-    assert not logs[1].get("harnessrl/steps_without_gradient_total")
+    moved = any(not torch.equal(seen[0][n], seen[1][n]) for n in before)
+    if importance == "default":  # every token masked: no gradient, no step
+        assert logs[1].get("harnessrl/is_masked_fraction") == 1.0
+        assert not moved and logs[1].get("harnessrl/steps_without_gradient_total") == 1
+    else:  # step 2 had a gradient
+        assert moved and not logs[1].get("harnessrl/steps_without_gradient_total")
+    if importance == "wide":
+        assert logs[1].get("harnessrl/is_masked_fraction") == 0.0
+        assert logs[1].get("harnessrl/kl_to_sampler") > 0  # a random model is not -3.0
+    if importance is None:
+        assert "harnessrl/is_masked_fraction" not in logs[1]
     # each step took two whole groups: all 3 rows of each
     assert [e.get("batch/groups_per_step") for e in logs] == [2, 2]
     assert [e.get("harnessrl/step_rows") for e in logs] == [6, 6]
+
+
+# ------------------------------------------------------------------ importance sampling
+def _ppo(log_probs: Any, old: Any, adv: Any, eps: float = 0.2) -> Any:
+    """TRL's async per-token loss, as its compute_loss takes it."""
+    import torch
+
+    ratio = torch.exp(log_probs - old)
+    return -torch.min(ratio * adv, torch.clamp(ratio, 1 - eps, 1 + eps) * adv)
+
+
+def test_importance_sampling_follows_perturbed_engine_logprobs():
+    import math
+
+    import torch
+
+    from harnessrl.train.importance import STATS, Importance, correct, measure, metrics
+
+    settings = Importance(cap=2.0, band=(0.125, 8.0))
+    trainer = torch.log(torch.tensor([0.5, 0.4, 0.3, 0.2, 0.1, 0.25]))
+    adv = torch.tensor([1.0, -1.0, -1.0, 1.0, -1.0, 0.0])
+
+    # equal logprobs: nothing masked or capped, ratio 1, KL 0, the loss untouched
+    lp = trainer.clone().requires_grad_(True)
+    fixed, masked = correct(lp, trainer, adv, settings)
+    sums = dict(zip(STATS, measure(lp, trainer, adv, masked, settings).tolist(), strict=True))
+    assert not masked.any() and torch.equal(fixed, lp)
+    assert sums["masked"] == 0 and sums["capped"] == 0 and sums["live"] == 5
+    assert sums["ratio_sum"] == pytest.approx(6.0) and sums["kl_sum"] == pytest.approx(0.0)
+
+    # the engine's logprobs perturbed on purpose: rho = trainer / engine per token
+    rho = torch.tensor([1.0, 3.0, 10.0, 0.05, 1.5, 20.0])
+    engine = trainer - torch.log(rho)
+    lp = trainer.clone().requires_grad_(True)
+    fixed, masked = correct(lp, engine, adv, settings)
+    sums = dict(zip(STATS, measure(lp, engine, adv, masked, settings).tolist(), strict=True))
+    assert masked.tolist() == [False, False, True, True, False, True]  # outside [1/8, 8]
+    assert sums["masked"] == 3 and sums["capped"] == 1  # token 1: rho 3 > 2, advantage < 0
+    assert sums["live"] == 3  # tokens 0, 1, 4 (5 has advantage 0 and is masked anyway)
+    assert sums["ratio_sum"] == pytest.approx(float(rho.sum()), rel=1e-5)
+    want_kl = sum((r - 1) - math.log(r) for r in rho.tolist())
+    assert sums["kl_sum"] == pytest.approx(want_kl, rel=1e-5)
+    rates = metrics(sums, float(rho.max()))
+    assert rates["harnessrl/is_masked_fraction"] == (3.0, 6.0)
+    _ppo(fixed, engine, adv).sum().backward()
+    grad = lp.grad.tolist()
+    assert grad[2] == grad[3] == grad[5] == 0.0  # masked: no gradient
+    assert grad[1] == pytest.approx(2.0)  # capped: weight C, not rho = 3
+    assert grad[4] == pytest.approx(1.5)  # within the band, under the cap: rho itself
+    assert grad[0] == pytest.approx(-1.0)  # rho 1, advantage 1
+    # without the correction the capped token's weight is rho, the masked ones move
+    plain = trainer.clone().requires_grad_(True)
+    _ppo(plain, engine, adv).sum().backward()
+    assert plain.grad[1] == pytest.approx(3.0) and plain.grad[2] == pytest.approx(10.0)
+
+
+def test_importance_is_on_by_default_only_where_the_sides_are_not_both_float32():
+    from harnessrl.train.async_loop import importance_of
+    from harnessrl.train.config import EngineConfig, GRPOSettings, TrainConfig
+
+    cpu = TrainConfig(engine=EngineConfig(dtype="float32"))
+    gpu = TrainConfig(engine=EngineConfig(dtype="bfloat16"))
+    assert importance_of(cpu) is None
+    assert importance_of(gpu) is not None and importance_of(gpu).cap == 2.0
+    mixed = TrainConfig(engine=EngineConfig(dtype="bfloat16"),
+                        grpo=GRPOSettings(trl={"dtype": "float32"}))
+    assert importance_of(mixed) is not None
+    assert importance_of(TrainConfig(engine=EngineConfig(dtype="float32"),
+                                     grpo=GRPOSettings(importance="on"))) is not None
+    assert importance_of(TrainConfig(engine=EngineConfig(dtype="bfloat16"),
+                                     grpo=GRPOSettings(importance="off"))) is None

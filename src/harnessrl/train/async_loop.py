@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from harnessrl.train.async_grpo import HarnessRolloutWorker
     from harnessrl.train.async_weights import VersionedTransfer
     from harnessrl.train.grpo import RowSettings
+    from harnessrl.train.importance import Importance
     from harnessrl.train.weights import VLLMWeightSync
 
 METRICS_FILE = "metrics.jsonl"
@@ -117,6 +118,20 @@ def row_settings(config: TrainConfig) -> RowSettings:
                        advantage_control=g.advantage_control, seed=g.seed)
 
 
+def importance_of(config: TrainConfig) -> Importance | None:
+    """The importance-sampling correction `[grpo]` asks for; "auto" turns it on unless
+    both sides compute in float32."""
+    from harnessrl.train.config import trainer_dtype
+    from harnessrl.train.importance import Importance
+
+    g = config.grpo
+    dtypes = {trainer_dtype(config), str(g.trl.get("dtype", trainer_dtype(config)))}
+    on = g.importance == "on" or (g.importance == "auto" and dtypes != {"float32"})
+    if not on or (g.importance_cap is None and g.importance_band is None):
+        return None
+    return Importance(cap=g.importance_cap, band=g.importance_band)
+
+
 def _saving(every_steps: int) -> dict[str, Any]:
     if not every_steps:
         return {"save_strategy": "no"}
@@ -158,6 +173,11 @@ DIAGNOSTICS = {
     "advantage_range": "harnessrl/advantage_range",  # max - min in a group, mean
     "kl": "kl",  # to the sampler: mean of (r - 1) - log r, r = policy / engine prob
     "clip_fraction": "clip_ratio/region_mean",
+    # importance sampling against the engine's logprobs (None: off)
+    "kl_to_sampler": "harnessrl/kl_to_sampler",
+    "is_masked_fraction": "harnessrl/is_masked_fraction",
+    "is_capped_fraction": "harnessrl/is_capped_fraction",
+    "is_ratio_mean": "harnessrl/is_ratio_mean", "is_ratio_max": "harnessrl/is_ratio_max",
     "rejected_share": "harnessrl/replies_rejected",  # of the finished rollouts' replies
     "truncated_share": "harnessrl/replies_truncated",
     "step_groups": "harnessrl/step_groups", "step_rows": "harnessrl/step_rows",
@@ -307,7 +327,8 @@ def _trainer(config: TrainConfig, tasks: list[Task], model_dir: Path, args: Any,
     from harnessrl.train.trl_async import async_trl
 
     trainer = wrap(group_trainer(async_trl().trainer, groups_per_step=config.grpo.tasks_per_step,
-                                 scale=config.grpo.scale_rewards))(
+                                 scale=config.grpo.scale_rewards,
+                                 importance=importance_of(config)))(
         model=str(model_dir), args=args, rollout_worker=worker, weight_transfer=transfer,
         train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}),
         processing_class=tokenizer, callbacks=callbacks)

@@ -154,6 +154,20 @@ class GRPOSettings(_Section):
     # group's scored rollouts (seeded by grpo.seed and the group), so the update has the
     # same size but no relation to what the rollouts did.
     advantage_control: Literal["none", "shuffle"] = "none"
+    # async: importance sampling against the engine's logprobs (train/importance.py). auto:
+    # on unless the trainer and vLLM both compute in float32 (a CPU run), where their
+    # logprobs agree to ~1e-5 and there is nothing to correct. A token whose ratio
+    # pi_trainer / pi_engine leaves the band is masked out of the loss (MIS; None: none);
+    # a negative-advantage token's ratio is truncated at the cap (TIS; None: none).
+    importance: Literal["auto", "on", "off"] = "auto"
+    importance_cap: Annotated[float, msgspec.Meta(gt=1)] | None = 2.0
+    importance_band: tuple[float, float] | None = (0.125, 8.0)
+
+    def __post_init__(self) -> None:
+        band = self.importance_band
+        if band is not None and not 0 <= band[0] < 1 < band[1]:
+            raise ValueError(f"grpo.importance_band {list(band)}: [low, high] with "
+                             "0 <= low < 1 < high")
 
 
 class CheckpointConfig(_Section):

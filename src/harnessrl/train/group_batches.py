@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harnessrl.train.grpo import Scale, batch_divisor
+from harnessrl.train.importance import STATS, Importance, correct, measure, metrics
 
 POLL_SECONDS = 5.0  # TRL's poll of its rollout queue; the health check runs between polls
 
@@ -161,8 +162,43 @@ def guard_optimizer(optimizer: Any, has_gradient: Callable[[], bool],
     optimizer.step = guarded
 
 
-def group_trainer(base: type, *, groups_per_step: int, scale: Scale) -> type:
-    """`base` (TRL's `AsyncGRPOTrainer`) reading whole groups, its optimizer guarded."""
+class _Corrected:
+    """The model as TRL's loss calls it, its log-probs corrected (`importance.correct`)
+    and measured on the way out."""
+
+    def __init__(self, model: Any, trainer: Any, inputs: Any, settings: Importance) -> None:
+        selected = inputs["token_index"] >= 0
+        self.model, self.trainer, self.settings = model, trainer, settings
+        self.index = inputs["token_index"][selected]
+        self.old = inputs["old_log_probs"][selected]
+        self.advantages = inputs["advantages"][selected]
+
+    def __call__(self, **kwargs: Any) -> Any:
+        outputs = self.model(**kwargs)
+        flat = outputs.log_probs.flatten()
+        log_probs = flat[self.index]
+        fixed, masked = correct(log_probs, self.old, self.advantages, self.settings)
+        # a position several rows share takes one row's value (rare: rows of a rollout
+        # share sampled tokens only where chains overlap)
+        out = flat.clone()
+        out[self.index] = fixed
+        outputs.log_probs = out.view_as(outputs.log_probs)
+        self.trainer._record_correction(
+            measure(log_probs, self.old, self.advantages, masked, self.settings),
+            torch_exp_max(log_probs.detach() - self.old))
+        return outputs
+
+
+def torch_exp_max(log_rho: Any) -> Any:
+    import torch
+
+    return torch.exp(log_rho).max() if log_rho.numel() else torch.zeros((), device=log_rho.device)
+
+
+def group_trainer(base: type, *, groups_per_step: int, scale: Scale,
+                  importance: Importance | None = None) -> type:
+    """`base` (TRL's `AsyncGRPOTrainer`) reading whole groups, its optimizer guarded,
+    its log-probs corrected against the engine's when `importance` is given."""
     from harnessrl.train.trl_async import async_trl
 
     trl = async_trl()
@@ -194,10 +230,22 @@ def group_trainer(base: type, *, groups_per_step: int, scale: Scale) -> type:
                          num_items_in_batch: Any = None) -> Any:
             import torch
 
+            if importance is not None:
+                corrected = _Corrected(model, self, inputs, importance)
+                return super().compute_loss(corrected, inputs, return_outputs,
+                                            num_items_in_batch)
             live = ((inputs["advantages"] != 0) & (inputs["token_index"] >= 0)).sum()
             live = self.accelerator.reduce(live.to(torch.float32), reduction="sum")
             self._live_tokens += float(live)
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+        def _record_correction(self, sums: Any, ratio_max: Any) -> None:
+            sums = self.accelerator.reduce(sums.float(), reduction="sum").tolist()
+            ratio_max = float(self.accelerator.gather(ratio_max.reshape(1).float()).max())
+            named = dict(zip(STATS, sums, strict=True))
+            self._live_tokens += named["live"]
+            for key, value in metrics(named, ratio_max).items():
+                self._metrics["train"][key].append(value)
 
         def create_optimizer(self, model: Any = None) -> Any:
             optimizer = super().create_optimizer(model)
