@@ -148,8 +148,8 @@ class GRPOSettings(_Section):
     # (advantage -format_penalty on that reply's tokens alone; async) or train (the
     # rollout's advantage, as every other reply).
     rejected_turns: Literal["mask", "penalty", "train"] = "mask"
-    truncated_turns: Literal["mask", "penalty", "train"] = "mask"
-    format_penalty: Annotated[float, msgspec.Meta(ge=0)] = 1.0
+    truncated_turns: Literal["mask", "penalty", "train"] = "mask"  # the same, cut replies
+    format_penalty: Annotated[float, msgspec.Meta(ge=0)] = 1.0  # a penalised reply's -adv.
     # async, the control arm of an experiment: "shuffle" permutes the advantages of each
     # group's scored rollouts (seeded by grpo.seed and the group), so the update has the
     # same size but no relation to what the rollouts did.
@@ -160,8 +160,8 @@ class GRPOSettings(_Section):
     # pi_trainer / pi_engine leaves the band is masked out of the loss (MIS; None: none);
     # a negative-advantage token's ratio is truncated at the cap (TIS; None: none).
     importance: Literal["auto", "on", "off"] = "auto"
-    importance_cap: Annotated[float, msgspec.Meta(gt=1)] | None = 2.0
-    importance_band: tuple[float, float] | None = (0.125, 8.0)
+    importance_cap: Annotated[float, msgspec.Meta(gt=1)] | None = 2.0  # TIS's cap
+    importance_band: tuple[float, float] | None = (0.125, 8.0)  # MIS's [low, high]
 
     def __post_init__(self) -> None:
         band = self.importance_band
