@@ -399,15 +399,14 @@ def test_the_optimizer_does_not_step_on_a_batch_with_no_gradient():
         if guarded:
             guard_optimizer(opt, lambda: next(live), lambda: skipped.append(1))
         x = torch.randn(8, 4)
-        after_first = None
+        weights = []
         for adv in advantages:
             loss = -(model(x).squeeze(-1) * adv).mean()
             loss.backward()
             opt.step()
             opt.zero_grad()
-            if after_first is None:
-                after_first = model.weight.detach().clone()
-        return after_first, model.weight.detach().clone(), len(skipped)
+            weights.append(model.weight.detach().clone())
+        return weights[0], weights[1], len(skipped)
 
     model = torch.nn.Linear(2, 1)
     assert not has_gradient(model)
@@ -584,15 +583,21 @@ def test_importance_sampling_follows_perturbed_engine_logprobs():
     rates = metrics(sums, float(rho.max()))
     assert rates["harnessrl/is_masked_fraction"] == (3.0, 6.0)
     _ppo(fixed, engine, adv).sum().backward()
+    assert lp.grad is not None and plain_grad_checked(engine, adv, trainer)
     grad = lp.grad.tolist()
     assert grad[2] == grad[3] == grad[5] == 0.0  # masked: no gradient
     assert grad[1] == pytest.approx(2.0)  # capped: weight C, not rho = 3
     assert grad[4] == pytest.approx(1.5)  # within the band, under the cap: rho itself
     assert grad[0] == pytest.approx(-1.0)  # rho 1, advantage 1
-    # without the correction the capped token's weight is rho, the masked ones move
+
+
+def plain_grad_checked(engine: Any, adv: Any, trainer: Any) -> bool:
+    """Without the correction the capped token's weight is rho, the masked ones move."""
     plain = trainer.clone().requires_grad_(True)
     _ppo(plain, engine, adv).sum().backward()
+    assert plain.grad is not None
     assert plain.grad[1] == pytest.approx(3.0) and plain.grad[2] == pytest.approx(10.0)
+    return True
 
 
 def test_importance_is_on_by_default_only_where_the_sides_are_not_both_float32():
@@ -602,7 +607,8 @@ def test_importance_is_on_by_default_only_where_the_sides_are_not_both_float32()
     cpu = TrainConfig(engine=EngineConfig(dtype="float32"))
     gpu = TrainConfig(engine=EngineConfig(dtype="bfloat16"))
     assert importance_of(cpu) is None
-    assert importance_of(gpu) is not None and importance_of(gpu).cap == 2.0
+    on = importance_of(gpu)
+    assert on is not None and on.cap == 2.0
     mixed = TrainConfig(engine=EngineConfig(dtype="bfloat16"),
                         grpo=GRPOSettings(trl={"dtype": "float32"}))
     assert importance_of(mixed) is not None

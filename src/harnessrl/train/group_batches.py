@@ -105,7 +105,8 @@ class GroupBatcher(_dataset_base()):  # type: ignore[misc]
     def __init__(self, groups: Any, num_processes: int, groups_per_step: int, scale: Scale,
                  metrics: Any, tree_row: Callable[[], Any]) -> None:
         self.groups, self.num_processes = groups, num_processes
-        self.groups_per_step, self.scale = groups_per_step, scale
+        self.groups_per_step = groups_per_step
+        self.scale: Scale = scale
         self.metrics, self.tree_row = metrics, tree_row
 
     def __iter__(self) -> Iterator[list[Any]]:

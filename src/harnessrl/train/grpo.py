@@ -132,10 +132,11 @@ def chain_rows(chain: Chain, advantage: float, flags: Mapping[int, Flag],
     with no sampled token left is not made."""
     base = sample(chain)
     spans = turn_spans(chain)
-    mine = [(t.index, flags[t.index]) for t in chain.turns if t.index in flags
-            and tokens(t).completion_ids]
+    mine: list[tuple[int, Flag]] = [(t.index, flags[t.index]) for t in chain.turns
+                                    if t.index in flags and tokens(t).completion_ids]
     off = [(i, f) for i, f in mine if settings.treatment(f) != "train"]
-    penalised = [(i, f) for i, f in mine if settings.treatment(f) == "penalty"]
+    penalised: list[tuple[int, Flag]] = [(i, f) for i, f in mine
+                                         if settings.treatment(f) == "penalty"]
     rows = []
     own = _masked(base, [spans[i] for i, _ in off], keep=False)
     if any(own.mask):

@@ -24,6 +24,7 @@ a capped one `old + log C + (lp - lp.detach())` (value C, gradient C * grad lp).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -58,7 +59,7 @@ def correct(log_probs: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor
     return out, masked
 
 
-STATS = ("tokens", "masked", "capped", "ratio_sum", "kl_sum", "live")
+STATS: tuple[str, ...] = ("tokens", "masked", "capped", "ratio_sum", "kl_sum", "live")
 
 
 def measure(log_probs: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor,
@@ -77,7 +78,7 @@ def measure(log_probs: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor
                         ((advantages != 0) & ~masked).float().sum()])
 
 
-def metrics(sums: dict[str, float], ratio_max: float) -> dict[str, float | tuple[float, float]]:
+def metrics(sums: Mapping[str, float], ratio_max: float) -> dict[str, float | tuple[float, float]]:
     """One batch's figures in TRL's sink shapes: rates as (numerator, denominator)."""
     n = sums["tokens"]
     return {"harnessrl/is_masked_fraction": (sums["masked"], n),
