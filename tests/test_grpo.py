@@ -616,3 +616,17 @@ def test_importance_is_on_by_default_only_where_the_sides_are_not_both_float32()
                                      grpo=GRPOSettings(importance="on"))) is not None
     assert importance_of(TrainConfig(engine=EngineConfig(dtype="bfloat16"),
                                      grpo=GRPOSettings(importance="off"))) is None
+
+
+def test_a_long_run_of_uniform_groups_is_reported(capsys):
+    from harnessrl.train.async_grpo import UNIFORM_WARN, HarnessRolloutWorker
+
+    worker = HarnessRolloutWorker(None, num_generations=2, max_inflight=1,  # type: ignore[arg-type]
+                                  max_staleness=0)
+    for _ in range(UNIFORM_WARN - 1):
+        worker._warn_if_no_signal("uniform")
+    worker._warn_if_no_signal("queued")  # a group with a spread ends the run
+    assert capsys.readouterr().err == ""
+    for _ in range(UNIFORM_WARN):
+        worker._warn_if_no_signal("uniform")
+    assert f"the last {UNIFORM_WARN} groups" in capsys.readouterr().err

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
     from multiprocessing.queues import Queue as MPQueue
 
 POLL_SECONDS = 0.2
+UNIFORM_WARN = 20  # uniform groups in a row between two warnings
 REPORTS_KEPT = 2000
 
 
@@ -328,6 +330,7 @@ class HarnessRolloutWorker:
         self._heartbeat = time.time()
         self._groups = self.first_group
         self._entered = False
+        self._uniform_run = 0  # groups in a row with no reward spread
 
     # ---------------------------------------------------------------- protocol
     def open(self) -> None:
@@ -446,6 +449,7 @@ class HarnessRolloutWorker:
                 [o.reward for o in report.outcomes
                  if o.status == "done" and o.reward is not None]))
         report = _with_fates(report, [fate] * len(report.rows))
+        self._warn_if_no_signal(fate)
         self.reports.append(report)
         self.stats["groups"] += 1
         self.stats[f"groups_{fate}"] += 1
@@ -453,6 +457,16 @@ class HarnessRolloutWorker:
         self.stats["infra_errors"] += sum(o.status != "done" for o in report.outcomes)
         self.metrics_queue.put(group_metrics(report, current))
         self._heartbeat = time.time()
+
+    def _warn_if_no_signal(self, fate: str) -> None:
+        """Uniform groups are not trained, so a task set in which no group ever has a
+        reward spread takes no step (and logs nothing): say so every `UNIFORM_WARN`."""
+        self._uniform_run = self._uniform_run + 1 if fate == "uniform" else 0
+        if self._uniform_run and self._uniform_run % UNIFORM_WARN == 0:
+            print(f"harnessrl: the last {self._uniform_run} groups all had rollouts with "
+                  "the same reward and were not trained (grpo.drop_uniform_groups); no "
+                  "step is taken until a group's rewards differ", file=sys.stderr,
+                  flush=True)
 
     def _put(self, item: Any) -> None:
         """Queue a row; a full queue (`queue_maxsize`) holds the worker, so no new rollout
