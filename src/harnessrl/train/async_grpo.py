@@ -12,14 +12,22 @@ last rollout ends, the group is scored and pushed to TRL's rollout queue:
   replies) starts a new chain at each rewrite, and those tokens are trained too. A row is
   the chain as the engine saw and produced it (`train.samples.sample`), never
   re-tokenized: mask 1 on sampled tokens with the engine's logprobs, 0 elsewhere.
-- **The group's advantage** is TRL's, (r - mean) / (std + 1e-8) over the group's scored
-  rollouts, shared by all rows of a rollout. An infrastructure failure has no reward: it is
-  left out of the mean and the std and gives no row.
+- **The group's advantage** (`train.grpo`): (r - mean) / (std + 1e-8) over the group's
+  scored rollouts by default (`grpo.scale_rewards`), shared by all rows of a rollout;
+  permuted within the group for a control arm (`grpo.advantage_control`). An
+  infrastructure failure has no reward: it is left out of the mean and the std and gives
+  no row. Replies the harness dropped from its history, and replies cut by max_tokens,
+  are masked out of their row by default (`grpo.rejected_turns`, `truncated_turns`).
+- **Whole groups.** A group is queued as one `GroupItem` (every row of every rollout),
+  and the trainer takes `tasks_per_step` of them per step (`train.group_batches`). A
+  group whose rewards are all equal is not queued (`grpo.drop_uniform_groups`), so the
+  worker's next groups fill the step.
 - **Weight versions.** Each row carries the oldest version that sampled one of its turns
-  (see `async_weights`). A row already older than `max_staleness` when its group ends is
-  dropped here and counted (`harnessrl/rows_stale_dropped_total`); TRL drops the ones that
-  go stale in its queue and counts them (`sample/dropped_stale_total`). None is trained
-  silently.
+  (see `async_weights`). A group whose oldest row is already older than `max_staleness`
+  when it ends is dropped here whole and counted (`harnessrl/groups_stale_total`); the
+  trainer drops the ones that go stale in its queue, whole, and counts them
+  (`harnessrl/groups_stale_dropped_total`, rows in `sample/dropped_stale_total`). None
+  is trained silently.
 
 Per group the worker pushes metrics into TRL's metric queue, so they reach the trainer's
 own logging (`report_to`) beside TRL's: rows per rollout, sampled tokens trained / sampled
