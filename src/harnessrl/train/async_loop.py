@@ -207,6 +207,8 @@ def _row(line: dict[str, Any]) -> str:
             f"{fmt(line['tokens_trained_share'], '.0%')} (main chain only "
             f"{fmt(line['tokens_main_chain_share'], '.0%')}) · stale dropped "
             f"{line['stale_dropped']} · trainer idle {fmt(line['trainer_idle_share'], '.0%')}"
+            f" · groups with spread {fmt(line.get('groups_with_spread'), '.0%')}"
+            f"{' (no gradient: not stepped)' if line.get('no_gradient') else ''}"
             f" · loss {fmt(line['trl'].get('loss'))} → now {line['weight_version']}")
 
 
