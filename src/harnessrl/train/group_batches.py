@@ -151,6 +151,8 @@ def guard_optimizer(optimizer: Any, has_gradient: Callable[[], bool],
     """The optimizer steps only when `has_gradient()`; otherwise `on_skip()` and nothing
     moves. (The LR scheduler still counts the step: its schedule is in steps taken by the
     trainer, skipped or not.)"""
+    if getattr(optimizer, "_harnessrl_guarded", False):
+        return  # create_optimizer may hand back the optimizer it made before
     step = optimizer.step
 
     @functools.wraps(step)
@@ -161,6 +163,7 @@ def guard_optimizer(optimizer: Any, has_gradient: Callable[[], bool],
         return None
 
     optimizer.step = guarded
+    optimizer._harnessrl_guarded = True
 
 
 class _Corrected:
