@@ -261,8 +261,8 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
                                   max_inflight=g.max_inflight, max_staleness=g.max_staleness,
                                   settings=row_settings(config),
                                   drop_uniform=g.drop_uniform_groups,
-                                  # TRL's own bound on queued rows (grpo.trl), as its
-                                  # worker takes it: the sampler runs at most that far ahead
+                                  # TRL's own queue bound (grpo.trl), here in whole
+                                  # groups: the sampler runs at most that far ahead
                                   queue_maxsize=args.queue_maxsize,
                                   order=long.order, first_group=long.first_group,
                                   on_start=long.on_worker_start)
