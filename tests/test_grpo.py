@@ -631,3 +631,13 @@ def test_a_long_run_of_uniform_groups_is_reported(capsys):
     for _ in range(UNIFORM_WARN):
         worker._warn_if_no_signal("uniform")
     assert f"the last {UNIFORM_WARN} groups" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("trl", "says"), [({"gradient_accumulation_steps": 2}, "tasks_per_step"),
+                                           ({"token_budget": 4096}, "whole groups")])
+def test_trl_settings_that_would_split_a_steps_groups_are_refused(trl, says):
+    from harnessrl.train.async_loop import check_whole_groups
+
+    with pytest.raises(ValueError, match=says):
+        check_whole_groups(trl)
+    check_whole_groups({"gradient_accumulation_steps": 1, "token_budget": 0, "epsilon": 0.2})
