@@ -496,9 +496,10 @@ def test_the_trainer_takes_whole_groups_and_does_not_step_without_a_gradient(
         dtype="float32", report_to="none", logging_steps=1, save_strategy="no",
         token_budget=0, max_staleness=4, vllm_server_base_url="http://127.0.0.1:9",
         seed=0, disable_tqdm=True)
-    # step 1: two groups, every advantage 0; step 2: two groups with a spread
-    worker = ScriptedGroupWorker([[0.0, 0.0], [0.0, 0.0], [1.0, -1.0], [-1.0, 1.0]],
-                                 engine_logprob)
+    # step 1: two groups, every advantage 0; step 2: two groups with a spread; two more
+    # that accelerate's dispatcher fetches ahead of the last step and nobody trains
+    worker = ScriptedGroupWorker([[0.0, 0.0], [0.0, 0.0], [1.0, -1.0], [-1.0, 1.0],
+                                  [1.0, -1.0], [1.0, -1.0]], engine_logprob)
     correction = {None: None, "wide": Importance(cap=2.0, band=(1e-30, 1e30)),
                   "default": Importance()}[importance]
     trainer = group_trainer(trl.trainer, groups_per_step=2, scale="group",
