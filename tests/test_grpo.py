@@ -538,7 +538,8 @@ def test_the_trainer_takes_whole_groups_and_does_not_step_without_a_gradient(
     if importance is None:
         assert "harnessrl/is_masked_fraction" not in logs[1]
     # each step took two whole groups: all 3 rows of each
-    assert [e.get("batch/groups_per_step") for e in logs] == [2, 2]
+    # (TRL's batch/groups_per_step counts the batch accelerate fetched ahead as well)
+    assert [e.get("harnessrl/step_groups") for e in logs] == [2, 2]
     assert [e.get("harnessrl/step_rows") for e in logs] == [6, 6]
 
 
