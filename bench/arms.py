@@ -37,25 +37,41 @@ def start_model(args: argparse.Namespace, state: State, train: Path, seed: int, 
 
 
 def train_arm(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str,
-              start: Path, base: Path) -> Path | None:
-    """The arm's trained model directory (None: its training failed, recorded in STATE)."""
+              start: Path, base: Path, sft_train: Path | None = None) -> Path | None:
+    """The arm's trained model directory (None: its training failed, recorded in STATE).
+    `train`: the RL arms' tasks; `sft_train`: the teacher's (default the same)."""
     if arm == "sft":
-        return start if args.start == "sft" else sft_model(args, state, train, seed, base)
+        return start if args.start == "sft" else sft_model(args, state, sft_train or train,
+                                                           seed, base)
     name = f"train/{arm}/s{seed}"
     result = unit(state, name, lambda: rl(args, state, train, seed, arm, start, name))
     return Path(result["model"]) if result else None
 
 
 # ------------------------------------------------------------------ RL
+# The control arm (issue 46): rl-one's sampling, steps and optimizer with each group's
+# advantages shuffled among its rollouts, so an update that follows no reward measures
+# what "any update" and sampling noise do. The one place that names issue 45's setting.
+CONTROL = {"grpo": {"advantage_control": "shuffle"}}
+
+
 def arm_harnesses(args: argparse.Namespace, arm: str) -> list[str]:
     return list(args.harnesses) if arm == "rl-all" else [args.train_harness]
 
 
+def merged(config: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`config` with `override`'s leaves set (nested tables merged, not replaced)."""
+    out = dict(config)
+    for key, value in override.items():
+        out[key] = merged(out.get(key) or {}, value) if isinstance(value, dict) else value
+    return out
+
+
 def rl_config(args: argparse.Namespace, train: Path, seed: int, arm: str, start: Path,
               run_dir: Path) -> dict[str, Any]:
-    """The arm's train config: the same budget for every arm; only the harnesses (rl-all)
-    and the tool-call bonus (rl-one-bonus) differ."""
-    return {
+    """The arm's train config: the same budget for every arm; only the harnesses (rl-all),
+    the tool-call bonus (rl-one-bonus) and the shuffled advantages (control) differ."""
+    config = {
         "run_dir": str(run_dir), "model": {"path": str(start)},
         "engine": {"mode": args.mode, "dtype": "float32", "max_model_len": 8192,
                    "max_tokens": args.max_tokens, "temperature": 1.0},
@@ -72,9 +88,10 @@ def rl_config(args: argparse.Namespace, train: Path, seed: int, arm: str, start:
         "checkpoint": {"every_steps": args.checkpoint_every, "keep": 1},
         # issue 37's eval while training, on the held-out sample in every eval harness
         "eval": {"every_steps": args.eval_every, "tasks": str(args.heldout_dir),
-                 "harnesses": list(args.harnesses), "slots": 1,
+                 "harnesses": list(args.curve_harnesses), "slots": 1,
                  "temperature": args.eval_temperature} if args.eval_every else {},
     }
+    return merged(config, CONTROL) if arm == "control" else config
 
 
 def rl(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str, start: Path,
@@ -105,9 +122,16 @@ def rl(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str,
             "harnesses": arm_harnesses(args, arm), "steps": step_lines(run_dir)}
 
 
+# Issue 45's per-step diagnostics in metrics.jsonl, kept where a run logs them: the share
+# of finished groups with reward spread, KL to the sampler, clip and mask fractions.
+DIAGNOSED = ("groups_with_spread", "groups_uniform", "no_gradient", "kl", "clip_fraction",
+             "rejected_share", "truncated_share", "advantage_abs")
+
+
 def step_lines(run_dir: Path) -> list[dict[str, Any]]:
     """Per optimizer step: reward, loss, gradient norm (0: no group had mixed rewards, so
-    nothing moved), and per harness the pass rate and tool calls of the step's rollouts."""
+    nothing moved), issue 45's diagnostics where logged, and per harness the pass rate and
+    tool calls of the step's rollouts."""
     lines = []
     for text in (run_dir / "metrics.jsonl").read_text().splitlines():
         line = json.loads(text) if text.strip() else {}
@@ -115,6 +139,7 @@ def step_lines(run_dir: Path) -> list[dict[str, Any]]:
             continue  # an eval line, not a step's
         lines.append({"step": line["step"], "reward": line.get("reward"),
                       "loss": line["trl"].get("loss"), "grad_norm": line["trl"].get("grad_norm"),
+                      **{k: line[k] for k in DIAGNOSED if line.get(k) is not None},
                       "harnesses": {h: {"pass_rate": g.get("pass_rate"),
                                         "tool_calls": g.get("tool_calls")}
                                     for h, g in line.get("harnesses", {}).items()}})
@@ -134,7 +159,7 @@ def teacher_tasks(args: argparse.Namespace, train: Path, seed: int) -> list[Any]
     tasks = sorted({_key(t): t for t in sorted(load_tasks(train), key=lambda t: t.id,
                                                reverse=True)}.values(), key=lambda t: t.id)
     steps, per_step = sft_budget(args)
-    wanted = args.teacher_tasks or math.ceil(steps * per_step / len(args.harnesses))
+    wanted = args.teacher_tasks or math.ceil(steps * per_step / len(args.teacher_harnesses))
     return sorted(random.Random(f"teacher:{seed}").sample(tasks, min(wanted, len(tasks))),
                   key=lambda t: t.id)
 
@@ -203,7 +228,7 @@ def teacher(args: argparse.Namespace, state: State, train: Path, seed: int, harn
 
 def sft_model(args: argparse.Namespace, state: State, train: Path, seed: int, base: Path
               ) -> Path | None:
-    runs = {h: teacher(args, state, train, seed, h) for h in args.harnesses}
+    runs = {h: teacher(args, state, train, seed, h) for h in args.teacher_harnesses}
     if any(r is None for r in runs.values()):
         return None
     name = f"sft/s{seed}"

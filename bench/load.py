@@ -194,6 +194,11 @@ class Plan:
     deadline: float
     think: float
     rng: random.Random
+    calls: int | None = None  # stop once this many calls are complete (the soak)
+
+    def over(self, tally: Tally) -> bool:
+        return time.monotonic() >= self.deadline or (
+            self.calls is not None and len(tally.completed) >= self.calls)
 
 
 async def conversation(http: aiohttp.ClientSession, dialect: str, plan: Plan,
@@ -204,7 +209,7 @@ async def conversation(http: aiohttp.ClientSession, dialect: str, plan: Plan,
     root, history = f"{plan.base}/r/{key}", []
     try:
         for turn in range(plan.rng.randint(*plan.turns)):
-            if time.monotonic() >= plan.deadline:
+            if plan.over(tally):
                 break
             history.append(("user", f"Step {turn}: run the tests and fix what fails."))
             tally.sent[key] += 1
@@ -230,7 +235,7 @@ async def worker(http: aiohttp.ClientSession, index: int, plan: Plan, tally: Tal
                  stagger: float) -> None:
     dialect = DIALECTS[index % len(DIALECTS)]
     await asyncio.sleep(plan.rng.uniform(0, stagger))  # no thundering start
-    while time.monotonic() < plan.deadline:
+    while not plan.over(tally):
         try:
             await conversation(http, dialect, plan, tally)
         except (TimeoutError, StreamError, aiohttp.ClientError, KeyError,
@@ -248,15 +253,20 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def proxy_process(args: argparse.Namespace, work: Path) -> Iterator[tuple[int, str]]:
-    port, server = free_port(), [sys.executable, str(HERE / "load_server.py")]
+    # `--release DIR`: the proxy (its load_server.py and its sources) from another
+    # checkout, e.g. an older release, driven by this client.
+    root = args.release or HERE.parent
+    port, server = free_port(), [sys.executable, str(root / "bench" / "load_server.py")]
+    path = [str(root / "src"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     pool = ["--pool", str(work / "pool.json"), "--seed", str(args.seed)]
     subprocess.run([*server, *pool, "--write-pool", "--min-tokens", str(args.min_tokens),
-                    "--max-tokens", str(args.max_tokens)], check=True)
+                    "--max-tokens", str(args.max_tokens)], check=True, env=env)
     argv = [*server, *pool, "--port", str(port), "--run-dir", str(work / "run"),
             "--rate", f"{args.rate:g}"]
     with (work / "proxy.log").open("wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, env=env)
     try:
         wait_healthy(proc, f"http://127.0.0.1:{port}", work / "proxy.log")
         yield proc.pid, f"http://127.0.0.1:{port}"
@@ -348,7 +358,7 @@ async def drive(args: argparse.Namespace, pid: int, base: str) -> Result:
         machine0, procs0, load0 = machine_ticks(), process_cpu(), os.getloadavg()[0]
         start = time.monotonic()
         plan = Plan(base, (args.min_turns, args.max_turns), start + args.duration, args.think,
-                    random.Random(args.seed))
+                    random.Random(args.seed), args.calls)
         watch = asyncio.create_task(sampler(pid, base, http, args, tally, start, samples))
         progress = asyncio.create_task(report_progress(tally, samples, start))
         await asyncio.gather(*(worker(http, i, plan, tally, args.stagger)
@@ -356,6 +366,9 @@ async def drive(args: argparse.Namespace, pid: int, base: str) -> Result:
         wall = time.monotonic() - start
         machine1, procs1, load1 = machine_ticks(), process_cpu(), os.getloadavg()[0]
         watch.cancel()
+        if args.calls:  # the soak's last figure: RSS once every call is done
+            samples.append(Sample(wall, len(tally.completed), rss_mib(pid), math.nan,
+                                  math.nan, math.nan))
         progress.cancel()
         lag = await get_json(http, f"{base}/_bench/lag")
     return Result(args, tally, samples, idle_lag, lag, wall,
@@ -431,6 +444,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=HERE / "load.md",
                     help="Markdown report ('-': none)")
     ap.add_argument("--keep", action="store_true", help="keep the run directory")
+    ap.add_argument("--calls", type=int, help="end once this many calls are complete (a "
+                    "soak: the report gives the proxy's RSS at 1,000-call marks)")
+    ap.add_argument("--release", type=Path, help="run the proxy from this checkout (its "
+                    "bench/load_server.py and src/), e.g. a worktree of an older release")
     args = ap.parse_args(argv)
     if args.warmup is None:  # the longest conversations have run once (RSS has its peak)
         longest = args.max_turns * (args.min_tokens + args.max_tokens) / 2 / args.rate

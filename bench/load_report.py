@@ -78,11 +78,28 @@ def figures(result: Any) -> list[Row]:
         Row("proxy's event-loop thread runnable but waiting for a CPU",
             f"{_mean_cpu(result, 'cpu_wait'):.1f}% of the time",
             "the 2 cores are shared: this part of the lag is the box's", "", ""),
+        *_soak(result),
     ]
 
 
+def _soak(result: Any) -> list[Row]:
+    """`--calls N`: the proxy's RSS at the first sample with 1,000, 2,000, ... calls done."""
+    calls = result.args.calls
+    if not calls:
+        return []
+    marks = []
+    for mark in range(1000, calls + 1, 1000):
+        got = next((s for s in result.samples if s.turns >= mark), None)
+        if got is not None:
+            marks.append(f"{mark:,}: {got.rss:.1f}")
+    first = result.samples[0].rss if result.samples else math.nan
+    proxy = f"release at {result.args.release}" if result.args.release else "this checkout"
+    return [Row("soak: proxy RSS (MiB) at N calls", "; ".join(marks),
+                f"{first:.1f} MiB at the first sample; proxy from {proxy}", "flat", "")]
+
+
 def _mean_cpu(result: Any, name: str) -> float:
-    values = [getattr(s, name) for s in result.samples]
+    values = [v for s in result.samples if not math.isnan(v := getattr(s, name))]
     return statistics.fmean(values) if values else float("nan")
 
 

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import time
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+import seed_pooled
 from arms import step_lines
+from seed_stats import rates, sign_test
 
 from harnessrl.rollout.evaluate import wilson
 
@@ -73,9 +74,11 @@ def calls_text(p: dict[str, Any] | None) -> str:
 
 
 def calibration(units: dict[str, Any], harnesses: list[str]) -> list[str]:
-    cells = {k.split("/", 1)[1]: v for k, v in units.items() if k.startswith("calib/")}
+    # issue 40's cells, calib/TIER/HARNESS (issue 46's per-task ones are seed_pooled's)
+    cells = {k.split("/", 1)[1]: v for k, v in units.items()
+             if k.startswith("calib/") and k.count("/") == 2}
     if not cells:
-        return ["Not run yet."]
+        return ["Not run (see the per-task calibration)."]
     harnesses = sorted({k.split("/")[1] for k in cells}, key=lambda h: (h not in harnesses, h))
     order = ("lookup", "count", "filter", "sum", "groupmax", "join")
     tiers = sorted({k.split("/")[0] for k in cells},
@@ -140,10 +143,9 @@ def co_solved(units: dict[str, Any], harnesses: list[str]) -> list[str]:
                 other = units.get(key.replace("eval/rl-one/", "eval/rl-one-bonus/", 1))
                 if other is None:
                     continue
-                for task, t in cell["per_task"].items():
-                    b = other["per_task"].get(task)
-                    if t["passed"] and b and b["passed"]:
-                        pairs.append((t, b))
+                solved = [_solved(cell["per_task"]), _solved(other["per_task"])]
+                pairs += [(solved[0][t], solved[1][t]) for t in sorted(solved[0])
+                          if t in solved[1]]
         if not pairs:
             lines.append(f"| {h} | 0 | - | - | - | - | - | - |")
             continue
@@ -155,6 +157,17 @@ def co_solved(units: dict[str, Any], harnesses: list[str]) -> list[str]:
         lines.append(f"| {h} | {len(pairs)} | {a:.2f} | {b:.2f} | {change} | {fewer} / {more} "
                      f"| {ta:.2f} | {tb:.2f} |")
     return lines
+
+
+def _solved(per_task: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per task with a passing rollout: the mean tool calls and turns of its passing
+    rollouts (one rollout per task, or several: keys `task#sample`)."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for key, t in per_task.items():
+        if t["status"] == "done" and t["passed"]:
+            found.setdefault(key.split("#", 1)[0], []).append(t)
+    return {task: {"tool_calls": fmean(r["tool_calls"] for r in rs),
+                   "turns": fmean(r["turns"] for r in rs)} for task, rs in found.items()}
 
 
 def paired(units: dict[str, Any], arms: list[str], harnesses: list[str], start: str
@@ -174,14 +187,15 @@ def paired(units: dict[str, Any], arms: list[str], harnesses: list[str], start: 
                     continue
                 other = units.get(key.replace(f"eval/{arm}/", f"eval/{start}/", 1), {})
                 changed = seeds.setdefault(key.split("/")[2], [0, 0])
-                for task, t in cell["per_task"].items():
+                mine, theirs = rates(cell["per_task"]), rates(other.get("per_task", {}))
+                for task, (passed, n) in mine.items():
                     solved = tiers.setdefault(task.split("-")[0], [0, 0])
-                    solved[0] += bool(t["passed"])
-                    solved[1] += 1
-                    b = other.get("per_task", {}).get(task)
-                    if b:
-                        changed[0] += bool(t["passed"] and not b["passed"])
-                        changed[1] += bool(b["passed"] and not t["passed"])
+                    solved[0] += passed
+                    solved[1] += n
+                    if n and theirs.get(task, (0, 0))[1]:  # a task's rate, over its samples
+                        a, b = passed / n, theirs[task][0] / theirs[task][1]
+                        changed[0] += a > b
+                        changed[1] += b > a
             cells.append(_paired_cell(seeds, tiers, arm == start))
         lines.append(f"| {ARM_TEXT.get(arm, arm)} | " + " | ".join(cells) + " |")
     return lines
@@ -198,12 +212,6 @@ def _paired_cell(seeds: dict[str, list[int]], tiers: dict[str, list[int]], is_st
     each = (" (" + ", ".join(f"{s} +{g} -{x}" for s, (g, x) in sorted(seeds.items())) + ")"
             if len(seeds) > 1 else "")
     return f"+{gained} -{lost}{each}, sign test p {sign_test(gained, lost):.2g}; {by_tier}"
-
-
-def sign_test(gained: int, lost: int) -> float:
-    """Exact two-sided binomial test of gained vs lost tasks at p = 1/2 (1.0 for none)."""
-    n, k = gained + lost, min(gained, lost)
-    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n) if n else 1.0
 
 
 def training(units: dict[str, Any]) -> list[str]:
@@ -292,10 +300,12 @@ def start_note(budget: dict[str, Any]) -> str:
 
 def write(args: argparse.Namespace, root: Path) -> str:
     units, failed = _load(root, "units"), _load(root, "failed")
-    budgets = {phase: _json(root / f"budget-{phase}.json") for phase in ("calibrate", "run")}
+    budgets = {phase: _json(root / f"budget-{phase}.json")
+               for phase in ("calibrate", "sft", "run")}
     # each phase's own harnesses (calibration may try more than the run keeps)
     harnesses = list(budgets["run"].get("harnesses") or args.harnesses)
-    calibrated = list(dict.fromkeys(k.split("/")[2] for k in units if k.startswith("calib/")))
+    calibrated = list(dict.fromkeys(k.split("/")[2] for k in units
+                                    if k.startswith("calib/") and k.count("/") == 2))
     arms = list(args.arms)
     start = "sft" if budgets["run"].get("start") == "sft" else "base"
     lines_table, stats = table(units, arms, harnesses)
@@ -326,7 +336,8 @@ def write(args: argparse.Namespace, root: Path) -> str:
             "held-out tasks and seed, with the exact sign test on those; then solved per "
             "tier.", "",
             "## Tool-call bonus: tool calls per co-solved task", "", *co_solved(units, harnesses),
-            "", "## Training and SFT", "", *training(units), "", *notes(root),
+            "", *experiment(args, units, budgets, arms, harnesses, start),
+            "## Training and SFT", "", *training(units), "", *notes(root),
             "## Not done / failed", "",
             *([f"- `{k}`: {v['error'].splitlines()[0]}" for k, v in failed.items()]
               or ["- nothing failed"]), "", "## The reference, beside", "", REFERENCE, ""]
@@ -334,6 +345,37 @@ def write(args: argparse.Namespace, root: Path) -> str:
     args.out.write_text(body)
     plot(stats, arms, harnesses, args.plot)
     return body
+
+
+def experiment(args: argparse.Namespace, units: dict[str, Any], budgets: dict[str, Any],
+               arms: list[str], harnesses: list[str], start: str) -> list[str]:
+    """Issue 46's sections: the per-task calibration with the power it gives, the arms
+    against the start and the control pooled over the seeds per eval temperature, the
+    bonus on executed calls, the diagnosis per arm, and the curves (a PNG beside)."""
+    run = budgets["run"]
+    band, group = run.get("band") or args.band, run.get("group") or args.group
+    samples = budgets["calibrate"].get("calib_samples") or args.calib_samples
+    lines = ["## Per-task calibration at the training temperature (issue 46)", "",
+             *seed_pooled.calibration(units, band, group, samples), ""]
+    temperatures = run.get("eval_temperatures") or [run.get("eval_temperature", 0.6)]
+    for n, temperature in enumerate(temperatures):
+        kind = "eval" if n == 0 else f"eval@{temperature:g}"
+        if not any(k.startswith(kind + "/") for k in units):
+            continue
+        for reference in (start, "control"):
+            lines += [f"## Against the {reference}, pooled over the seeds, at temperature "
+                      f"{temperature:g}", "",
+                      *seed_pooled.pooled_paired(units, kind, arms, harnesses, reference), "",
+                      "Per task and seed, the arm's pass rate minus the reference's (points), "
+                      "mean with a 95% bootstrap interval over those units; tasks better / "
+                      "worse with the exact sign test; each seed's mean in brackets.", ""]
+        lines += [f"## The tool-call bonus on the calls the harness ran, at temperature "
+                  f"{temperature:g}", "", *seed_pooled.bonus(units, kind, harnesses, arms), ""]
+    curves = args.out.with_name(args.out.stem + "_curves.png")
+    if seed_pooled.plot_curves(units, arms, run.get("train_harness") or harnesses[0], curves):
+        lines += [f"![training reward and eval curves per arm]({curves.name})", ""]
+    return [*lines, "## Diagnosis per RL arm (issue 45's step diagnostics)", "",
+            *seed_pooled.diagnosis(units, arms), ""]
 
 
 def plot(stats: dict[str, dict[str, Any] | None], arms: list[str], harnesses: list[str],

@@ -66,7 +66,7 @@ class State:
                     path.unlink()
             for name in kept:
                 shutil.copy2(self.root / kind / name, dest / kind / name)
-        for name in ("budget-calibrate.json", "budget-run.json", "commands.txt",
+        for name in ("budget-calibrate.json", "budget-sft.json", "budget-run.json", "commands.txt",
                      "events.jsonl", "notes.md"):
             if (self.root / name).is_file():
                 shutil.copy2(self.root / name, dest / name)

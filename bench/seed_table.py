@@ -1,35 +1,37 @@
 #!/usr/bin/env python3
-"""The seed's experiment in kind (issue 40), on a CPU: does training SmolLM2-135M in one
-harness, or in several, help in each; what a tool-call bonus and SFT do. Figures, not a test.
+"""The seed's experiment in kind (issues 40 and 46), on a CPU: does training SmolLM2-135M in
+one harness, or in several, help in each, against its start and against a control; what a
+tool-call bonus and SFT do. Figures, not a test.
 
-Arms, each from the same weights with the same seeds and budget (optimizer steps x rows per
-step), each evaluated on the same held-out sample of generated data-analysis tasks in every
-eval harness (pass@1 with a Wilson 95% interval, tool calls per solved task):
+Arms, each from the same start with the same seeds and budget (optimizer steps x rows per
+step), each evaluated on the same held-out tasks in every eval harness (pass rate with a
+Wilson 95% interval; per task and seed paired against the start and the control):
 
-    base          the starting weights, untrained
+    base          the base weights, untrained
     rl-one        GRPO in one harness (--train-harness)
+    control       rl-one with the advantages shuffled within each group (issue 45's
+                  [grpo] advantage_control): what any update and sampling noise do
     rl-all        GRPO in every eval harness at once, one harness per group
     rl-one-bonus  rl-one with the reference's tool-call bonus r*(1 + w*B/(B + calls))
     sft           SFT on teacher rollouts: each task's reference program driven through the
                   harnesses by a scripted policy (text, no student ids: re-tokenized by the
-                  student's template, flagged so), the same number of optimizer steps
+                  student's template, flagged so); with --start sft, the start itself
 
-Phases: `calibrate` (the base model's pass rate per tier per harness on a small sample, to
-pick the tiers where it passes 5-50%), `sft` (only the run's SFT model: the teacher's
-rollouts and the training, no eval; with --sft-nice its training runs outside the heavy
-lock at nice 19), `run` (the arms), `report` (the .md and .png from what is measured).
-Every unit of work (a calibration cell, a teacher run, an arm's training, an arm x
-harness eval) writes its result to STATE/units/*.json and is skipped when run again,
-so a rerun after a kill goes on; an RL arm killed mid-training goes on from its newest whole
-checkpoint (`harnessrl train --resume`). Heavy units take /tmp/harnessrl-heavy.lock (flock)
-for their own duration only. The defaults are the issue's full ask; the .md says the budget
-that was run and its wall time. `--record DIR` copies the small records (no weights) to a
-folder in the repository whenever the report is written (after each eval, at the end), so
-the figures outlive the machine.
-
-    python bench/seed_table.py calibrate --calib-per-tier 10
-    python bench/seed_table.py run --tiers lookup,count --heldout-sample 30 --steps 8
-    python bench/seed_table.py report
+Phases: `sft` (each seed's SFT start: the teacher's rollouts under the heavy lock and the
+training, with --sft-nice outside it at nice 19; its budget is its own, budget-sft.json),
+`calibrate` (each task's pass rate from --calib-samples rollouts at the training
+temperature, for the base model or each seed's SFT start, per harness, split and tier, in
+cells of 8 tasks that --calib-per-tier can add to), `run` (the arms; --select trains on the
+tasks whose calibrated pass rate is in --band and evaluates on up to --heldout-sample
+held-out tasks in it; --eval-samples rollouts per task at each of --eval-temperatures),
+`report` (the .md and .png from what is measured, and <out>_curves.png). Every unit of work
+(a calibration cell, a teacher run, an arm's training, an arm x harness eval) writes its
+result to STATE/units/*.json and is skipped when run again, so a rerun after a kill goes
+on; an RL arm killed mid-training goes on from its newest whole checkpoint (`harnessrl
+train --resume`). Heavy units take /tmp/harnessrl-heavy.lock (flock) for their own
+duration only. `--record DIR` copies the small records (no weights) to a folder in the
+repository whenever the report is written, so the figures outlive the machine.
+docs/seed-table.md gives the commands of each experiment.
 """
 
 from __future__ import annotations
@@ -49,38 +51,58 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
 import arms
 import seed_report
+import seed_stats
 from seed_state import WAITED, State, event, heavy, run_child, unit
 
-ARMS = ("base", "rl-one", "rl-all", "rl-one-bonus", "sft")
-RL_ARMS = ("rl-one", "rl-all", "rl-one-bonus")
+ARMS = ("base", "rl-one", "control", "rl-all", "rl-one-bonus", "sft")
+RL_ARMS = ("rl-one", "control", "rl-all", "rl-one-bonus")
 HARNESSRL = str(Path(sys.executable).with_name("harnessrl"))
 # Settings that change what a phase's units measure: a state dir keeps one value of each.
 SHARED = ("model", "task_seed", "train_tasks", "heldout", "max_tokens",
           "max_model_calls", "agent_timeout", "eval_temperature", "mode")
-# (calibration's harnesses and tiers only choose which cells run: each cell is the same)
-BUDGET = {"calibrate": (*SHARED, "calib_per_tier"),
+# (calibration's harnesses, tiers, tasks per tier and start only choose which cells run:
+# each cell is the same, named by its start, split, tier and chunk)
+BUDGET = {"calibrate": (*SHARED, "calib_samples", "calib_temperature"),
           "run": (*SHARED, "harnesses", "train_harness", "tiers", "heldout_sample", "seeds",
                   "steps", "group", "tasks_per_step", "lr", "max_staleness", "bonus",
                   "bonus_budget", "sft_lr", "teacher_tasks", "start", "eval_every",
-                  "sft_steps", "sft_rows_per_step")}
-BUDGET["sft"] = BUDGET["run"]  # the sft phase builds the run's start: one budget
+                  "sft_steps", "sft_rows_per_step", "eval_samples", "eval_temperatures",
+                  "select", "band", "curve_harnesses", "teacher_harnesses")}
+# What the SFT start depends on, apart from the run (the sft phase builds the start that
+# calibration and the run then share): its own file, so the run's budget can be chosen
+# after calibrating the start.
+SFT_KEYS = (*SHARED, "teacher_harnesses", "tiers", "seeds", "sft_lr", "teacher_tasks")
+
+
+def budget_of(phase: str, args: argparse.Namespace) -> dict[str, Any]:
+    if phase == "sft":
+        return {**{k: getattr(args, k) for k in SFT_KEYS},
+                "sft_budget": list(arms.sft_budget(args))}
+    return {k: getattr(args, k) for k in BUDGET[phase]}
 
 
 def check_budget(state: State, args: argparse.Namespace) -> None:
     """A state dir holds one budget per phase: a rerun with another is refused, naming what
-    differs (STATE/budget-<phase>.json; the report states it)."""
-    keys = BUDGET[args.phase]
-    path = state.root / f"budget-{'run' if args.phase == 'sft' else args.phase}.json"
-    now = {k: getattr(args, k) for k in keys}
+    differs (STATE/budget-<phase>.json; the report states it). The run with an SFT start
+    also checks the start's budget (budget-sft.json), which the sft phase writes."""
+    phases = {"calibrate": ["calibrate"], "sft": ["sft"],
+              "run": ["run", *(["sft"] if args.start == "sft" else [])]}[args.phase]
+    checked = {state.root / f"budget-{phase}.json": _check(
+        state.root / f"budget-{phase}.json", budget_of(phase, args)) for phase in phases}
+    for path, budget in checked.items():  # written once every phase's budget agrees
+        path.write_text(json.dumps(budget, indent=1))
+
+
+def _check(path: Path, now: dict[str, Any]) -> dict[str, Any]:
     saved = json.loads(path.read_text()) if path.is_file() else now
     # Seeds may be added (`--seeds 1` after `--seeds 0`): each seed's units are its own.
-    if changed := [f"{k}: {saved.get(k)!r} then, {now[k]!r} now" for k in keys
+    if changed := [f"{k}: {saved.get(k)!r} then, {now[k]!r} now" for k in now
                    if k != "seeds" and saved.get(k) != now[k]]:
-        raise SystemExit(f"seed_table: {state.root} was run with another budget "
+        raise SystemExit(f"seed_table: {path.parent} was run with another budget "
                          f"({'; '.join(changed)}); use another --state")
     if "seeds" in now:
         now["seeds"] = sorted({*saved.get("seeds", []), *now["seeds"]})
-    path.write_text(json.dumps(now, indent=1))
+    return now
 
 
 # ------------------------------------------------------------------ tasks
@@ -143,23 +165,45 @@ def seeded(ids: list[str], k: int, seed: str) -> list[str]:
 
 # ------------------------------------------------------------------ evaluation
 def eval_cell(args: argparse.Namespace, state: State, name: str, url: str, harness: str,
-              tasks: Path) -> dict[str, Any]:
-    """`harnessrl eval` of the served model in one harness on a task dir; its figures and
-    each task's outcome. An interrupted cell is redone whole (its run dir removed)."""
+              tasks: Path, samples: int = 1, temperature: float | None = None
+              ) -> dict[str, Any]:
+    """`harnessrl eval` of the served model in one harness on a task dir (`samples` rollouts
+    per task at `temperature`, default the eval temperature); its figures and each
+    rollout's outcome. An interrupted cell is redone whole (its run dir removed)."""
     run_dir = state.work(name)
     shutil.rmtree(run_dir, ignore_errors=True)
-    command = [HARNESSRL, "eval", "--harness", harness, "--tasks", str(tasks), "-k", "1",
-               "--engine-url", url, "--run-dir", str(run_dir),
+    temperature = args.eval_temperature if temperature is None else temperature
+    command = [HARNESSRL, "eval", "--harness", harness, "--tasks", str(tasks),
+               "-k", str(samples), "--engine-url", url, "--run-dir", str(run_dir),
                "--concurrency", str(args.concurrency), "--retries", "1",
                "--agent-timeout", str(args.agent_timeout), "--max-tokens", str(args.max_tokens),
-               "--temperature", str(args.eval_temperature),
+               "--temperature", str(temperature),
                "--max-model-calls", str(args.max_model_calls)]
     with state.log(name).open("w") as log:
         code = run_child(command, log)
-    return {"returncode": code, **figures(run_dir)}
+    return {"returncode": code, "samples": samples, "temperature": temperature,
+            **figures(run_dir, samples)}
 
 
-def figures(run_dir: Path) -> dict[str, Any]:
+UNPARSED_MARK = "tool_call>"  # a call written as text that the harness's parser missed
+
+
+def unparsed(turn: Any) -> bool:
+    """A turn whose reply holds a call in text (`<tool_call>`) but no parsed call: the
+    harness ran nothing for it, so it costs no tool call (the tool-call bonus pays it)."""
+    from harnessrl.types import Text
+
+    completion = turn.completion
+    if completion is None or completion.tool_calls:
+        return False
+    return any(isinstance(p, Text) and UNPARSED_MARK in p.text for p in completion.parts)
+
+
+def figures(run_dir: Path, samples: int = 1) -> dict[str, Any]:
+    """The cell's eval row and per rollout its outcome: keyed by task (one sample) or
+    `task#sample` (several; seed_stats.per_task pools them), with the calls the harness
+    ran (`tool_calls`, from `tool_call_source`) and the turns it answered and could not
+    parse beside."""
     from harnessrl.proxy.store import TraceReader
     from harnessrl.rollout.evaluate import evaluate
 
@@ -167,24 +211,33 @@ def figures(run_dir: Path) -> dict[str, Any]:
         outcomes = store.outcomes()
         if not outcomes:
             raise RuntimeError(f"{run_dir}: the eval recorded no outcome")
-        prompts, errors = [], {}
+        prompts, errors, turns = [], {}, {}
         for outcome in outcomes:
+            answered = missed = 0
             for turn in store.turns(outcome.rollout):
                 if turn.status != "ok":
                     errors[turn.error_kind or turn.status] = errors.get(
                         turn.error_kind or turn.status, 0) + 1
-                elif turn.completion and turn.completion.tokens.prompt_ids:
+                    continue
+                answered += 1
+                missed += unparsed(turn)
+                if turn.completion and turn.completion.tokens.prompt_ids:
                     prompts.append(len(turn.completion.tokens.prompt_ids))
-    [row] = evaluate(outcomes, 1)
-    per_task = {o.task: {"status": o.status, "passed": (o.verifier_reward or 0) >= 1,
-                         "tool_calls": o.tool_calls, "turns": o.turns} for o in outcomes}
+            turns[outcome.rollout] = (answered, missed)
+    [row] = evaluate(outcomes, samples)
+    per_task = {(o.task if samples == 1 else f"{o.task}#{o.sample}"): {
+        "status": o.status, "passed": (o.verifier_reward or 0) >= 1,
+        "tool_calls": o.tool_calls, "tool_call_source": o.tool_call_source, "turns": o.turns,
+        "answered_turns": turns[o.rollout][0], "unparsed_turns": turns[o.rollout][1]}
+        for o in outcomes}
     return {"eval": asdict(row), "per_task": per_task, "turn_errors": errors,
             "prompt_tokens_max": max(prompts, default=None),
             "prompt_tokens_first": min(prompts, default=None)}
 
 
 def served_evals(args: argparse.Namespace, state: State, model: Path, label: str,
-                 cells: list[tuple[str, str, Path]]) -> None:
+                 cells: list[tuple[str, str, Path]], samples: int = 1,
+                 temperature: float | None = None) -> None:
     """One vLLM serving `model` for every pending (unit, harness, tasks) cell."""
     pending = [c for c in cells if state.done(c[0]) is None]
     if not pending:
@@ -201,7 +254,7 @@ def served_evals(args: argparse.Namespace, state: State, model: Path, label: str
                   startup=round(time.monotonic() - started, 1))
             for name, harness, tasks in pending:
                 unit(state, name, lambda n=name, h=harness, t=tasks: eval_cell(
-                    args, state, n, server.url, h, t))
+                    args, state, n, server.url, h, t, samples, temperature))
                 report(args, state)  # the .md as measured so far
 
 
@@ -214,18 +267,47 @@ def base_model(args: argparse.Namespace) -> Path:
     return resolve_model(args.model, Console(stderr=True))
 
 
-def calibrate(args: argparse.Namespace, state: State) -> None:
-    from harnessrl.rollout.tablegen import TIERS
+CHUNK = 8  # calibration tasks per cell: more tasks per tier later are new cells, not a rerun
 
-    # every tier generated, whichever are calibrated: a cell's tasks never depend on the others
-    tasks = generated(state, args, list(TIERS), (args.train_tasks, args.heldout))
-    by_tier = tier_ids(split_dir(tasks, "train"))
+
+def calibration_cells(args: argparse.Namespace, state: State, tasks: Path, label: str
+                      ) -> list[tuple[str, str, Path]]:
+    """(unit, harness, task dir) per chunk of CHUNK tasks of each tier and split: a tier's
+    tasks in a fixed seeded order, so `--calib-per-tier` can grow and the chunks measured
+    stay valid."""
     cells = []
-    for tier in args.calib_tiers:
-        ids = seeded(by_tier.get(tier, []), args.calib_per_tier, f"{args.task_seed}:calib:{tier}")
-        where = sample(split_dir(tasks, "train"), ids, state.root / "tasks" / f"calib-{tier}")
-        cells += [(f"calib/{tier}/{h}", h, where) for h in args.harnesses]
-    served_evals(args, state, base_model(args), "base-calibration", cells)
+    for split in args.calib_splits:
+        by_tier = tier_ids(split_dir(tasks, split))
+        for tier in args.calib_tiers:
+            ids = by_tier.get(tier, [])
+            order = random.Random(f"{args.task_seed}:calib:{split}:{tier}").sample(ids, len(ids))
+            wanted = order[:args.calib_per_tier]
+            for n in range(0, len(wanted), CHUNK):
+                chunk = f"{split}/{tier}/c{n // CHUNK}"
+                where = sample(split_dir(tasks, split), sorted(wanted[n:n + CHUNK]),
+                               state.root / "tasks" / f"calib-{chunk.replace('/', '-')}")
+                cells += [(f"calib/{label}/{chunk}/{h}", h, where)
+                          for h in args.calib_harnesses]
+    return cells
+
+
+def calibrate(args: argparse.Namespace, state: State) -> None:
+    """Each task's pass rate from `--calib-samples` rollouts at `--calib-temperature` (the
+    training temperature), per start (base, or a seed's SFT model), harness, split and
+    tier: what `--select` picks the run's tasks from."""
+    tasks = generated(state, args, args.tiers, (args.train_tasks, args.heldout))
+    for seed in args.seeds if args.start == "sft" else [None]:
+        if seed is None:
+            model, label = base_model(args), f"base-t{args.calib_temperature:g}"
+        else:
+            found = state.done(f"sft/s{seed}")
+            if found is None:
+                raise SystemExit(f"calibrate --start sft: no SFT model for seed {seed} in "
+                                 f"{state.root}: run the sft phase first")
+            model, label = Path(found["model"]), f"sft-s{seed}-t{args.calib_temperature:g}"
+        cells = calibration_cells(args, state, tasks, label)
+        served_evals(args, state, model, f"calibration-{label}", cells,
+                     samples=args.calib_samples, temperature=args.calib_temperature)
 
 
 def sft_only(args: argparse.Namespace, state: State) -> None:
@@ -237,22 +319,50 @@ def sft_only(args: argparse.Namespace, state: State) -> None:
 
 def run(args: argparse.Namespace, state: State) -> None:
     tasks = generated(state, args, args.tiers, (args.train_tasks, args.heldout))
-    held = split_dir(tasks, "heldout")
-    ids = seeded(sorted(p.name for p in held.iterdir() if p.is_dir()), args.heldout_sample,
-                 f"{args.task_seed}:heldout")
-    heldout = sample(held, ids, state.root / "tasks" / f"heldout-{len(ids)}-{tasks.name}")
-    args.heldout_dir = heldout
-    train, base = split_dir(tasks, "train"), base_model(args)
+    base = base_model(args)
     for seed in args.seeds:
-        start = arms.start_model(args, state, train, seed, base)
+        train, args.heldout_dir = seed_tasks(args, state, tasks, seed)
+        start = arms.start_model(args, state, split_dir(tasks, "train"), seed, base)
         for arm in args.arms:
-            model = base if arm == "base" else arms.train_arm(args, state, train, seed, arm,
-                                                              start, base)
+            model = base if arm == "base" else arms.train_arm(
+                args, state, train, seed, arm, start, base, split_dir(tasks, "train"))
             if model is None:
                 continue  # its training failed: recorded in STATE/failed, retried next run
-            cells = [(f"eval/{arm}/s{seed}/{h}", h, heldout) for h in args.harnesses]
-            served_evals(args, state, model, f"{arm}-s{seed}", cells)
+            for n, temperature in enumerate(args.eval_temperatures):
+                kind = "eval" if n == 0 else f"eval@{temperature:g}"
+                cells = [(f"{kind}/{arm}/s{seed}/{h}", h, args.heldout_dir)
+                         for h in args.harnesses]
+                served_evals(args, state, model, f"{arm}-s{seed}", cells,
+                             samples=args.eval_samples, temperature=temperature)
             report(args, state)
+
+
+def seed_tasks(args: argparse.Namespace, state: State, tasks: Path, seed: int
+               ) -> tuple[Path, Path]:
+    """The seed's training and held-out task dirs: the whole train split and a seeded
+    held-out sample, or (--select) the tasks whose calibrated pass rate for this seed's
+    start, in the train harness at the training temperature, lies in --band."""
+    held = split_dir(tasks, "heldout")
+    if not args.select:
+        ids = seeded(sorted(p.name for p in held.iterdir() if p.is_dir()), args.heldout_sample,
+                     f"{args.task_seed}:heldout")
+        return split_dir(tasks, "train"), sample(
+            held, ids, state.root / "tasks" / f"heldout-{len(ids)}-{tasks.name}")
+    label = (f"sft-s{seed}" if args.start == "sft" else "base") + f"-t{args.calib_temperature:g}"
+    units, picked = state.all(), {}
+    for split in ("train", "heldout"):
+        task_rates = seed_stats.calibrated(units, label, split, args.train_harness)
+        picked[split] = seed_stats.select(task_rates, args.band,
+                                          args.heldout_sample if split == "heldout" else 0,
+                                          f"{args.task_seed}:select:{seed}")
+        if not picked[split]:
+            raise SystemExit(f"--select: no calibrated {split} task of {label} in "
+                             f"{args.train_harness} in the band {args.band}: calibrate first")
+    where = state.root / "tasks"
+    return (sample(split_dir(tasks, "train"), picked["train"],
+                   where / f"selected-s{seed}-train-{len(picked['train'])}"),
+            sample(held, picked["heldout"],
+                   where / f"selected-s{seed}-heldout-{len(picked['heldout'])}"))
 
 
 # ------------------------------------------------------------------ the command line
@@ -272,7 +382,22 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--tiers", default="lookup,count,filter,sum,groupmax,join")
     p.add_argument("--calib-tiers", default="lookup,count,filter,sum,groupmax,join")
-    p.add_argument("--calib-per-tier", type=int, default=20)
+    p.add_argument("--calib-per-tier", type=int, default=16, help="tasks per tier and "
+                   "split, in cells of 8 (more later: new cells, the measured ones kept)")
+    p.add_argument("--calib-splits", default="train,heldout")
+    p.add_argument("--calib-harnesses", default="", help="default: --harnesses")
+    p.add_argument("--calib-samples", type=int, default=4, help="rollouts per task")
+    p.add_argument("--calib-temperature", type=float, default=1.0,
+                   help="the training temperature (the RL arms sample at 1.0)")
+    p.add_argument("--select", action="store_true", help="run: train on the training tasks "
+                   "whose calibrated pass rate (this seed's start, the train harness, the "
+                   "training temperature) is in --band, and evaluate on up to "
+                   "--heldout-sample held-out tasks in it")
+    p.add_argument("--band", default="0.3,0.8", help="--select's pass-rate band, low,high")
+    p.add_argument("--eval-samples", type=int, default=1, help="rollouts per held-out task")
+    p.add_argument("--eval-temperatures", default="", help="comma-separated; the first is "
+                   "the table's (eval/...), others are cells eval@T/... (default: "
+                   "--eval-temperature)")
     p.add_argument("--task-seed", type=int, default=0)
     p.add_argument("--train-tasks", type=int, default=1000)
     p.add_argument("--heldout", type=int, default=250)
@@ -293,6 +418,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=0, help="RL arms: also evaluate on the "
                    "held-out sample every N steps while training (issue 37's in-training eval; "
                    "curves only: the table is every arm's final model, evaluated alike)")
+    p.add_argument("--curve-harnesses", default="", help="--eval-every's harnesses (default: "
+                   "--harnesses): each curve point is a pass of the held-out tasks in each")
     p.add_argument("--bonus", type=float, default=0.2, help="tool_call_bonus w")
     p.add_argument("--bonus-budget", type=int, default=20, help="tool_call_budget B")
     p.add_argument("--sft-lr", type=float, default=1e-5)
@@ -303,6 +430,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-nice", action="store_true", help="train the SFT model outside "
                    "the heavy lock at nice 19 (CPU training only; teacher rollouts and "
                    "evals still take the lock)")
+    p.add_argument("--teacher-harnesses", default="", help="the harnesses the teacher's SFT "
+                   "rollouts run in (default: --harnesses): the start can be built from all "
+                   "three while the run evaluates in fewer")
     p.add_argument("--teacher-tasks", type=int, default=0, help="train tasks per harness "
                    "the teacher runs (0: enough for one row per SFT example)")
     p.add_argument("--start", choices=["base", "sft"], default="base",
@@ -315,8 +445,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-temperature", type=float, default=0.6)
     p.add_argument("--concurrency", type=int, default=4)
     args = p.parse_args(argv)
-    for name in ("harnesses", "arms", "tiers", "calib_tiers"):
+    for name in ("harnesses", "arms", "tiers", "calib_tiers", "calib_splits",
+                 "calib_harnesses", "teacher_harnesses", "curve_harnesses"):
         setattr(args, name, [v for v in getattr(args, name).split(",") if v])
+    args.calib_harnesses = args.calib_harnesses or args.harnesses
+    args.teacher_harnesses = args.teacher_harnesses or args.harnesses
+    args.curve_harnesses = args.curve_harnesses or args.harnesses
+    args.band = [float(v) for v in args.band.split(",")]
+    args.eval_temperatures = [float(v) for v in args.eval_temperatures.split(",") if v] or [
+        args.eval_temperature]
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     args.train_harness = args.train_harness or args.harnesses[0]
     if unknown := [a for a in args.arms if a not in ARMS]:

@@ -1,22 +1,28 @@
 #!/usr/bin/env python3
-"""The trace store's size and commit cost: schema v4's layout (every turn whole) against
-v5's (what is new against an earlier turn, proxy/layout.py), in one run.
+"""The trace store's size and commit cost: schema v4's layout (every turn whole), v5's
+previous layout (a prompt stored against an earlier turn only when it extends it exactly)
+and v5's current one (against the recent turn sharing the longest prefix,
+proxy/layout.py), in one run.
 
-Both layouts are written by the same `TraceStore` into the same schema: the old one
-through a subclass that packs each turn as v4 did (`rows.turn_row`, layout NULL), which is
-exactly what a v4 file holds and how a v4 row is read. Sections:
+The three are written by the same `TraceStore` into the same schema: v4 through a
+subclass that packs each turn as v4 did (`rows.turn_row`, layout NULL), which is exactly
+what a v4 file holds and how a v4 row is read; v5's previous layout by swapping in the
+parent rule it had (`_exact_parent`, verbatim from main at 5e3d0e0; the rest of the row,
+bodies included, is encoded the same). Sections:
 
   issue     the issue's case: 40 chat turns, history growing 4,000 characters a turn,
-            token ids = the text's bytes: trace.db against the rollout's non-redundant
-            content (each new piece once in each form the store keeps: raw request and
-            response bytes, canonical messages, ids at 4 bytes, logprobs at 8)
+            token ids = the text's bytes, in two shapes: each prompt extends the last, and
+            a rewritten history (each prompt ends with a reminder the next one no longer
+            has: a long shared prefix, never an extension): trace.db against the
+            rollout's non-redundant content (each new piece once in each form the store
+            keeps: raw request and response bytes, canonical messages, ids at 4 bytes,
+            logprobs at 8)
   context   a rollout growing turn by turn to 64k tokens of real tokenizer text (this
-            repository's sources as tool output, the tiny model's tokenizer): bytes and
-            CPU per turn at 4k, 16k and 64k-token contexts, of the commit (what runs
-            under the store's write lock) and of encoding the row before it (`add_turn`
-            does both), each turn's ids and request fresh objects as an engine's answer
-            and a client's request decode them; v5 twice: the row encoded in the commit
-            (as first landed) and before it
+            repository's sources as tool output, the tiny model's tokenizer), in both
+            shapes: bytes and CPU per turn at 4k, 16k and 64k-token contexts, of encoding
+            the row before the commit and of the commit (`add_turn` does both), each
+            turn's ids and request fresh objects as an engine's answer and a client's
+            request decode them
   store     a store of many rollouts shaped like the reference's (17-40 turns, contexts
             to ~32k tokens, synthetic ids): file size, write rate, samples built per
             second, a viewer page's latency
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
 import sqlite3
 import statistics
@@ -41,9 +48,10 @@ from typing import Any
 import msgspec
 from table import Row, figure_table, verdict
 
+from harnessrl.proxy import layout
 from harnessrl.proxy.layout import Prepared, Staged
 from harnessrl.proxy.rows import INSERT_TURN, turn_row
-from harnessrl.proxy.store import TraceStore
+from harnessrl.proxy.store import TraceReader, TraceStore
 from harnessrl.train.samples import iter_samples
 from harnessrl.types import (
     ChatRequest,
@@ -76,14 +84,49 @@ class OldLayout(TraceStore):
         return params
 
 
-LAYOUTS: dict[str, type[TraceStore]] = {"v4 (whole)": OldLayout, "v5 (delta)": TraceStore}
-# The context section's writers: the store class, and whether a turn's row is
-# encoded before the commit (`add_turn` today) or in it (v5 as first landed).
-WRITERS: dict[str, tuple[type[TraceStore], bool]] = {
+def _exact_extends(prompt: tuple[int, ...], turn: Turn) -> int | None:
+    """The previous layout's rule (main at 5e3d0e0, `layout._extends`), verbatim."""
+    tokens = turn.completion.tokens if turn.completion is not None else None
+    if tokens is None or tokens.prompt_ids is None:
+        return None
+    before, sampled = tokens.prompt_ids, tokens.completion_ids or ()
+    n = len(before)
+    if n == 0 or len(prompt) < n or prompt[n - 1] != before[-1] or prompt[0] != before[0]:
+        return None
+    if prompt[:n] != before:
+        return None
+    keep = n + len(sampled)
+    if sampled and len(prompt) >= keep and prompt[n:keep] == sampled:
+        return keep
+    return n
+
+
+def _exact_parent(prompt: tuple[int, ...], turn: Turn, recent: Any) -> tuple[Turn, int] | None:
+    for earlier in reversed(recent):  # the latest first: the likeliest parent
+        if earlier.index < turn.index and (keep := _exact_extends(prompt, earlier)) is not None:
+            return earlier, keep
+    return None
+
+
+@contextlib.contextmanager
+def parent_rule(exact: bool) -> Iterator[None]:
+    """v5's previous parent rule (`exact`) or the current one, while the block runs."""
+    real = layout._parent
+    layout._parent = _exact_parent if exact else real  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        layout._parent = real  # type: ignore[assignment]
+
+
+# Each layout: its store class and whether v5's previous parent rule is swapped in.
+LAYOUTS: dict[str, tuple[type[TraceStore], bool]] = {
     "v4 (whole)": (OldLayout, False),
-    "v5, row encoded in the commit (before)": (TraceStore, False),
-    "v5, row encoded before the commit (now)": (TraceStore, True),
+    "v5, exact extension only (before)": (TraceStore, True),
+    "v5, longest shared prefix (now)": (TraceStore, False),
 }
+OLD, BEFORE, NOW = LAYOUTS
+SHAPES = {"extends": False, "rewritten": True}
 _REQUEST = msgspec.json.Decoder(ChatRequest)
 _IDS = msgspec.json.Decoder(tuple[int, ...])
 
@@ -104,9 +147,12 @@ def chat_turn(key: str, index: int, messages: tuple[Message, ...], prompt: tuple
 
 
 def conversation(key: str, turns: int, new_text: Iterator[str], reply_text: Iterator[str],
-                 tokenize: Any) -> Iterator[tuple[Turn, int]]:
+                 tokenize: Any, rewrite: bool = False) -> Iterator[tuple[Turn, int]]:
     """A rollout whose history grows each turn by a user message and the reply; yields
-    each turn and the non-redundant bytes it adds."""
+    each turn and the non-redundant bytes it adds. `rewrite`: each request ends with a
+    reminder message (and its prompt with the reminder's ids) that the next request no
+    longer has, as harnesses that edit system reminders send: each prompt shares all but
+    its reminder with the last and extends none."""
     messages: tuple[Message, ...] = ()
     prompt: tuple[int, ...] = ()
     for index in range(turns):
@@ -114,16 +160,22 @@ def conversation(key: str, turns: int, new_text: Iterator[str], reply_text: Iter
         new_ids = tuple(tokenize(text))
         messages += (Message("user", (Text(text),)),)
         prompt += new_ids
+        note = (f"<system-reminder>turn {index}: {index % 7} files changed, "
+                f"{40 - index} calls left, todo list {'done ' * (index % 5)}</system-reminder>")
+        tail = (Message("user", (Text(note),)),) if rewrite else ()
+        note_ids = tuple(tokenize(note)) if rewrite else ()
         reply = tuple(tokenize(answer))
-        turn = chat_turn(key, index, messages, prompt, answer, reply)
+        turn = chat_turn(key, index, messages + tail, prompt + note_ids, answer, reply)
         assert turn.completion is not None
         reply_json = _encode(msgspec.structs.replace(turn.completion,
                                                      tokens=Tokens(None, None, None)))
         # Each new piece once per form: the message text in the raw request and in the
         # canonical messages (the reply too, as the next request's history), the new
-        # prompt ids, the reply's ids and logprobs, the raw response and the reply's JSON.
+        # prompt ids, the reply's ids and logprobs, the raw response and the reply's JSON;
+        # a reminder is new content in its turn (text twice, ids once).
         new = (2 * (len(_encode(text)) + len(_encode(answer))) + 4 * len(new_ids)
                + 12 * len(reply) + len(turn.raw_response) + len(reply_json))
+        new += 2 * len(_encode(note)) + 4 * len(note_ids) if rewrite else 0
         yield turn, new
         messages += (Message("assistant", (Text(answer),)),)
         prompt += reply
@@ -176,22 +228,51 @@ def db_bytes(run_dir: Path) -> int:
 
 # ------------------------------------------------------------------ the issue's rollout
 def issue_rows(tmp: Path) -> list[Row]:
-    sizes, content = {}, 0
-    for name, kind in LAYOUTS.items():
-        run_dir = tmp / f"issue-{kind.__name__}"
-        content = 0
-        with kind(run_dir) as store:
-            for turn, new in conversation("k", 40, chunks(4000), chunks(400),
-                                          lambda s: tuple(s.encode())):
+    rows = []
+    for shape, rewrite in SHAPES.items():
+        sizes, content = {}, 0
+        for name, (kind, exact) in LAYOUTS.items():
+            run_dir = tmp / f"issue-{shape}-{kind.__name__}-{exact}"
+            content = 0
+            with parent_rule(exact), kind(run_dir) as store:
+                for turn, new in conversation("k", 40, chunks(4000), chunks(400),
+                                              lambda s: tuple(s.encode()), rewrite):
+                    write_timed(store, turn, early=True)
+                    content += new
+                parents = store.db.execute(
+                    "SELECT COUNT(prompt_parent) FROM turns").fetchone()[0]
+            sizes[name] = (db_bytes(run_dir), parents)
+        (now, with_parent), (before, before_parents), (old, _) = (
+            sizes[NOW], sizes[BEFORE], sizes[OLD])
+        rows.append(Row(
+            f"40-turn chat rollout, {shape} (history +4,000 chars/turn, ids = text bytes):"
+            " trace.db", f"now {now / 1e6:.2f} MB ({now / content:.2f}x content, "
+            f"{with_parent}/40 with a parent); before {before / 1e6:.2f} MB "
+            f"({before / content:.2f}x, {before_parents}/40); v4 {old / 1e6:.2f} MB "
+            f"({old / content:.1f}x)", f"non-redundant content {content / 1e6:.2f} MB",
+            "now <= 1.5x content", verdict(now <= 1.5 * content)))
+    return rows
+
+
+# ------------------------------------------------------------------ a real run's store
+def real_rows(tmp: Path, source: Path) -> list[Row]:
+    """A real run's turns (`source`, a run directory or its trace.db) written again in
+    each layout, rollout by rollout in order: the share of turns stored with a parent
+    and the file's size."""
+    run = source if source.is_dir() else source.parent
+    with TraceReader(run, up_to_date=True) as reader:
+        turns = list(reader.iter_turns())
+    cells = []
+    for name, (kind, exact) in LAYOUTS.items():
+        run_dir = tmp / f"real-{kind.__name__}-{exact}"
+        with parent_rule(exact), kind(run_dir) as store:
+            for turn in turns:
                 write_timed(store, turn, early=True)
-                content += new
-        sizes[name] = db_bytes(run_dir)
-    old, new = sizes["v4 (whole)"], sizes["v5 (delta)"]
-    return [Row("40-turn chat rollout (history +4,000 chars/turn, ids = text bytes): trace.db",
-                f"v5 {new / 1e6:.2f} MB ({new / content:.2f}x content); "
-                f"v4 {old / 1e6:.2f} MB ({old / content:.1f}x)",
-                f"non-redundant content {content / 1e6:.2f} MB", "v5 <= 1.5x content",
-                verdict(new <= 1.5 * content))]
+            parents = store.db.execute("SELECT COUNT(prompt_parent) FROM turns").fetchone()[0]
+        cells.append(f"{name}: {parents}/{len(turns)} with a parent, "
+                     f"{db_bytes(run_dir) / 1e6:.2f} MB")
+    return [Row(f"a real run's store ({run.name}, {len(turns)} turns) written again",
+                "; ".join(cells), str(source))]
 
 
 # ------------------------------------------------------------------ a growing context
@@ -206,31 +287,40 @@ def context_rows(tmp: Path, repeats: int) -> list[Row]:
     def tokenize(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)
 
-    # One rollout to 64k+ tokens, ~1,000 new tokens a turn; built once, written per layout.
+    rows: list[Row] = []
+    for shape, rewrite in SHAPES.items():
+        rows += _context_shape(tmp, repeats, shape, _grown(tokenize, rewrite))
+    return rows
+
+
+def _grown(tokenize: Any, rewrite: bool) -> list[Turn]:
+    """One rollout to 64k+ tokens, ~1,000 new tokens a turn; built once, written per layout."""
     turns: list[Turn] = []
-    for turn, _new in conversation("k", 200, chunks(3000), chunks(600), tokenize):
+    for turn, _new in conversation("k", 200, chunks(3000), chunks(600), tokenize, rewrite):
         turns.append(fresh(turn))
         assert turn.completion is not None and turn.completion.tokens.prompt_ids is not None
         if len(turn.completion.tokens.prompt_ids) > 66_000:
             break
-    contexts = [len(t.completion.tokens.prompt_ids) for t in turns  # type: ignore[union-attr, arg-type]
-                ]
+    return turns
+
+
+def _context_shape(tmp: Path, repeats: int, shape: str, turns: list[Turn]) -> list[Row]:
+    contexts = [len(t.completion.tokens.prompt_ids) for t in turns]  # type: ignore[union-attr, arg-type]
     # cpu[name][run][turn] = (encoding the row before the commit, the commit)
-    cpu: dict[str, list[list[tuple[float, float]]]] = {name: [] for name in WRITERS}
+    cpu: dict[str, list[list[tuple[float, float]]]] = {name: [] for name in LAYOUTS}
     size: dict[str, list[int]] = {}
     for r in range(repeats):
-        for name, (kind, early) in WRITERS.items():
-            run_dir = tmp / f"context-{r}-{len(cpu[name])}-{kind.__name__}-{early}"
-            with kind(run_dir) as store:
-                cpu[name].append([write_timed(store, turn, early) for turn in turns])
+        for name, (kind, exact) in LAYOUTS.items():
+            run_dir = tmp / f"context-{shape}-{r}-{len(cpu[name])}-{kind.__name__}-{exact}"
+            with parent_rule(exact), kind(run_dir) as store:
+                cpu[name].append([write_timed(store, turn, True) for turn in turns])
                 size[name] = [len(row[0] or b"") + len(row[1] or b"") + len(row[2] or b"")
                               for row in store.db.execute(
                                   "SELECT raw_request, request, prompt_ids FROM turns"
                                   " ORDER BY idx")]
     rows = []
-    per: dict[str, dict[int, tuple[float, float]]] = {}
-    for name in WRITERS:
-        per[name] = {}
+    for name in LAYOUTS:
+        cells = []
         for target in (4_000, 16_000, 64_000):
             # The three turns whose context is closest to the target.
             near = sorted(range(len(contexts)), key=lambda i: abs(contexts[i] - target))[:3]
@@ -238,33 +328,13 @@ def context_rows(tmp: Path, repeats: int) -> list[Row]:
                 cpu[name][r][i][part] for r in range(repeats) for i in near) * 1e6
                 for part in (0, 1))
             stored = statistics.median(size[name][i] for i in near)
-            per[name][target] = (found, committed)
-            rows.append(Row(f"{name}: CPU per turn at ~{target // 1000}k tokens of context,"
-                            " encoding the row before the commit + the commit; stored bytes"
-                            " (raw request + request + prompt ids)",
-                            f"{found:.0f} + {committed:.0f} µs, {stored / 1024:.1f} KiB",
-                            f"{len(near)} turns x {repeats} runs"))
-    return rows + _context_ratios(per)
-
-
-def _context_ratios(per: dict[str, dict[int, tuple[float, float]]]) -> list[Row]:
-    def ratio(name: str, part: slice) -> float:
-        return sum(per[name][64_000][part]) / sum(per[name][4_000][part])
-
-    old, before, now = WRITERS
-    commit, whole = slice(1, 2), slice(0, 2)
-    return [
-        Row("v5 commit CPU per turn (what runs under the write lock), 64k vs 4k context",
-            f"{ratio(now, commit):.2f}x", f"the row encoded in the commit: "
-            f"{ratio(before, commit):.2f}x; v4: {ratio(old, commit):.2f}x", "<= 1.2x",
-            verdict(ratio(now, commit) <= 1.2)),
-        Row("v5 CPU per turn of the whole write (row encoded + commit), 64k vs 4k context",
-            f"{ratio(now, whole):.2f}x", f"the row encoded in the commit: "
-            f"{ratio(before, whole):.2f}x; at 64k now/v4 "
-            f"{sum(per[now][64_000]) / sum(per[old][64_000]):.2f}",
-            "(the issue's 1.2x, applied to the whole write)",
-            verdict(ratio(now, whole) <= 1.2)),
-    ]
+            cells.append(f"{target // 1000}k: {found:.0f} + {committed:.0f} µs, "
+                         f"{stored / 1024:.1f} KiB")
+        rows.append(Row(f"{name}, {shape}: CPU per turn (encoding the row before the commit"
+                        " + the commit) and stored bytes (raw request + request + prompt"
+                        " ids) at ~4k / 16k / 64k tokens of context", "; ".join(cells),
+                        f"3 turns x {repeats} runs each"))
+    return rows
 
 
 # ------------------------------------------------------------------ a store of many turns
@@ -311,7 +381,8 @@ async def fill(store: TraceStore, turns: int, seed: int, open_rollouts: int = 32
 
 def store_rows(tmp: Path, turns: dict[str, int]) -> list[Row]:
     rows, figures = [], {}
-    for name, kind in LAYOUTS.items():
+    for name in (OLD, NOW):
+        kind = LAYOUTS[name][0]
         run_dir = tmp / f"store-{kind.__name__}"
         with kind(run_dir) as store:
             start, cpu = time.perf_counter(), time.process_time()
@@ -333,7 +404,7 @@ def store_rows(tmp: Path, turns: dict[str, int]) -> list[Row]:
                         f"({cpu / made * 1e3:.2f} ms CPU/turn); {sample_rate:,.0f} samples/s "
                         f"({turn_rate:,.0f} turns/s); viewer page (turns 20-39) "
                         f"{page:.1f} ms, token view {chain:.1f} ms"))
-    (new_rate, new_page), (old_rate, old_page) = figures["v5 (delta)"], figures["v4 (whole)"]
+    (new_rate, new_page), (old_rate, old_page) = figures[NOW], figures[OLD]
     rows.append(Row("v5 samples/s and viewer page vs v4", f"samples {new_rate / old_rate:.2f}x,"
                     f" page latency {new_page / old_page:.2f}x", "v4, same shapes",
                     "samples >= 1x, page <= 1x",
@@ -372,17 +443,21 @@ def rows(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--old-store-turns", type=int, default=0,
                     help="turns in the v4 store (default: as many as the v5 one)")
     ap.add_argument("--only", default="issue,context,store")
+    ap.add_argument("--real", type=Path, action="append", default=[],
+                    help="a real run's directory (or trace.db) to write again in each layout")
     args = ap.parse_args(argv)
     wanted = set(args.only.split(","))
     out: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="store-bench-") as tmp:
         if "issue" in wanted:
             out += issue_rows(Path(tmp))
+        for source in args.real:
+            out += real_rows(Path(tmp), source)
         if "context" in wanted:
             out += context_rows(Path(tmp), args.repeats)
         if "store" in wanted:
-            out += store_rows(Path(tmp), {"v5 (delta)": args.store_turns,
-                                          "v4 (whole)": args.old_store_turns or args.store_turns})
+            out += store_rows(Path(tmp), {NOW: args.store_turns,
+                                          OLD: args.old_store_turns or args.store_turns})
     return out
 
 

@@ -8,8 +8,10 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from harnessrl.proxy.engines.scripted_completions import Sample, ScriptedCompletions
 from harnessrl.proxy.serve import in_thread
@@ -44,6 +46,21 @@ def recorded_requests(*harnesses: str) -> list[Path]:
     if missing := [d.name for d in dirs if not any(d.glob("*.json"))]:
         raise FileNotFoundError(f"no recorded requests in {RECORDED} for {missing}")
     return sorted(p for d in dirs for p in d.glob("*.json"))
+
+
+REDACTED = re.compile(r"<(\d+) chars of harness text>")
+
+
+def unredacted(value: Any) -> Any:
+    """A recorded body with each redacted text ("<N chars of harness text>") back at its
+    length, as filler: a system prompt's size decides how much of a prompt it is."""
+    if isinstance(value, str) and (m := REDACTED.fullmatch(value)):
+        return ("You are a coding agent working in a sandbox. " * 200)[:int(m[1])]
+    if isinstance(value, dict):
+        return {k: unredacted(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unredacted(v) for v in value]
+    return value
 
 
 # ------------------------------------------------------------------ a proxy in a thread

@@ -70,7 +70,7 @@ def agent(mode: str, script: Path) -> Harness:
 
 # ------------------------------------------------------------------ pure parts
 
-def test_a_full_row_queue_holds_the_worker_and_keeps_its_heartbeat_fresh():
+def test_a_full_group_queue_holds_the_worker_and_keeps_its_heartbeat_fresh():
     """`queue_maxsize` (TRL's own setting) bounds how far the sampler runs ahead: with the
     queue full, the worker waits for the trainer instead of starting rollouts, and TRL's
     health check (a heartbeat older than `heartbeat_stale_after_s`) does not take that wait
@@ -79,20 +79,22 @@ def test_a_full_row_queue_holds_the_worker_and_keeps_its_heartbeat_fresh():
     import time
 
     from harnessrl.train.async_grpo import POLL_SECONDS, HarnessRolloutWorker
+    from harnessrl.train.group_batches import GroupItem
 
     worker = HarnessRolloutWorker(None, num_generations=1, max_inflight=1,  # type: ignore[arg-type]
                                   max_staleness=0, queue_maxsize=1)
-    worker._put("row 1")
+    first, second = GroupItem(1, 0, [], []), GroupItem(2, 0, [], [])  # whole groups
+    worker._put(first)
     before = worker._heartbeat
-    held = threading.Thread(target=worker._put, args=("row 2",), daemon=True)
+    held = threading.Thread(target=worker._put, args=(second,), daemon=True)
     held.start()
     try:
         time.sleep(4 * POLL_SECONDS)
-        assert held.is_alive()  # the queue is full: the second row waits
+        assert held.is_alive()  # the queue is full: the second group waits
         assert worker._heartbeat > before
-        assert worker.rollout_buffer.get() == "row 1"
+        assert worker.rollout_buffer.get() is first
         held.join(5)
-        assert not held.is_alive() and worker.rollout_buffer.get_nowait() == "row 2"
+        assert not held.is_alive() and worker.rollout_buffer.get_nowait() is second
     finally:
         worker._stop.set()  # a held put gives up
 

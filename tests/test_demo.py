@@ -186,6 +186,16 @@ def test_live_progress_counts_rollouts_turns_tokens_and_steps(tmp_path: Path) ->
     assert "turns 2 · tokens sampled 2 · tool calls 1 · weights v1" in last
 
 
+def test_live_progress_names_the_phase_the_schedule_reports(tmp_path: Path) -> None:
+    live = Live(tmp_path, Console(file=io.StringIO()), steps=2)
+    assert " · starting" in live.line() and "sampling" not in live.line()
+    live.step({})
+    live.set_phase("training step 2")  # what train(on_phase=...) passes
+    assert "] step 1/2 · training step 2 · starting" in live.line()
+    live.set_phase("syncing weights")
+    assert "step 1/2 · syncing weights ·" in live.line()
+
+
 # ------------------------------------------------------------------ the demo itself
 @pytest.mark.vllm
 @pytest.mark.harness

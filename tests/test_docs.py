@@ -135,7 +135,8 @@ def test_the_config_reference_defaults_file_loads_as_the_defaults():
 
     example = docgen.defaults_toml(TrainConfig)
     loaded = msgspec.convert(tomllib.loads(example), type=TrainConfig)
-    assert loaded == TrainConfig(cluster=loaded.cluster)  # [cluster] given: its defaults
+    # [cluster] and [lora] given: their defaults
+    assert loaded == TrainConfig(cluster=loaded.cluster, lora=loaded.lora)
 
 
 def test_http_reference_names_every_route_and_error(site: Path):

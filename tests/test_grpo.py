@@ -226,6 +226,7 @@ class ScriptedRollouts:
         self.version = version
         self.turns: dict[str, list[Turn]] = {}
         self.count = Counter[str]()
+        self.train_retried = False  # grpo.train_retried
 
     def __enter__(self) -> ScriptedRollouts:
         return self

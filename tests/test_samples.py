@@ -214,10 +214,14 @@ def test_every_reason_link_gives_is_documented_and_each_documented_one_occurs() 
         make_turn(5, P1, C1, status="cancelled"),
         make_turn(6, P1, C1, flags=("logprob_count_mismatch",)),
         bare,
+        make_turn(8, P1, C1, status="failed"),  # its client sent it again: turn 9
+        Turn(**{**{f: getattr(make_turn(9, P1, C1, status="cancelled"), f)
+                   for f in Turn.__struct_fields__}, "retry_count": 1, "retry_of": 8}),
     ])
     starts = [c.start.reason for c in linked.chains]
     assert starts == ["first", "side_call", "history_rewritten", "rewound"]
-    assert [e.reason for e in linked.excluded] == ["failed", "cancelled", "flagged", "no_tokens"]
+    assert [e.reason for e in linked.excluded] == ["failed", "cancelled", "flagged", "no_tokens",
+                                                   "retried", "cancelled"]
     # What the viewer and the report explain (the tables) is what the types allow and what
     # link() gives: no reason without an explanation, no explanation never used.
     assert set(BREAK_REASONS) == set(get_args(BreakReason)) == set(starts)

@@ -6,6 +6,7 @@ import asyncio
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,17 @@ async def box(tmp_path: Path):
     await sandbox.close()
 
 
-def live_processes(needle: str) -> list[int]:
-    """Processes (not zombies) whose command line contains `needle`."""
+def live_processes(needle: str, within: float = 5.0) -> list[int]:
+    """Processes (not zombies) whose command line contains `needle`, once none is left or
+    `within` seconds have passed: SIGKILL is sent at once, but a process dies only when
+    it next runs, which on a loaded machine can take a moment."""
+    deadline = time.monotonic() + within
+    while (found := _live(needle)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
+def _live(needle: str) -> list[int]:
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():

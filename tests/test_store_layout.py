@@ -294,7 +294,7 @@ def test_a_forgotten_rollout_is_read_back_from_the_store(tmp_path: Path) -> None
     """With no room in memory, each rollout's next turn finds its parent in the store."""
     a, b = conversation("a", 5), conversation("b", 5)
     with TraceStore(tmp_path) as store:
-        store._recent._budget = 1  # every other rollout is forgotten at each write
+        store._recent._floor = 1  # every other rollout is forgotten at each write
         for pair in zip(a, b, strict=True):
             asyncio.run(write(store, list(pair)))
         assert store.turns("a") == a and store.turns("b") == b

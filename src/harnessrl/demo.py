@@ -6,7 +6,9 @@ harness (mini-swe-agent) on a few bundled tasks, scores them with the tasks' ver
 takes two GRPO steps on the exact captured tokens with the weights reloaded into vLLM
 after each, and shows what happened: rollouts and rewards, turns and tokens captured,
 chain statistics, which weight version sampled each turn, and one turn chosen for what it
-shows. While it trains, a progress line every 15 seconds (`train/live.py`).
+shows. While it trains, a progress line every 15 seconds (`train/live.py`) naming the
+phase: vLLM runs here, so the run is colocated (`train/schedule.py`): sampling pauses
+while the trainer steps.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ def run_demo(run_dir: Path, model: str | None = None, *, steps: int = 2,
     # (`harnessrl ui runs/demo` shows them all).
     run_dir = run_dir / time.strftime("%Y%m%d-%H%M%S")
     config = demo_config(run_dir, model, steps)
+    resolve_model(config.model.path, console)  # a name that cannot load ends it here
     if engine_url is not None:
         config = msgspec.structs.replace(
             config, engine=msgspec.structs.replace(config.engine, url=engine_url))
@@ -92,10 +95,12 @@ def run_demo(run_dir: Path, model: str | None = None, *, steps: int = 2,
         console.print("stopping: the rewards of this setup would not mean anything")
         return 1
     console.print(f"training: {steps} GRPO steps of {config.grpo.tasks_per_step} tasks x "
-                  f"{config.grpo.num_generations} rollouts, {config.grpo.max_inflight} "
-                  f"rollouts in flight; a progress line every {every:.0f} s")
+                  f"{config.grpo.num_generations} rollouts, up to "
+                  f"{config.grpo.max_inflight} rollouts in flight; colocated: model calls "
+                  f"wait while the trainer steps; a progress line every {every:.0f} s")
     with Live(run_dir, console, steps=steps, every=every) as live:
-        steps_done = train(config, console=console, on_step=live.step)
+        steps_done = train(config, console=console, on_step=live.step,
+                           on_phase=live.set_phase)
     with TraceReader(run_dir) as store:
         _show(console, store, resolve_model(config.model.path, console), steps_done)
     console.print(f"\nstore: [bold]{store.path}[/] · look at it with [bold]harnessrl ui "

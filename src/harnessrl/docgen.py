@@ -282,6 +282,9 @@ OWN_ROUTES = {
                                "(`{\"timeout\": 600}`; on timeout a 504 naming the calls).",
     ("POST", "/weights/release"): "Let held calls go on; `{\"version\": \"v3\"}` stamps the "
                                   "calls admitted from now on with that weight version.",
+    ("POST", "/weights/close"): "The colocated schedule's optimizer step: new model calls "
+                                "wait from now on; the running ones are not waited for.",
+    ("POST", "/weights/open"): "The step is over: the calls held by `/weights/close` go on.",
     ("GET", "/health"): "The proxy is up and the engine's models.",
     ("GET", "/"): "A probe (Claude Code checks its base URL before calling).",
     ("GET", "/r/{key}"): "The same probe under a rollout's prefix.",
@@ -455,6 +458,20 @@ def chain_reasons(which: str) -> str:
     return table(["reason", "what happened"], [[f"`{k}`", v] for k, v in reasons.items()])
 
 
+def drift_causes() -> str:
+    from harnessrl.rollout.drift import CAUSES
+
+    return table(["cause", "where", "what the harness did", "for training, and how to avoid it"],
+                 [[f"`{k}`", where, what, training]
+                  for k, (where, what, training) in CAUSES.items()])
+
+
+def call_kinds() -> str:
+    from harnessrl.rollout.kinds import CALL_KINDS
+
+    return table(["kind", "what the call was for"], [[f"`{k}`", v] for k, v in CALL_KINDS.items()])
+
+
 # ------------------------------------------------------------------ the source layout
 def module_rows(package: Path) -> list[tuple[str, list[list[str]]]]:
     """Per folder of the package: each module and the first sentence of its docstring
@@ -499,4 +516,6 @@ PAGES = {
 SNIPPETS = {
     "chain-breaks": lambda: chain_reasons("breaks"),
     "chain-excludes": lambda: chain_reasons("excludes"),
+    "drift-causes": drift_causes,
+    "call-kinds": call_kinds,
 }

@@ -48,6 +48,18 @@ class AuthenticationFailed(HarnessRLError):
     status = 401
 
 
+class UnsupportedCoding(InvalidRequest):
+    """A request body in a content coding the proxy cannot undo (`proxy/codings.py`):
+    HTTP's 415, in each dialect's shape for a request error."""
+
+    status = 415
+
+
+class CorruptCoding(InvalidRequest):
+    """A request body in a content coding that does not decode: damaged, cut short, or
+    with data after its end (`proxy/codings.py`)."""
+
+
 class NotFound(HarnessRLError):
     kind = "not_found"
     status = 404
@@ -94,3 +106,24 @@ class StoreFailed(HarnessRLError):
 
     kind = "internal"
     status = 500
+
+
+class StoreCorrupt(HarnessRLError):
+    """A stored turn cannot be rebuilt exactly (a damaged blob, a missing parent turn):
+    the read fails naming the turn, never returning a different one."""
+
+    kind = "internal"
+    status = 500
+
+
+class CommandError(Exception):
+    """A command cannot go on for a reason its user can act on (not a client's error):
+    `harnessrl` prints the message as one line and exits with code 2, no traceback."""
+
+
+class ModelUnavailable(CommandError):
+    """A model named to a command cannot be loaded: what was asked and why not."""
+
+
+class EngineStartFailed(CommandError):
+    """A vLLM started for a command died or never became healthy while starting."""

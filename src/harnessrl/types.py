@@ -250,6 +250,14 @@ class Turn(msgspec.Struct, frozen=True, omit_defaults=True):
     flags: tuple[str, ...] = ()
     reply_id: str | None = None  # the id the client saw (chatcmpl-…, msg_…, resp_…)
     error_kind: str | None = None
+    # `raw_request`'s Content-Encoding as received (e.g. "zstd"): the stored bytes are the
+    # coded ones, `proxy.codings.undo` gives the JSON. None: sent uncoded.
+    content_encoding: str | None = None
+    # The client's own count of earlier attempts at this call (`x-stainless-retry-count`);
+    # None when it sent none. `retry_of`: the turn of the same rollout this call repeated
+    # (its body byte for byte, sent with a lower count), which the client did not keep.
+    retry_count: int | None = None
+    retry_of: int | None = None
 
 
 class Rollout(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -270,7 +278,23 @@ class Rollout(msgspec.Struct, frozen=True, omit_defaults=True):
 # Why a chain of turns started (see `harnessrl.rollout.chains.BREAK_REASONS` for the
 # exact rules) and why a turn was left out of every chain (`EXCLUDE_REASONS`).
 BreakReason = Literal["first", "side_call", "history_rewritten", "rewound"]
-ExcludeReason = Literal["failed", "cancelled", "flagged", "no_tokens"]
+ExcludeReason = Literal["failed", "cancelled", "flagged", "no_tokens", "retried"]
+# Why a chain broke, finer than `BreakReason`: what lies where the new prompt first differs
+# from the closest chain (`harnessrl.rollout.drift` says what each means).
+DriftCause = Literal[
+    # inside an earlier completion
+    "whitespace", "tool_json_reserialized", "reasoning_removed", "completion_changed",
+    "retokenized",
+    # inside inserted tokens
+    "tool_result_changed", "tool_result_truncated", "system_prompt_changed", "tools_changed",
+    "message_changed", "messages_dropped", "messages_reordered", "summary_replaced_turns",
+    "template",
+    # after the shared part
+    "rewound", "side_call",
+    "unclassified",
+]
+# What the harness used a model call for (`harnessrl.rollout.kinds`).
+CallKind = Literal["main", "side", "subagent", "compaction"]
 
 
 class ChainBreak(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -320,6 +344,7 @@ class Sample(msgspec.Struct, frozen=True):
     logprobs: tuple[float, ...]
     weight_versions: tuple[str | None, ...] = ()
     break_reason: BreakReason | None = None  # None: the rollout's first chain
+    kind: CallKind = "main"  # what the chain's first turn was for (rollout.kinds)
 
     def dense_logprobs(self, fill: float = float("nan")) -> list[float]:
         """One logprob per completion id; inserted positions get `fill` (NaN by default,

@@ -1,5 +1,5 @@
 """The one command line: `harnessrl serve | run | eval | train | export | report | ui |
-demo | harness list|install|doctor | conformance | tasks check|list|split`.
+demo | harness list|install|doctor | conformance | tasks check|list|split | sandboxes`.
 
 One module per command: its `HELP`, `add_arguments` (flags of settings fields declared
 through the settings layer, harnessrl/settings.py) and a thin handler. `build_parser()` is
@@ -19,6 +19,7 @@ from harnessrl.cli import (
     harness,
     report,
     run,
+    sandboxes,
     serve,
     tasks,
     train,
@@ -26,11 +27,12 @@ from harnessrl.cli import (
 )
 
 DESCRIPTION = ("The one command line: `harnessrl serve | run | eval | train | export | report "
-               "| ui | demo | harness list|install|doctor | conformance | tasks check|list|split`.")
+               "| ui | demo | harness list|install|doctor | conformance | tasks check|list|split | "
+               "sandboxes`.")
 # The commands in the order `harnessrl --help` lists them.
 COMMANDS = {"serve": serve, "export": export, "train": train, "harness": harness,
             "conformance": conformance, "tasks": tasks, "run": run, "eval": eval,
-            "report": report, "ui": ui, "demo": demo}
+            "report": report, "ui": ui, "demo": demo, "sandboxes": sandboxes}
 
 
 def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentParser:
@@ -49,6 +51,8 @@ def build_parser(commands: Collection[str] | None = None) -> argparse.ArgumentPa
 def main(argv: list[str] | None = None) -> int:
     import sys
 
+    from harnessrl.errors import CommandError
+
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv[:1])
     args = parser.parse_args(argv)
@@ -59,3 +63,6 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args) or 0
     except KeyboardInterrupt:
         return 130
+    except CommandError as error:  # a model that cannot load, an engine that died: one line
+        print(f"harnessrl: {' '.join(str(error).split())}", file=sys.stderr)
+        return 2

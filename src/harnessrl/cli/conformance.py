@@ -20,6 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("names", nargs="*")
     add_flags(p, RolloutSettings, "tools_dir")
     p.add_argument("--markdown", type=Path, help="also write the matrix here")
+    p.add_argument("--drift", type=Path, nargs="?", const=True, default=None,
+                   help="also print the drift atlas (breaks by cause, calls by kind) of "
+                        "every variant and mode; with a path, write it there as markdown")
     p.add_argument("--mode", default="chat,token",
                    help="chat (the scripted chat engine), token (the proxy's token mode "
                         "against a scripted completions server), or both, comma-separated")
@@ -36,6 +39,7 @@ def run_conformance(args: argparse.Namespace) -> int:
     from harnessrl.rollout.conformance import (
         MODES,
         check,
+        drift_markdown,
         install_timed,
         matrix_markdown,
         policy_tokenizer,
@@ -60,6 +64,8 @@ def run_conformance(args: argparse.Namespace) -> int:
                                            root=Path(root), mode=mode))
             result.install_seconds, install_seconds = install_seconds, None
             results.append(result)
+            if isinstance(args.drift, Path):  # so far: a run cut short still has its rows
+                args.drift.write_text(drift_markdown(results))
             mark = ("[green]PASS[/]" if result.passed
                     else f"[red]FAIL[/] {'; '.join(result.problems)}")
             console.print(f"{h.name} {h.version} ({mode} mode): {mark}")
@@ -69,4 +75,9 @@ def run_conformance(args: argparse.Namespace) -> int:
     console.print(Markdown(matrix))
     if args.markdown:
         args.markdown.write_text(matrix)
+    if args.drift is not None:
+        drift = drift_markdown(results)
+        console.print(Markdown(drift))
+        if isinstance(args.drift, Path):
+            args.drift.write_text(drift)
     return 0 if all(r.passed for r in results) else 1

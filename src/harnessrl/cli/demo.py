@@ -11,7 +11,9 @@ HELP = ("the embedded default: SmolLM2 on vLLM, mini-swe-agent on bundled tasks 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", type=Path, default=Path("runs/demo"))
-    p.add_argument("--model", help="a local model directory (default: SmolLM2-135M)")
+    p.add_argument("--model", help="tiny or smollm2 (built here), a model directory, a "
+                                   "training run's directory or one of its checkpoints, or "
+                                   "a hub id (default: smollm2, SmolLM2-135M-Instruct)")
     p.set_defaults(func=demo)
 
 

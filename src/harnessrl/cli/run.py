@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,9 +44,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "harnessrl[ray]): a capture-proxy shard per node")
     add_flags(p, ClusterSettings, "address", "slots_per_node")
     engine = p.add_mutually_exclusive_group(required=True)
-    add_flags(engine, EngineSpec, "url", "model", helps={
-        "model": "start vLLM for this model: a hub id, a model directory, a training run's "
-                 "RUN_DIR/model or one of its checkpoints"})
+    add_flags(engine, EngineSpec, "url", "model")
     engine.add_argument("--oracle", action="store_true",
                         help="a scripted engine that runs each task's reference solution "
                              "through the harness (checks the pipeline end to end)")
@@ -124,22 +124,21 @@ def _run_engine_spec(args: argparse.Namespace) -> EngineSpec:
     if args.teacher:
         key = os.environ.get(args.teacher_key_env) if args.teacher_key_env else None
         return from_flags(EngineSpec, args, kind="teacher", url=args.teacher, api_key=key)
-    model = args.model
-    if model is not None and Path(model).is_dir():
-        import sys
+    model = None
+    if args.model is not None:  # before vLLM starts: a name that cannot load ends here
+        from harnessrl.train.model_name import resolve_model
 
-        from harnessrl.train.checkpoint import CheckpointError, model_dir_of
-
-        try:
-            model = str(model_dir_of(Path(model)))  # a checkpoint only when it is whole
-        except CheckpointError as exc:
-            print(f"harnessrl: --model: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None
+        model = resolve_model(args.model, status=_announce)
     if model is not None:  # vLLM's log goes into the run directory, new or not
         args.run_dir.mkdir(parents=True, exist_ok=True)
     if args.engine_mode == "token" and not (args.tokenizer or model):
         raise SystemExit("--engine-mode token needs --tokenizer DIR (or --model)")
     return from_flags(EngineSpec, args, model=model, vllm_log=args.run_dir / "vllm.log")
+
+
+def _announce(message: str) -> contextlib.AbstractContextManager[None]:
+    print(f"{message} ...", file=sys.stderr)
+    return contextlib.nullcontext()
 
 
 def report_broken(outcomes: list[Outcome]) -> bool:

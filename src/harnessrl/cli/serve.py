@@ -141,7 +141,17 @@ def engine_spec(args: argparse.Namespace) -> EngineSpec:
         if not url.startswith(("http://", "https://")):
             raise SystemExit(f"--engine-url {url!r} is not an http(s) URL, e.g. "
                              "http://127.0.0.1:8000")
-    return from_flags(EngineSpec, args)
+    if args.model is None:
+        return from_flags(EngineSpec, args)
+    from harnessrl.train.model_name import resolve_model
+
+    # before vLLM starts: a name that cannot load ends here; vLLM's log is kept
+    model = resolve_model(args.model, status=_announce)
+    log = args.vllm_log
+    if log is None:
+        args.run_dir.mkdir(parents=True, exist_ok=True)
+        log = args.run_dir / "vllm.log"
+    return from_flags(EngineSpec, args, model=model, vllm_log=log)
 
 
 async def _run_proxy(args: argparse.Namespace, engine: Engine) -> None:

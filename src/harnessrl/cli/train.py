@@ -7,6 +7,7 @@ import contextlib
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 HELP = "GRPO on real harness rollouts, from one config file"
 # Seconds between progress lines; a module constant so a short test run can shorten it.
@@ -43,15 +44,16 @@ def run_train(args: argparse.Namespace) -> int:
     from harnessrl.train.loop import train
 
     try:
-        with _progress(Path(config.run_dir)):
-            train(config, resume=args.resume)
+        with _progress(Path(config.run_dir)) as live:
+            train(config, resume=args.resume,
+                  on_phase=live.set_phase if live is not None else None)
     except CheckpointError as exc:  # refused before anything started
         print(f"harnessrl: {exc}", file=sys.stderr)
         return 2
     return 0
 
 
-def _progress(run_dir: Path) -> contextlib.AbstractContextManager[object]:
+def _progress(run_dir: Path) -> contextlib.AbstractContextManager[Any]:
     """A line every PROGRESS_EVERY seconds read from the run's store (rollouts, turns,
     tool calls, weight version): the async trainer can sample for minutes between its
     step lines, and a log that says nothing for that long looks hung. Only the first

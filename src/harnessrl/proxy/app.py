@@ -34,11 +34,13 @@ from harnessrl.proxy.accumulate import Accumulator
 from harnessrl.proxy.boundary import (
     RELAYED,
     TURN,
+    Wire,
     as_error,
     client_gone,
     decode_json,
     error_response,
     read_body,
+    read_decoded,
     request_key,
 )
 from harnessrl.proxy.config import ProxyConfig
@@ -83,7 +85,8 @@ class _Call:
     dialect: Dialect
     index: int
     received: float
-    raw: bytes
+    wire: Wire
+    retry_of: int | None
     request: ChatRequest
     used: Sampling
     ctx: ReplyContext
@@ -185,8 +188,11 @@ class Proxy:
 
     # ---------------------------------------------------------------- health
     async def health(self, _request: Request) -> Response:
+        rollouts, weight = self.sessions.store.kept()
         return Response(_encode({"status": "ok", "models": self.served,
-                                 "open_rollouts": len(self.sessions)}), media_type=_JSON)
+                                 "open_rollouts": len(self.sessions),
+                                 "kept_turns": {"rollouts": rollouts, "bytes": weight}}),
+                        media_type=_JSON)
 
     # ---------------------------------------------------------------- model calls
     async def _models(self, request: Request, dialect: Dialect) -> Response:
@@ -198,8 +204,8 @@ class Proxy:
         """The prompt's real token count, from the served model's own template and
         tokenizer. Not a model call, so not a turn."""
         await self.sessions.resolve(request_key(request))
-        raw = await read_body(request, self.config.max_body_bytes)
-        parsed = dialect.parse_count_tokens(decode_json(raw), model=model)
+        body = await read_decoded(request, self.config.max_body_bytes)
+        parsed = dialect.parse_count_tokens(decode_json(body), model=model)
         count = await self.engine.count_tokens(
             msgspec.structs.replace(parsed, model=self._model_for(parsed.model)))
         return Response(dialect.count_tokens_body(count), media_type=_JSON)
@@ -215,23 +221,26 @@ class Proxy:
     async def _call(self, request: Request, dialect: Dialect, op: Generate) -> Response:
         received = time.time()
         rollout = await self.sessions.resolve(request_key(request))
-        raw = b""
+        wire, body = Wire.of(request, b""), b""
         try:
-            raw = await read_body(request, self.config.max_body_bytes)
+            wire = Wire.of(request, await read_body(request, self.config.max_body_bytes))
+            # Parsed from the decoded body; stored as received, with its coding.
+            body = await wire.decoded(self.config.max_body_bytes)
             rollout.count_call()  # over the rollout's step cap: refused, recorded, not sent
-            parsed = dialect.parse_request(decode_json(raw), model=op.model, stream=op.stream)
+            parsed = dialect.parse_request(decode_json(body), model=op.model, stream=op.stream)
             parsed = await self._full_history(rollout, dialect, parsed)
             engine_model = self._model_for(parsed.model)
         except Exception as exc:  # a parser bug too: answered in shape and recorded
             err = _request_error(exc)
             with contextlib.suppress(StoreFailed):
-                await self._record_rejected(rollout, dialect, received, raw, err)
+                await self._record_rejected(rollout, dialect, received, wire, body, err)
             return error_response(dialect, err)
         used = self.sessions.policy(rollout, parsed.sampling)
         await self.gate.admit()  # waits while the weights are being swapped
+        index = rollout.take_index()
         call = _Call(
-            rollout=rollout, dialect=dialect, index=rollout.take_index(), received=received,
-            raw=raw, request=parsed, used=used,
+            rollout=rollout, dialect=dialect, index=index, received=received, wire=wire,
+            retry_of=rollout.attempt(body, index, wire.retry_count), request=parsed, used=used,
             ctx=ReplyContext(f"{dialect.id_prefix}{uuid.uuid4().hex}", int(received),
                              parsed.model or engine_model),
             gate=self.gate, weight_version=self.engine.weight_version,
@@ -372,7 +381,9 @@ class Proxy:
         turn = Turn(
             rollout=call.rollout.record.key, index=call.index, dialect=call.dialect.name,
             status=status, timings=Timings(call.received, call.first_token, time.time()),
-            raw_request=call.raw, raw_response=response, request=call.request,
+            raw_request=call.wire.raw, content_encoding=call.wire.coding,
+            retry_count=call.wire.retry_count, retry_of=call.retry_of,
+            raw_response=response, request=call.request,
             completion=completion, requested_sampling=call.request.sampling,
             used_sampling=call.used, engine=self.engine.name,
             model=acc.model, weight_version=call.weight_version,
@@ -424,15 +435,18 @@ class Proxy:
                               "not counted") from exc
 
     async def _record_rejected(self, rollout: OpenRollout, dialect: Dialect, received: float,
-                               raw: bytes, err: HarnessRLError) -> None:
+                               wire: Wire, body: bytes, err: HarnessRLError) -> None:
         """A call refused before it reached the engine is still a recorded turn (with
         no completion: nothing was sampled), its kind saying why (`step_cap` for a call
-        over the rollout's cap)."""
-        _, body = dialect.render_error(err)
+        over the rollout's cap). `body`: the decoded body, b"" if it was not decoded."""
+        _, answer = dialect.render_error(err)
+        index = rollout.take_index()
         await self._add(Turn(
-            rollout=rollout.record.key, index=rollout.take_index(), dialect=dialect.name,
-            status="failed", timings=Timings(received, None, time.time()), raw_request=raw,
-            raw_response=body, engine=self.engine.name, error=f"{err.kind}: {err.message}",
+            rollout=rollout.record.key, index=index, dialect=dialect.name,
+            status="failed", timings=Timings(received, None, time.time()),
+            raw_request=wire.raw, content_encoding=wire.coding, retry_count=wire.retry_count,
+            retry_of=rollout.attempt(body or wire.raw, index, wire.retry_count),
+            raw_response=answer, engine=self.engine.name, error=f"{err.kind}: {err.message}",
             error_kind=err.kind), admitted=False)
 
 

@@ -5,7 +5,9 @@ becomes an answer in the caller's own shape."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -14,12 +16,16 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from harnessrl.errors import HarnessRLError, InvalidRequest, TooLarge
-from harnessrl.proxy import nesting
+from harnessrl.proxy import codings, nesting
 from harnessrl.proxy.dialects.base import Dialect
 
 log = logging.getLogger("harnessrl.proxy.app")
 
 _KEY_HEADERS = ("x-api-key", "x-goog-api-key")
+# The count of earlier attempts the official openai and anthropic SDKs (Stainless-built)
+# send with each call; google-genai retries without saying so.
+RETRY_HEADERS = ("x-stainless-retry-count",)
+_MAX_RETRY_COUNT = 2**31 - 1
 # The largest page of turns one `GET /rollouts/<key>` returns: a turn holds its raw request
 # and response, so a page is held in memory whole.
 MAX_PAGE = 1000
@@ -52,6 +58,45 @@ async def read_body(request: Request, limit: int) -> bytes:
     if body is None:
         raise ClientDisconnect
     return body
+
+
+async def read_decoded(request: Request, limit: int) -> bytes:
+    """`read_body` with its content codings undone (`proxy.codings`), within `limit`
+    decoded too."""
+    raw = await read_body(request, limit)
+    return codings.undo(raw, request.headers.get("content-encoding"), limit)
+
+
+@dataclass(frozen=True, slots=True)
+class Wire:
+    """A model call's request as received: its body's bytes (coded, as they came), their
+    Content-Encoding, and the client's retry count."""
+
+    raw: bytes
+    coding: str | None
+    retry_count: int | None
+
+    @staticmethod
+    def of(request: Request, raw: bytes) -> Wire:
+        return Wire(raw, request.headers.get("content-encoding"), retry_count(request))
+
+    async def decoded(self, limit: int) -> bytes:
+        """The body with its codings undone, within `limit`: off the event loop, since
+        decoding up to the limit takes tens of milliseconds (a bomb refused at 32 MiB:
+        50-100 ms here)."""
+        if self.coding is None:
+            return self.raw
+        return await asyncio.to_thread(codings.undo, self.raw, self.coding, limit)
+
+
+def retry_count(request: Request) -> int | None:
+    """The client's count of earlier attempts at this call; None when it sends none (or
+    one that is not a count: it is the client's note, never a reason to refuse)."""
+    for header in RETRY_HEADERS:
+        value = request.headers.get(header, "").strip()
+        if value.isascii() and value.isdigit() and int(value) <= _MAX_RETRY_COUNT:
+            return int(value)
+    return None
 
 
 async def receive_body(receive: Receive, limit: int, declared: str | None = None) -> bytes | None:

@@ -30,6 +30,8 @@ from typing import Any
 
 import zstandard
 
+from harnessrl.errors import StoreCorrupt
+
 # zstd contexts are not thread-safe: the writer thread, readers in worker threads and a
 # Ray node's threads sharing one corrupted data (and crashed the process). One per thread.
 _CONTEXTS = threading.local()
@@ -60,9 +62,10 @@ _MIN_COMPRESS = 64
 _MIN_SHARED = 64
 
 
-class CorruptTurn(sqlite3.DatabaseError):
+class CorruptTurn(StoreCorrupt, sqlite3.DatabaseError):
     """A stored turn cannot be rebuilt exactly (a damaged blob, a missing base turn): the
-    read fails naming the turn; other turns and rollouts stay readable."""
+    read fails naming the turn; other turns and rollouts stay readable. The error tree's
+    `StoreCorrupt`, and a `sqlite3.DatabaseError` as every other failed read of the store."""
 
     def __init__(self, rollout: str, index: int, why: str) -> None:
         super().__init__(f"rollout {rollout!r} turn {index}: {why}")

@@ -8,6 +8,12 @@ the proxy's event loop (`admit`, `leave`). The state is a few integers under a
 `threading.Lock`, so neither side needs the other's event loop. A held call polls every
 `POLL_SECONDS`: holds are rare (one per optimizer step) and short, so a poll is cheaper
 than an event loop handoff per call.
+
+The colocated schedule (train/schedule.py) also `close`s the gate while the trainer takes
+its optimizer step on the same hardware: new calls wait as during a swap, but the calls
+already streaming are not waited for (they finish on their own); `open` lets the held
+ones go. A closed gate and a held one are independent: a swap inside a step releases its
+hold and the calls still wait for the step's `open`.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ import time
 from dataclasses import dataclass, field
 
 POLL_SECONDS = 0.01
+# A closed gate holds calls for a whole optimizer step (seconds to minutes): they poll
+# less often, so the held calls take next to no CPU from the step.
+CLOSED_POLL_SECONDS = 0.1
 
 
 class GateTimeout(RuntimeError):
@@ -29,6 +38,7 @@ class WeightGate:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _drained: threading.Condition = field(init=False, repr=False)
     _held: bool = False
+    _closed: bool = False  # the colocated schedule's step (close / open)
     _inflight: int = 0
     _waiting: int = 0
     # Per call that had to wait: seconds it was held (the tests and the metrics read it).
@@ -51,6 +61,10 @@ class WeightGate:
     def held(self) -> bool:
         return self._held
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     # ---------------------------------------------------------------- model calls
     async def admit(self) -> None:
         """Wait while the gate is held; then count the call as in flight. Pair with
@@ -59,13 +73,14 @@ class WeightGate:
         try:
             while True:
                 with self._lock:
-                    if not self._held:
+                    if not (self._held or self._closed):
                         self._inflight += 1
                         break
                     if started is None:
                         started = time.monotonic()
                         self._waiting += 1
-                await asyncio.sleep(POLL_SECONDS)
+                    poll = CLOSED_POLL_SECONDS if self._closed else POLL_SECONDS
+                await asyncio.sleep(poll)
         finally:
             if started is not None:
                 with self._lock:
@@ -91,6 +106,17 @@ class WeightGate:
                                   f"{timeout:.0f}s; the weights were not swapped")
 
     def release(self) -> None:
-        """Admit calls again (the held ones first, at their next poll)."""
+        """Admit calls again (the held ones first, at their next poll), unless the gate
+        is also closed."""
         with self._lock:
             self._held = False
+
+    def close(self) -> None:
+        """Hold new calls from now on, without waiting for the running ones (the
+        colocated schedule's optimizer step)."""
+        with self._lock:
+            self._closed = True
+
+    def open(self) -> None:
+        with self._lock:
+            self._closed = False

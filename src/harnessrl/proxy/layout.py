@@ -1,10 +1,13 @@
 """How a turn is laid out in the store (schema v5): what is new against an earlier turn
 of its rollout, never the whole context again.
 
-- Prompt ids: a turn whose prompt is an earlier turn's prompt + completion (or prompt)
-  followed by new ids stores that turn's index (`prompt_parent`), how many of its ids it
-  keeps (`prompt_keep`) and the new ids; the full length (`prompt_len`) is checked on
-  read. Any other prompt is stored whole.
+- Prompt ids: a turn's prompt is stored against whichever of the rollout's latest turns
+  shares the longest prefix with it (that turn's prompt, then its completion): that
+  turn's index (`prompt_parent`), how many of its ids it keeps (`prompt_keep`) and the
+  ids after them; the full length (`prompt_len`) is checked on read. A prompt that
+  shares fewer than `MIN_KEPT` ids with every one of them is stored whole. So a
+  rewritten history (a dropped turn, an edited reminder, reasoning removed, tools
+  rendered after the messages) costs what changed, not the whole context again.
 - Raw request: a delta (`proxy.delta`) against a base turn's raw request (`body_base`).
 - Canonical request: the base turn's messages it starts with are kept by count, the
   rest (new messages, tools, sampling) stored as JSON.
@@ -12,12 +15,14 @@ of its rollout, never the whole context again.
   (JSON, packed int32, packed float64), already proportional to what is new.
 
 The writer finds the parent among the rollout's last few committed turns, held in memory
-(`Recent`); after a restart it reads them from the store once. A turn's row is encoded
-before its commit, outside the store's write lock (`Prepared`): finding the parent and
-the bodies' shared parts are the compares whose work follows the context. The commit
-takes that row if the rollout's latest turns are still the very objects it was encoded
-against, and otherwise encodes the turn itself. A row of an older file
-(`layout` NULL, schema v4) holds everything whole and reads as it did.
+(`Recent`) while the rollout is open; after a restart it reads them from the store once.
+A turn's row is encoded before its commit, outside the store's write lock (`Prepared`):
+finding the parent and the bodies' shared parts are the compares whose work follows the
+context. The commit takes that row if the rollout's latest turns are still the very
+objects it was encoded against, and otherwise encodes the turn itself. A row of an older
+file (`layout` NULL, schema v4) holds everything whole and reads as it did; a v5 row
+written when only an exact extension had a parent reads the same way as one written now
+(the reader always took any `prompt_keep`).
 """
 
 from __future__ import annotations
@@ -40,9 +45,18 @@ LAYOUT = 1
 # How many of a rollout's latest turns are tried as the parent (a side call between two
 # turns of the main conversation must not cut its chain).
 CANDIDATES = 3
-# What the kept turns may weigh (`_weight`), least recently written rollouts dropped
-# first: a 4k-token turn weighs ~0.2 MB, a 64k-token one ~3 MB.
-KEPT_BYTES = 256 * 1024 * 1024
+# The fewest ids a prompt keeps of its parent: two ids (8 bytes) outweigh the three small
+# integers that name the parent, so fewer shared (a first token alone) is stored whole.
+MIN_KEPT = 2
+# What the kept turns may weigh (`_weight`): this much per rollout in flight (opened and
+# not yet closed here: 3 turns at 64k tokens weigh ~9 MB), at least `KEPT_FLOOR` (what the
+# rollouts this process did not see opened, after a restart, share). Over it the rollouts
+# least recently written are dropped first; a closed rollout is dropped at once.
+KEPT_PER_ROLLOUT = 16 * 1024 * 1024
+KEPT_FLOOR = 32 * 1024 * 1024
+# How many closed rollouts are remembered as closed (a turn still in flight when its
+# rollout closed must not bring it back into memory).
+CLOSED_KEPT = 4096
 
 _encode = msgspec.json.Encoder().encode
 _REQUEST = msgspec.json.Decoder(ChatRequest)
@@ -53,29 +67,55 @@ def _tokens(turn: Turn) -> Tokens | None:
     return turn.completion.tokens if turn.completion is not None else None
 
 
-def _extends(prompt: tuple[int, ...], turn: Turn) -> int | None:
-    """How many of `turn`'s ids (prompt, then completion) `prompt` starts with: all of
-    them, or its prompt's; None if neither. Cheap probes first, one compare at the end."""
+def _common(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """The length of the longest common prefix of `a` and `b`: one compare when one
+    extends the other (the usual case), else by halving, each probe one compare of the
+    part not yet known to match (about two passes over the shorter in all)."""
+    hi = min(len(a), len(b))
+    if hi == 0 or a[0] != b[0]:
+        return 0
+    if a[:hi] == b[:hi]:
+        return hi
+    lo, hi = 1, hi - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _size(turn: Turn) -> int:
     tokens = _tokens(turn)
     if tokens is None or tokens.prompt_ids is None:
-        return None
+        return 0
+    return len(tokens.prompt_ids) + len(tokens.completion_ids or ())
+
+
+def _kept(prompt: tuple[int, ...], turn: Turn) -> int:
+    """How many of `turn`'s ids (its prompt, then its completion) `prompt` starts with."""
+    tokens = _tokens(turn)
+    if tokens is None or not tokens.prompt_ids:
+        return 0
     before, sampled = tokens.prompt_ids, tokens.completion_ids or ()
-    n = len(before)
-    if n == 0 or len(prompt) < n or prompt[n - 1] != before[-1] or prompt[0] != before[0]:
-        return None
-    if prompt[:n] != before:
-        return None
-    keep = n + len(sampled)
-    if sampled and len(prompt) >= keep and prompt[n:keep] == sampled:
-        return keep
-    return n
+    keep = _common(prompt, before)
+    if keep == len(before) and sampled:
+        keep += _common(prompt[keep:keep + len(sampled)], sampled)
+    return keep
 
 
 def _parent(prompt: tuple[int, ...], turn: Turn, recent: Sequence[Turn]) -> tuple[Turn, int] | None:
-    for earlier in reversed(recent):  # the latest first: the likeliest parent
-        if earlier.index < turn.index and (keep := _extends(prompt, earlier)) is not None:
-            return earlier, keep
-    return None
+    """The earlier turn `prompt` shares the most leading ids with, and how many; the
+    latest wins a tie (the likeliest parent, and the shortest chain to read back)."""
+    best, keep = None, MIN_KEPT - 1
+    for earlier in reversed(recent):
+        # One that holds no more ids than the best so far cannot share more (an exact
+        # extension of the latest turn leaves the older ones unread).
+        if (earlier.index < turn.index and _size(earlier) > keep
+                and (shared := _kept(prompt, earlier)) > keep):
+            best, keep = earlier, shared
+    return (best, keep) if best is not None else None
 
 
 def _common_messages(request: ChatRequest, base: ChatRequest) -> int:
@@ -154,38 +194,76 @@ def prepare(turn: Turn, recent: Sequence[Turn] | None) -> Prepared:
 
 
 class Recent:
-    """Each rollout's latest committed turns (at most CANDIDATES), for `encode`; the
-    rollouts least recently written are forgotten (read back from the store if they
-    write again). Written under the store's write lock; `find` may run on any thread."""
+    """Each open rollout's latest committed turns (at most CANDIDATES), for `encode`.
+    A rollout is dropped when it is closed (`closed`); over the cap (`budget`, which
+    follows the rollouts in flight) the rollouts least recently written are dropped
+    (read back from the store if they write again). Written under the store's write
+    lock; `find` may run on any thread."""
 
-    def __init__(self, load: Callable[[sqlite3.Connection, str], list[Turn]],
-                 budget: int = KEPT_BYTES) -> None:
+    def __init__(self, load: Callable[[sqlite3.Connection, str], list[Turn]], *,
+                 per_rollout: int = KEPT_PER_ROLLOUT, floor: int = KEPT_FLOOR) -> None:
         self._load = load
         self._turns: OrderedDict[str, list[Turn]] = OrderedDict()
         self._lock = threading.Lock()
-        self._budget, self._bytes = budget, 0
+        self._per_rollout, self._floor, self._bytes = per_rollout, floor, 0
+        self._open: set[str] = set()
+        self._closed: OrderedDict[str, None] = OrderedDict()
+
+    @property
+    def budget(self) -> int:
+        """What the kept turns may weigh: a share per rollout in flight, at least the floor."""
+        return max(self._floor, self._per_rollout * len(self._open))
+
+    def size(self) -> tuple[int, int]:
+        """(rollouts kept, what their turns weigh in bytes)."""
+        with self._lock:
+            return len(self._turns), self._bytes
+
+    def opened(self, key: str) -> None:
+        """`key` is in flight: it widens the cap by its share until it is closed."""
+        with self._lock:
+            self._open.add(key)
+            self._closed.pop(key, None)
+
+    def closed(self, key: str) -> None:
+        """`key` is closed (or its outcome written): its turns are dropped now, and a turn
+        of it committed later (one in flight at the close) is not kept."""
+        with self._lock:
+            self._open.discard(key)
+            self._drop(key)
+            self._closed[key] = None
+            self._closed.move_to_end(key)
+            while len(self._closed) > CLOSED_KEPT:
+                self._closed.popitem(last=False)
+
+    def _drop(self, key: str) -> None:
+        self._bytes -= sum(map(_weight, self._turns.pop(key, ())))
 
     def get(self, db: sqlite3.Connection, key: str) -> list[Turn]:
         with self._lock:
-            turns = self._turns.get(key)
+            turns, closed = self._turns.get(key), key in self._closed
         if turns is None:  # read outside the lock: `find` must not wait on the disk
             turns = self._load(db, key)[-CANDIDATES:]
+            if closed:  # encoded against, never kept
+                return turns
             with self._lock:
-                if key not in self._turns:
+                if key not in self._turns and key not in self._closed:
                     self._turns[key] = turns
                     self._bytes += sum(map(_weight, turns))
         with self._lock:
-            turns = self._turns[key]
-            self._turns.move_to_end(key)
-            self._trim(keep=key)
+            turns = self._turns.get(key, turns)
+            if key in self._turns:
+                self._turns.move_to_end(key)
+                self._trim(keep=key)
             return list(turns)
 
     def _trim(self, keep: str) -> None:
-        while self._bytes > self._budget and len(self._turns) > 1:
+        budget = self.budget
+        while self._bytes > budget and len(self._turns) > 1:
             oldest = next(iter(self._turns))
             if oldest == keep:
                 break
-            self._bytes -= sum(map(_weight, self._turns.pop(oldest)))
+            self._drop(oldest)
 
     def prepare(self, turn: Turn) -> Prepared:
         """`turn`'s row, encoded on the caller's thread before the commit."""
@@ -214,6 +292,8 @@ class Recent:
     def keep(self, turns: Iterable[Turn]) -> None:
         with self._lock:
             for turn in turns:
+                if turn.rollout in self._closed:
+                    continue
                 kept = self._turns.setdefault(turn.rollout, [])
                 kept.append(turn)
                 self._bytes += _weight(turn)

@@ -24,7 +24,14 @@ from harnessrl.errors import (
     StoreFailed,
 )
 from harnessrl.proxy import nesting
-from harnessrl.proxy.boundary import as_error, bearer, credential, error_response, page, read_body
+from harnessrl.proxy.boundary import (
+    as_error,
+    bearer,
+    credential,
+    error_response,
+    page,
+    read_decoded,
+)
 from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.dialects import openai_chat
 from harnessrl.proxy.dialects.base import integer
@@ -66,7 +73,7 @@ class RolloutRoutes:
 
     async def create(self, request: Request) -> Response:
         self._admin(request)
-        options = parse_options(await read_body(request, self.config.max_body_bytes))
+        options = parse_options(await read_decoded(request, self.config.max_body_bytes))
         try:
             record = await self.sessions.create(
                 sampling=options.sampling, metadata=options.metadata,

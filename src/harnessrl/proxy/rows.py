@@ -27,12 +27,17 @@ from harnessrl.types import (
 TURN_COLUMNS = (
     "rollout, idx, dialect, status, received, first_token, done, engine, model, weight_version,"
     " error, flags, requested_sampling, used_sampling, request, completion, prompt_ids,"
-    " completion_ids, logprobs, raw_request, raw_response, reply_id, error_kind"
+    " completion_ids, logprobs, raw_request, raw_response, reply_id, error_kind,"
+    " content_encoding, retry_count, retry_of"
 )
+# Schema v6's columns, NULL when read from an older file that could not be brought up to
+# date (read-only).
+V6_COLUMNS = ("content_encoding", "retry_count", "retry_of")
 # Schema v5's layout of a row (`proxy.layout`); NULL in a row written by schema v4.
 LAYOUT_COLUMNS = "layout, prompt_parent, prompt_keep, prompt_len, body_base"
 READ_COLUMNS = f"{TURN_COLUMNS}, {LAYOUT_COLUMNS}"
-INSERT_TURN = f"INSERT INTO turns ({READ_COLUMNS}) VALUES ({', '.join('?' * 28)})"
+INSERT_TURN = (f"INSERT INTO turns ({READ_COLUMNS})"
+               f" VALUES ({', '.join('?' * len(READ_COLUMNS.split(',')))})")
 ROLLOUT_COLUMNS = "key, created, closed, sampling, unset_sampling, metadata, max_model_calls"
 INSERT_ROLLOUT = (f"INSERT OR REPLACE INTO rollouts ({ROLLOUT_COLUMNS}, harness, task)"
                    f" VALUES ({', '.join('?' * 9)})")
@@ -89,6 +94,7 @@ def turn_row(turn: Turn, *, whole: bool = True) -> tuple[Any, ...]:
         pack(tokens.prompt_ids, "i") if whole else None, pack(tokens.completion_ids, "i"),
         pack(tokens.logprobs, "d"), turn.raw_request if whole else None,
         turn.raw_response if whole else None, turn.reply_id, turn.error_kind,
+        turn.content_encoding, turn.retry_count, turn.retry_of,
     )
 
 
@@ -101,7 +107,8 @@ def row_turn(row: Sequence[Any], *, request_decoded: bool = False) -> Turn:
     `request_decoded`: its request is a `ChatRequest` already, not JSON."""
     (rollout, idx, dialect, status, received, first_token, done, engine, model, weight_version,
      error, flags, requested, used, request, completion, prompt_ids, completion_ids, logprobs,
-     raw_request, raw_response, reply_id, error_kind) = row
+     raw_request, raw_response, reply_id, error_kind, content_encoding, retry_count,
+     retry_of) = row
     loaded = _load(completion, Completion)
     if loaded is not None:
         loaded = msgspec.structs.replace(loaded, tokens=Tokens(
@@ -114,6 +121,7 @@ def row_turn(row: Sequence[Any], *, request_decoded: bool = False) -> Turn:
         requested_sampling=_load(requested, Sampling), used_sampling=_load(used, Sampling),
         engine=engine, model=model, weight_version=weight_version, error=error,
         error_kind=error_kind, flags=tuple(msgspec.json.decode(flags)), reply_id=reply_id,
+        content_encoding=content_encoding, retry_count=retry_count, retry_of=retry_of,
     )
 
 

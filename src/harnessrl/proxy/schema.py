@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DB_NAME = "trace.db"
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 _TABLES = (
     """CREATE TABLE IF NOT EXISTS rollouts (
     key TEXT PRIMARY KEY,
@@ -51,6 +51,9 @@ _TABLES = (
     prompt_keep INTEGER,
     prompt_len INTEGER,
     body_base INTEGER,
+    content_encoding TEXT,
+    retry_count INTEGER,
+    retry_of INTEGER,
     UNIQUE (rollout, idx)
 )""",
     """CREATE TABLE IF NOT EXISTS outcomes (
@@ -119,6 +122,10 @@ _MIGRATIONS = {
     # in these columns and is read as it is, whole: nothing is rewritten.
     4: _Step(tuple(("turns", column, "INTEGER") for column in
                    ("layout", "prompt_parent", "prompt_keep", "prompt_len", "body_base"))),
+    # v6: the request body's content coding, and the client's retry count (proxy/codings.py,
+    # docs/concepts/retries.md); NULL in older rows: sent uncoded, no count seen.
+    5: _Step((("turns", "content_encoding", "TEXT"), ("turns", "retry_count", "INTEGER"),
+              ("turns", "retry_of", "INTEGER"))),
 }
 
 

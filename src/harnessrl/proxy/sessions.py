@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,6 +21,12 @@ import msgspec
 from harnessrl.errors import AuthenticationFailed, StepCapReached
 from harnessrl.proxy.store import TraceStore
 from harnessrl.types import Rollout, Sampling, ToolCall
+
+# How many of a rollout's latest request bodies are remembered (by length and CRC-32) for
+# telling which earlier turn a client's retry repeats. A CRC, not a cryptographic digest:
+# it runs 4x faster (29 against 131 µs for a 100 KB body) on every call, and two of 64
+# bodies sharing one by chance (~1 in 2 million) matters only to a call sent as a retry.
+RECENT_BODIES = 64
 
 
 @dataclass(slots=True)
@@ -32,6 +39,20 @@ class OpenRollout:
     # call id -> the argument text the model sampled, to restore it when a dialect's wire
     # loses the exact text (see proxy/history.py)
     issued_calls: dict[str, str] = field(default_factory=dict)
+    # (length, CRC-32) of each of the latest request bodies -> the turn that sent it last
+    bodies: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def attempt(self, body: bytes, index: int, retry_count: int | None) -> int | None:
+        """Notes `body` as turn `index`'s request; returns the earlier turn that sent the
+        same body when the client says this call is a retry (`retry_count` of 1 or
+        more), else None. Only a client's own count makes a repeat a retry: a harness
+        may well send one request twice on purpose."""
+        digest = len(body), zlib.crc32(body)
+        earlier = self.bodies.pop(digest, None)
+        self.bodies[digest] = index
+        if len(self.bodies) > RECENT_BODIES:
+            del self.bodies[next(iter(self.bodies))]
+        return earlier if retry_count else None
 
     def take_index(self) -> int:
         index, self.next_index = self.next_index, self.next_index + 1

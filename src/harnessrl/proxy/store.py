@@ -43,6 +43,7 @@ from harnessrl.proxy.rows import (
     READ_COLUMNS,
     ROLLOUT_COLUMNS,
     TURN_COLUMNS,
+    V6_COLUMNS,
     outcome_params,
     rollout_params,
     row_rollout,
@@ -117,8 +118,12 @@ class TraceReader:
         v4 file that could not be brought up to date (read-only): its rows are all whole."""
         if self._columns is None:
             have = {r[1] for r in self.db.execute("PRAGMA table_info(turns)")}
-            self._columns = READ_COLUMNS if "layout" in have else (
+            columns = READ_COLUMNS if "layout" in have else (
                 f"{TURN_COLUMNS}, {', '.join(['NULL'] * len(LAYOUT_COLUMNS.split(',')))}")
+            for column in V6_COLUMNS:  # v6's, likewise NULL in an older read-only file
+                if column not in have:
+                    columns = columns.replace(column, f"NULL AS {column}", 1)
+            self._columns = columns
         return self._columns
 
     def turns(self, key: str, offset: int = 0, limit: int = -1, *,
@@ -272,11 +277,24 @@ class TraceStore(TraceReader):
         self._recent.cancel(key, index)  # what `turn_by_reply` answers from memory too
 
     async def put_rollout(self, rollout: Rollout) -> None:
+        """An open rollout widens the memory of recent turns by its share; a closed one's
+        turns are dropped from it (`layout.Recent`)."""
         await self._submit(INSERT_ROLLOUT, lambda: rollout_params(rollout))
+        if rollout.closed is None:
+            self._recent.opened(rollout.key)
+        else:
+            self._recent.closed(rollout.key)
 
     async def put_outcome(self, outcome: Outcome) -> None:
-        """The rollout's final result; a retried rollout replaces its earlier attempt."""
+        """The rollout's final result; a retried rollout replaces its earlier attempt.
+        Its rollout is done: its turns leave the memory of recent turns."""
         await self._submit(INSERT_OUTCOME, lambda: outcome_params(outcome))
+        if outcome.rollout:
+            self._recent.closed(outcome.rollout)
+
+    def kept(self) -> tuple[int, int]:
+        """The memory of recent turns: (rollouts kept, what their turns weigh in bytes)."""
+        return self._recent.size()
 
     async def _submit(self, sql: str, params: Callable[[], _Params]) -> None:
         loop = asyncio.get_running_loop()

@@ -10,7 +10,10 @@ rollouts in a child process) it calls these:
 - `POST /weights/release` `{"version": "v3"}`: the engine records `version` on the calls
   admitted from now on, and the held calls go on.
 
-Both need the admin token when the proxy has one. Errors are in the OpenAI shape, as the
+- `POST /weights/close`, `POST /weights/open`: the colocated schedule's step: new calls
+  wait from now on (the running ones are not waited for) until `open`.
+
+All need the admin token when the proxy has one. Errors are in the OpenAI shape, as the
 rollout routes answer.
 """
 
@@ -26,7 +29,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from harnessrl.errors import AuthenticationFailed, EngineTimeout, InvalidRequest
-from harnessrl.proxy.boundary import as_error, bearer, error_response, read_body
+from harnessrl.proxy.boundary import as_error, bearer, error_response, read_decoded
 from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.dialects import openai_chat
 from harnessrl.proxy.engines.base import Engine
@@ -37,6 +40,10 @@ _T = TypeVar("_T")
 
 class Hold(msgspec.Struct, forbid_unknown_fields=True):
     timeout: float = 600.0
+
+
+class Empty(msgspec.Struct, forbid_unknown_fields=True):
+    pass
 
 
 class Release(msgspec.Struct, forbid_unknown_fields=True):
@@ -51,7 +58,9 @@ class WeightRoutes:
 
     def routes(self) -> list[Route]:
         return [Route("/weights/hold", self._answer(self.hold), methods=["POST"]),
-                Route("/weights/release", self._answer(self.release), methods=["POST"])]
+                Route("/weights/release", self._answer(self.release), methods=["POST"]),
+                Route("/weights/close", self._answer(self.close), methods=["POST"]),
+                Route("/weights/open", self._answer(self.open), methods=["POST"])]
 
     async def hold(self, request: Request) -> dict[str, object]:
         body = await self._body(request, Hold)
@@ -68,11 +77,21 @@ class WeightRoutes:
         self.gate.release()
         return {"held": False, "weight_version": self.engine.weight_version}
 
+    async def close(self, request: Request) -> dict[str, object]:
+        await self._body(request, Empty)
+        self.gate.close()
+        return {"closed": True, "inflight": self.gate.inflight}
+
+    async def open(self, request: Request) -> dict[str, object]:
+        await self._body(request, Empty)
+        self.gate.open()
+        return {"closed": False, "waiting": self.gate.waiting}
+
     async def _body(self, request: Request, kind: type[_T]) -> _T:
         token = self.config.admin_token
         if token is not None and bearer(request) != token:
             raise AuthenticationFailed("this endpoint needs the admin token as the bearer token")
-        raw = await read_body(request, self.config.max_body_bytes)
+        raw = await read_decoded(request, self.config.max_body_bytes)
         try:
             return msgspec.json.decode(raw or b"{}", type=kind)
         except msgspec.ValidationError as exc:

@@ -54,6 +54,8 @@ EXCLUDE_REASONS: dict[ExcludeReason, str] = {
     "cancelled": "the client went away before the reply ended (status cancelled)",
     "flagged": "the capture is suspect (turn.flags, e.g. logprob_count_mismatch)",
     "no_tokens": "prompt ids, completion ids or one logprob per completion id are missing",
+    "retried": "the client sent this call again (its retry count said so) and went on from "
+               "the later attempt: the harness never acted on this reply",
 }
 
 
@@ -103,8 +105,18 @@ def tokens(turn: Turn) -> Tokens:
     return turn.completion.tokens
 
 
-def exclusion(turn: Turn) -> ExcludedTurn | None:
-    """Why `turn` cannot be trained on, or None when it can."""
+def retried(turns: Iterable[Turn]) -> dict[int, int]:
+    """Each turn a client retried -> the turn that retried it (`Turn.retry_of`)."""
+    return {t.retry_of: t.index for t in turns if t.retry_of is not None}
+
+
+def exclusion(turn: Turn, retried_by: int | None = None) -> ExcludedTurn | None:
+    """Why `turn` cannot be trained on, or None when it can; `retried_by`: the later turn
+    that retried it, a reason before its own status (a failed attempt is failed too)."""
+    if retried_by is not None:
+        own = "" if turn.status == "ok" else f"; it {turn.status}" + (
+            f": {turn.error}" if turn.error else "")
+        return ExcludedTurn(turn.index, "retried", f"retried as turn {retried_by}{own}")
     if turn.status != "ok":
         return ExcludedTurn(turn.index, turn.status, turn.error)
     if flags := [f for f in turn.flags if f not in INFORMATIONAL_FLAGS
@@ -146,15 +158,18 @@ def _shared(prompt: tuple[int, ...], last: Tokens) -> int:
 
 
 # ------------------------------------------------------------------ chains
-def link(turns: Sequence[Turn]) -> Linked:
-    """Sort one rollout's turns into chains (in turn order) and excluded turns."""
+def link(turns: Sequence[Turn], *, keep_retried: bool = False) -> Linked:
+    """Sort one rollout's turns into chains (in turn order) and excluded turns.
+    `keep_retried`: a turn its client retried is judged as any other (by default it is
+    excluded, `retried`)."""
     if len({t.rollout for t in turns}) > 1:
         raise ValueError("link() takes the turns of one rollout")
     open_chains: list[list[Turn]] = []
     starts: list[ChainBreak] = []
     excluded: list[ExcludedTurn] = []
+    again = {} if keep_retried else retried(turns)
     for turn in sorted(turns, key=attrgetter("index")):
-        if (why := exclusion(turn)) is not None:
+        if (why := exclusion(turn, again.get(turn.index))) is not None:
             excluded.append(why)
             continue
         prompt = tokens(turn).prompt_ids or ()

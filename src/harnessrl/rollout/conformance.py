@@ -26,6 +26,7 @@ from harnessrl.proxy.engines.scripted import Policy, ScriptedEngine
 from harnessrl.proxy.engines.scripted_completions import ScriptedCompletions
 from harnessrl.proxy.engines.token.engine import TokenEngine
 from harnessrl.proxy.serve import in_thread, running
+from harnessrl.rollout.atlas import Entry
 from harnessrl.rollout.chains import rollout_stats
 from harnessrl.rollout.rewards import TraceStats
 from harnessrl.rollout.runner import open_rollout
@@ -65,6 +66,8 @@ class Result:
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
     output: str = ""
+    # the drift atlas of the run (rollout.atlas): breaks by cause, calls by kind
+    drift: Entry = field(default_factory=Entry)
 
     @property
     def passed(self) -> bool:
@@ -114,7 +117,12 @@ async def check(harness: Harness, *, tokenizer: Any, tools_dir: Path, root: Path
         output = await _run(harness, rollout, tools_dir, root, line, timeout, result)
         result.output = output[-4000:]
         result.seconds = time.monotonic() - started
-        _check_trace(harness, served.store.turns(rollout["key"]), result)
+        turns = served.store.turns(rollout["key"])
+        _check_trace(harness, turns, result)
+        try:
+            result.drift.add(rollout["key"], turns, harness.name)
+        except Exception as exc:  # the atlas's own fault: say so, keep the run's verdicts
+            result.problems.append(f"drift atlas: {type(exc).__name__}: {exc}")
     return result
 
 
@@ -253,6 +261,40 @@ def _verdict(result: Result | None) -> str:
     if result is None:
         return "-"
     return "PASS" if result.passed else "FAIL: " + "; ".join(result.problems)
+
+
+def drift_markdown(results: list[Result]) -> str:
+    """The drift atlas of a conformance run: one row per variant and mode (turns, the
+    extension rate, rows the run makes, breaks by cause, calls by kind), then one example
+    per cause and variant (both sides of the first difference)."""
+    rows = ["| harness | mode | turns | ext. rate | rows | breaks by cause | calls by kind |",
+            "|---|---|---|---|---|---|---|"]
+    examples: list[str] = []
+    for r in sorted(results, key=lambda r: (r.harness, MODES.index(r.mode))):
+        d = r.drift
+        rate = d.extension_rate
+        rows.append(f"| {r.harness} | {r.mode} | {d.stats.turns} | "
+                    f"{'-' if rate is None else f'{rate:.0%}'} | {d.stats.chains} | "
+                    f"{_counts(d.causes)} | {_counts(d.kinds)} |")
+        for cause, ex in sorted(d.examples.items()):
+            examples.append(f"| {r.harness} | {r.mode} | {cause} | {ex['turn']} | "
+                            f"{_cell(ex.get('old_text'))} | {_cell(ex.get('new_text'))} |")
+    out = "\n".join(rows) + "\n"
+    if examples:
+        out += ("\n| harness | mode | cause | turn | the chain had | the prompt has |\n"
+                "|---|---|---|---|---|---|\n" + "\n".join(examples) + "\n")
+    return out
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {n}" for k, n in sorted(counts.items())) or "-"
+
+
+def _cell(text: str | None, width: int = 80) -> str:
+    if not text:
+        return "-"
+    flat = text.replace("|", "\\|").replace("\n", " ⏎ ").replace("`", "'")
+    return flat if len(flat) <= width else flat[:width] + "…"
 
 
 def policy_tokenizer(cache: Path = Path("~/.cache/harnessrl/models/tiny-qwen2")) -> Any:

@@ -23,9 +23,10 @@ interpreter, its venv, each harness venv's base Python) and Node are mounted rea
 unmodified task image needs nothing installed. An image that cannot run them (another libc)
 fails the start-up self-check, an infrastructure error that says so.
 
-Hygiene: every container carries labels naming its owner process (pid and start time); on
-SIGINT/SIGTERM (and at exit) the process removes each container it started, and `sweep()`
-removes those whose owner is gone (a runner that was SIGKILLed). Commands run with
+Hygiene: every container carries labels naming its owner process (pid and start time), and
+is registered with it (owners.py); on SIGINT/SIGTERM (and at exit) the process removes each
+container it started, a watcher process (reaper_launcher.py) removes them when the owner
+dies without doing so (SIGKILL), and `sweep()` removes those whose owner is gone. Commands run with
 `docker exec`; their deadline is kept on this side and, as in the local sandbox, every
 process a command started is found by its marker variable (containers' processes are
 visible in this host's /proc) and killed when it ends or times out.
@@ -50,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Re-exported: the sandbox's callers name them from here.
+from harnessrl.rollout import owners
 from harnessrl.rollout.docker_images import BASE_IMAGE as BASE_IMAGE
 from harnessrl.rollout.docker_images import BuildNetwork, Images, docker
 from harnessrl.rollout.docker_images import docker_problem as docker_problem
@@ -65,7 +67,7 @@ from harnessrl.rollout.sandbox import (
 )
 from harnessrl.rollout.tasks import Task
 
-LABEL = "harnessrl.owner"  # "<pid>:<start time>" of the process that started the container
+LABEL = owners.LABEL  # "<pid>:<start time>" of the process that started the container
 RUN_LABEL = "harnessrl.run"  # the run directory, for `docker ps -a --filter label=...`
 OPT = "/opt/harnessrl"  # inside: the launcher, the probe and bin/node
 RUNTIME_BIN = f"{OPT}/bin"
@@ -76,23 +78,6 @@ _SYSTEM = ("/", "/usr", "/usr/local", "/bin", "/lib", "/opt")  # never mounted o
 
 
 # -- owners, signals and the sweep ------------------------------------------------------------
-
-def _start_time(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def owner() -> str:
-    return f"{os.getpid()}:{_start_time(os.getpid())}"
-
-
-def _alive(label: str) -> bool:
-    pid, _, started = label.partition(":")
-    return pid.isdigit() and _start_time(int(pid)) == started
-
 
 _LIVE: set[str] = set()  # containers this process started and has not removed
 
@@ -113,12 +98,19 @@ def _on_signal(signum: int, _frame: object) -> None:
 
 
 def _install_cleanup() -> None:
-    """Once per process: remove our containers on SIGINT, SIGTERM and at exit. A handler
-    someone else installed is left alone (its owner decides how to stop)."""
+    """Once per process: remove our containers on SIGINT, SIGTERM and at exit, and start
+    a watcher that removes them if this process dies without doing so (SIGKILL). A
+    handler someone else installed is left alone (its owner decides how to stop)."""
     if getattr(_install_cleanup, "done", False):
         return
     _install_cleanup.done = True  # type: ignore[attr-defined]
     atexit.register(lambda: remove_now(sorted(_LIVE)))
+    # In a session of its own: a signal to this process's group does not stop it before
+    # it has cleaned up.
+    subprocess.Popen([sys.executable, "-I", "-S", str(_HERE / "reaper_launcher.py"), "--owner",
+                      str(os.getpid()), "--docker-label", f"{LABEL}={owners.owner()}"],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(ValueError):  # not the main thread
             if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
@@ -132,7 +124,8 @@ async def sweep() -> list[str]:
     if listed.returncode != 0:
         raise SandboxError(f"docker ps failed: {listed.stdout.strip()[-500:]}")
     dead = [name for name, _, label in (line.partition(" ") for line in
-                                        listed.stdout.splitlines()) if not _alive(label)]
+                                        listed.stdout.splitlines())
+            if not owners.alive(label)]
     if dead:
         await docker("rm", "-f", *dead)
     return dead
@@ -271,8 +264,9 @@ class DockerSandbox(LocalSandbox):
             raise SandboxError(f"image {self.image!r}: {clash}")
         _install_cleanup()
         _LIVE.add(self.container)
+        owners.register(self.token, self.directory, self._private, self.container)
         started = await docker(
-            "run", "-d", "--name", self.container, "--label", f"{LABEL}={owner()}",
+            "run", "-d", "--name", self.container, "--label", f"{LABEL}={owners.owner()}",
             "--label", f"{RUN_LABEL}={run_label}", "--network", "none", "--init",
             "--security-opt", "no-new-privileges", *limits.args(), *mounts,
             "-w", str(self.workdir), "--entrypoint", python, self.image,

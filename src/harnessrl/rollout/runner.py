@@ -7,6 +7,7 @@ and an `Outcome` stored beside its turns. One deadline covers sandbox start, age
 verifier. Infrastructure failures (sandbox, install, engine, verifier without a score) are
 retried and reported apart from agent failures, which are results. A run is resumable:
 started again on the same run directory it skips every rollout that has an outcome.
+Each runner, when made, sweeps the sandboxes dead runners left (rollout/owners.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR, ExitState, Harness, RunC
 from harnessrl.proxy.engines.http1 import TransportError
 from harnessrl.proxy.engines.http_call import fetch
 from harnessrl.proxy.store import TraceStore
+from harnessrl.rollout import owners
 from harnessrl.rollout.docker import DockerBackend
 from harnessrl.rollout.rewards import Shaping, TraceStats
 from harnessrl.rollout.sandbox import ExecResult, LocalSandbox, Network, SandboxError
@@ -166,6 +168,9 @@ class Runner:
                                     build_network=self.settings.build_network,
                                     run_label=str(run_dir.resolve()))
         self.on_outcome = on_outcome
+        # Every runner start (run, eval, train and its resumes, each Ray node's shard)
+        # cleans what runners killed before they could close their sandboxes left.
+        owners.sweep()
 
     def pending(self) -> list[Planned]:
         done = {(o.harness, o.task, o.sample) for o in self.store.outcomes()

@@ -11,7 +11,11 @@ Commands see only a minimal environment (PATH, HOME, LANG, TMPDIR and what the c
 passes explicitly), so host secrets and proxy settings never reach them. Each command gets
 rlimits and a process group of its own; when it ends or times out the whole group is
 killed, and anything that left the group (setsid) is found by a marker variable and killed
-too. Nothing started in the sandbox outlives the command that started it.
+too. Nothing started in the sandbox outlives the command that started it, nor the runner:
+each command's first process (reaper_launcher.py) watches the runner and, if it dies (even
+by SIGKILL), kills the command's group and marked processes. Every sandbox is registered
+with its owner (owners.py) until it closes, so what a dead runner left is swept at the
+next runner start or by `harnessrl sandboxes --remove`.
 
 Network isolation (`network="none"` or `"loopback-proxy"`) runs each command in a new
 network namespace (`unshare --net`, needs root or user namespaces): only loopback exists;
@@ -36,18 +40,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, Self
 
+from harnessrl.rollout import owners
+
+# Re-exported: the sandboxes' callers name them from here.
+from harnessrl.rollout.owners import MARKER as MARKER
+from harnessrl.rollout.owners import kill_marked as kill_marked
+
 Network = Literal["host", "none", "loopback-proxy"]
 
-MARKER = "HARNESSRL_SANDBOX"  # set in every command's environment; finds escaped processes
 OUTPUT_CAP = 16 << 20  # bytes of each output stream returned; the rest is dropped
 _LAUNCHER = Path(__file__).with_name("netns_launcher.py")
 _CONFINE_LAUNCHER = Path(__file__).with_name("confine_launcher.py")
 _PROBE = Path(__file__).with_name("sandbox_probe.py")
+_REAPER = Path(__file__).with_name("reaper_launcher.py")
 
 # Never passed into a sandbox, even when a caller names them: they would route traffic
 # around the isolation, and the capture proxy is reached by its base URL instead.
@@ -228,6 +238,7 @@ class LocalSandbox:
         sandbox.hide = tuple(Path(p).resolve() for p in hide)
         sandbox.show = tuple(Path(p) for p in show)
         sandbox.confined = bool(hide) or confine
+        owners.register(sandbox.token, directory, sandbox._private)
         try:
             if network == "loopback-proxy":
                 try:
@@ -283,7 +294,9 @@ class LocalSandbox:
             argv = [sys.executable, "-I", str(_CONFINE_LAUNCHER), "--keep", str(self.directory),
                     "--tmp", str(self.tmp), *reveal, *shown, *hidden, "--", *argv]
             namespaces.append("--mount")
-        return ["unshare", *namespaces, "--", *argv] if namespaces else argv
+        argv = ["unshare", *namespaces, "--", *argv] if namespaces else argv
+        return [sys.executable, "-I", "-S", str(_REAPER), "--owner", str(os.getpid()), "--token",
+                self.token, "--", *argv]
 
     async def run(self, command: str | list[str], *, env: Mapping[str, str] | None = None,
                   timeout: float, cwd: Path | None = None) -> ExecResult:
@@ -382,7 +395,8 @@ class LocalSandbox:
         for server in self._servers:
             server.close()
         for directory in (self._private, self.directory):
-            await asyncio.to_thread(_remove_tree, directory)
+            await asyncio.to_thread(owners.remove_tree, directory)
+        owners.unregister(self.token)
 
     async def __aenter__(self) -> LocalSandbox:
         return self
@@ -407,25 +421,6 @@ def _killpg(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def kill_marked(token: str, sig: signal.Signals = signal.SIGKILL) -> int:
-    """SIGKILL (or `sig`) every process whose environment carries this sandbox's marker
-    (those that left the process group with setsid; a container's, seen from the host).
-    Returns how many were signalled."""
-    needle = f"{MARKER}={token}".encode()
-    killed = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as handle:
-                if needle in handle.read().split(b"\0"):
-                    os.kill(int(entry.name), sig)
-                    killed += 1
-        except OSError:  # gone, or not ours to read
-            continue
-    return killed
-
-
 def copy_tree(src: Path, dest: Path) -> None:
     """A file or a tree (links copied as links) to `dest`, merged into what is there."""
     if not src.exists() and not src.is_symlink():
@@ -435,16 +430,6 @@ def copy_tree(src: Path, dest: Path) -> None:
         shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
     else:
         shutil.copy2(src, dest, follow_symlinks=False)
-
-
-def _remove_tree(path: Path) -> None:
-    def retry(func: Callable, failed: str, _exc: object) -> None:
-        # an agent may leave read-only directories behind
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(failed), 0o700)
-            func(failed)
-
-    shutil.rmtree(path, onerror=retry)
 
 
 async def _forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,

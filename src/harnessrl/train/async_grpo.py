@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -61,12 +61,15 @@ from harnessrl.train.grpo import (
     shuffled,
 )
 from harnessrl.train.order import TaskOrder
+from harnessrl.train.samples import kinded_chains, samples_for_rollout
 from harnessrl.train.samples import sample as chain_sample
 from harnessrl.train.trl import HarnessRollouts, main_chain
-from harnessrl.types import Outcome, Sample, Turn
+from harnessrl.types import CallKind, Outcome, Sample, Turn
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue as MPQueue
+
+    from harnessrl.train.schedule import Schedule
 
 POLL_SECONDS = 0.2
 UNIFORM_WARN = 20  # uniform groups in a row between two warnings
@@ -111,11 +114,15 @@ def advantages(rewards: Sequence[float | None]) -> list[float]:
     return group_advantages(rewards, "group")
 
 
-def rows_of(turns: Sequence[Turn]) -> list[Sample]:
-    """Every chain of the rollout that holds a sampled token, as a sample."""
+def rows_of(turns: Sequence[Turn], kinds: Collection[CallKind] | None = None,
+            harness: str | None = None, *, keep_retried: bool = False) -> list[Sample]:
+    """Every chain of the rollout that holds a sampled token and is of one of `kinds`
+    (None: every kind; `grpo.call_kinds`), as a sample that says its kind;
+    `keep_retried`: `grpo.train_retried`."""
     if not turns:
         return []
-    return [s for s in (chain_sample(c) for c in link(turns).chains) if any(s.mask)]
+    return [s for s in samples_for_rollout(turns, kinds, harness, keep_retried=keep_retried)
+            if any(s.mask)]
 
 
 def captured_tokens(turns: Sequence[Turn]) -> int:
@@ -125,16 +132,19 @@ def captured_tokens(turns: Sequence[Turn]) -> int:
                if t.status == "ok" and t.completion is not None)
 
 
-def main_chain_tokens(turns: Sequence[Turn]) -> int:
-    chain = main_chain(link(turns).chains) if turns else None
+def main_chain_tokens(turns: Sequence[Turn], *, keep_retried: bool = False) -> int:
+    chain = main_chain(link(turns, keep_retried=keep_retried).chains) if turns else None
     return 0 if chain is None else sum(chain_sample(chain).mask)
 
 
 def score_group(group: int, task: str, finished: Sequence[tuple[Outcome, list[Turn]]],
-                settings: RowSettings | None = None
+                settings: RowSettings | None = None,
+                kinds: Collection[CallKind] | None = None, *, keep_retried: bool = False
                 ) -> tuple[GroupReport, list[tuple[Sample, float, Outcome]]]:
     """The group's rows, each with its advantage (its rollout's, or a penalty row's),
-    and its report (one `Row` per row, in the same order)."""
+    and its report (one `Row` per row, in the same order). `kinds`: the call kinds whose
+    chains become rows (`grpo.call_kinds`; None: all); `keep_retried`:
+    `grpo.train_retried`."""
     settings = settings or RowSettings()
     rewards = [o.reward if o.status == "done" else None for o, _ in finished]
     adv = group_advantages(rewards, settings.scale_rewards)
@@ -148,8 +158,9 @@ def score_group(group: int, task: str, finished: Sequence[tuple[Outcome, list[Tu
             continue
         flags = flagged_turns(turns)
         flagged[outcome.rollout] = dict(flags)
-        for chain in link(turns).chains:
-            for r in chain_rows(chain, a, flags, settings):
+        for chain, kind in kinded_chains(turns, kinds, outcome.harness,
+                                         keep_retried=keep_retried):
+            for r in chain_rows(chain, a, flags, settings, kind):
                 rows.append((r.sample, r.advantage, outcome))
                 reports.append(_row(r, settings))
     report = GroupReport(
@@ -158,8 +169,8 @@ def score_group(group: int, task: str, finished: Sequence[tuple[Outcome, list[Tu
         rows=tuple(reports),
         captured_tokens={o.rollout: captured_tokens(t) for o, t in finished
                          if o.status == "done"},
-        main_chain_tokens={o.rollout: main_chain_tokens(t) for o, t in finished
-                           if o.status == "done"},
+        main_chain_tokens={o.rollout: main_chain_tokens(t, keep_retried=keep_retried)
+                           for o, t in finished if o.status == "done"},
         spread=has_spread(rewards), flagged=flagged)
     return report, rows
 
@@ -309,6 +320,7 @@ class HarnessRolloutWorker:
     max_staleness: int
     transfer: VersionedTransfer | None = None
     queue_maxsize: int = 0
+    call_kinds: tuple[CallKind, ...] | None = None  # the kinds that become rows; None: all
     # The order tasks are drawn in (None: the task list as given) and the first group's
     # number, a resumed run's cursor (train.order, train.checkpoint).
     order: TaskOrder | None = None
@@ -319,6 +331,9 @@ class HarnessRolloutWorker:
     # how rollouts become rows (advantage scale, flagged replies, the control arm)
     settings: RowSettings = field(default_factory=RowSettings)
     drop_uniform: bool = True  # a group with no reward spread is not queued
+    # The run's phases (train.schedule): colocated, a group is planned only while the next
+    # step needs rows, and no rollout starts during a step.
+    schedule: Schedule | None = None
     # typed as TRL's protocol has them; these are in-process queues
     rollout_buffer: queue.Queue | MPQueue = field(init=False)
     metrics_queue: queue.Queue | MPQueue = field(init=False)
@@ -329,7 +344,9 @@ class HarnessRolloutWorker:
         if self.num_generations < 1 or self.max_inflight < 1 or self.max_staleness < 0:
             raise ValueError("num_generations and max_inflight must be >= 1, "
                              "max_staleness >= 0")
-        self.rollout_buffer = queue.Queue(maxsize=self.queue_maxsize)
+        self.rollout_buffer = _TakenQueue(self._taken, maxsize=self.queue_maxsize)
+        self._origin: dict[int, list[str]] = {}  # id(queued group) -> its rows' rollouts
+        self.trained_rollouts: set[str] = set()  # rollouts with a row the trainer took
         self.metrics_queue = queue.Queue()
         self._version = 0
         self._stop = threading.Event()
@@ -364,6 +381,8 @@ class HarnessRolloutWorker:
                 sync.engines.append(versioned)
             # The cold sync ran before this engine was known: it serves what vLLM says.
             sync.stamp(sync.agreed_version())
+        if self.schedule is not None and self.rollouts.cluster is None:
+            self.schedule.gates.append(self.rollouts.proxy.gate)  # closed during each step
         self._thread = threading.Thread(target=self._main, name="harnessrl-rollouts",
                                         daemon=True)
         self._thread.start()
@@ -406,12 +425,20 @@ class HarnessRolloutWorker:
         tasks: dict[asyncio.Task, tuple[int, int]] = {}
         try:
             while not self._stop.is_set():
-                while len(tasks) < self.max_inflight:
+                if self.schedule is not None and not self.schedule.steps_left():
+                    # held by the schedule (a step runs): waiting, not stuck
+                    self._heartbeat = time.time()
+                while len(tasks) < self.max_inflight and self._may_start(pending, groups):
                     if not pending:
                         pending.extend(self._plan_group(groups))
                     group, position, planned = pending.popleft()
                     task = asyncio.ensure_future(self.rollouts.run_planned([planned]))
                     tasks[task] = (group, position)
+                    self.stats["rollouts_started"] += 1
+                if not tasks:  # the schedule holds new rollouts: waiting, not stuck
+                    self._heartbeat = time.time()
+                    await asyncio.sleep(POLL_SECONDS)
+                    continue
                 done, _ = await asyncio.wait(tasks, timeout=POLL_SECONDS,
                                              return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
@@ -427,6 +454,27 @@ class HarnessRolloutWorker:
                 task.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _may_start(self, pending: deque[Any], groups: dict[int, list[Any]]) -> bool:
+        """Whether a rollout may start now (train.schedule): the rest of a group under way
+        whenever the sampler samples; a new group only while the next step wants groups."""
+        s = self.schedule
+        if s is None or not s.colocated:
+            return True
+        if pending:
+            return s.phase == "sampling"
+        unscored = sum(len(g) for g in groups.values())
+        if s.wants_rollouts(self.stats["groups_queued"], unscored, 1 / self.num_generations):
+            return True
+        # Groups the trainer took and dropped (stale in its queue) count as queued: when it
+        # has taken every group and nothing is under way, it still waits for a batch.
+        return not unscored and self.rollout_buffer.empty() and s.steps_left()
+
+    def _taken(self, item: GroupItem) -> None:
+        """The trainer took a group from the queue: its rollouts are trained."""
+        self.stats["rows_taken"] += len(item.samples)
+        self.stats["groups_taken"] += 1
+        self.trained_rollouts.update(self._origin.pop(id(item), ()))
 
     def _plan_group(self, groups: dict[int, list[Any]]) -> list[tuple[int, int, Any]]:
         """The next group: the next task for the next harness (tasks advance once every
@@ -444,20 +492,25 @@ class HarnessRolloutWorker:
     def _finish(self, group: int, finished: list[Any]) -> None:
         """Score the group and queue it whole, or drop it whole and say why."""
         task = finished[0][0].task
-        report, rows = score_group(group, task, finished, self.settings)
+        report, rows = score_group(group, task, finished, self.settings, self.call_kinds,
+                                   keep_retried=self.rollouts.train_retried)
         instruction = next((t.instruction for t in self.rollouts.tasks if t.id == task), task)
         current = self._version
         fate = group_fate(report, current, self.max_staleness, self.drop_uniform)
         if fate == "queued":
             version = min(r.version for r in report.rows if r.version is not None)
-            self._put(GroupItem(group, version, [
+            item = GroupItem(group, version, [
                 rollout_sample(s, advantage, row.version or version, group, outcome,
                                instruction)
                 for (s, advantage, outcome), row in zip(rows, report.rows, strict=True)],
                 [o.reward for o in report.outcomes
-                 if o.status == "done" and o.reward is not None]))
+                 if o.status == "done" and o.reward is not None])
+            self._origin[id(item)] = [outcome.rollout for _, _, outcome in rows]
+            self._put(item)
         report = _with_fates(report, [fate] * len(report.rows))
         self._warn_if_no_signal(fate)
+        self.stats["rows_all"] += len(report.rows)
+        self.stats["rollouts_scored"] += sum(o.status == "done" for o in report.outcomes)
         self.reports.append(report)
         self.stats["groups"] += 1
         self.stats[f"groups_{fate}"] += 1
@@ -486,6 +539,19 @@ class HarnessRolloutWorker:
                 return
             except queue.Full:
                 self._heartbeat = time.time()
+
+
+class _TakenQueue(queue.Queue):
+    """The rollout queue, telling the worker which rows the trainer took."""
+
+    def __init__(self, on_take: Callable[[Any], None], maxsize: int = 0) -> None:
+        super().__init__(maxsize)
+        self._on_take = on_take
+
+    def _get(self) -> Any:
+        item = super()._get()
+        self._on_take(item)
+        return item
 
 
 def _with_fates(report: GroupReport, fates: list[str]) -> GroupReport:

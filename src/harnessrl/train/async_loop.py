@@ -5,8 +5,9 @@ One line per optimizer step in `metrics.jsonl`, built from what the trainer logs
 own numbers and the worker's, which reach TRL's `report_to` backends the same way): reward,
 rows per rollout, sampled tokens trained / captured with all chains and with the main
 chain only (overall and per harness), rows dropped as stale (here and in TRL's queue),
-staleness at enqueue, the trainer's idle share (time waiting for rows / step time), and
-the version vLLM serves.
+staleness at enqueue, the trainer's idle share (time waiting for rows / step time), the
+version vLLM serves, and the schedule's figures (train.schedule; cumulative): seconds per
+phase, rollouts sampled and trained, the trainer's tokens/s in its step.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from harnessrl.train.async_weights import VersionedTransfer
     from harnessrl.train.grpo import RowSettings
     from harnessrl.train.importance import Importance
+    from harnessrl.train.schedule import Schedule
     from harnessrl.train.weights import VLLMWeightSync
 
 METRICS_FILE = "metrics.jsonl"
@@ -104,7 +106,7 @@ def async_config(config: TrainConfig, run_dir: Path, vllm_url: str) -> Any:
         report_to=g.report_to or "none", logging_steps=1,
         token_budget=0, vllm_server_base_url=vllm_url, disable_tqdm=True,
         # checkpoints are harnessrl's (train.checkpoint), at TRL's save points
-        **_saving(config.checkpoint.every_steps))
+        **_saving(config.checkpoint.every_steps), **_colocated_queue(config))
     return async_trl().config(**{**values, **g.trl})
 
 
@@ -130,6 +132,16 @@ def importance_of(config: TrainConfig) -> Importance | None:
     if not on or (g.importance_cap is None and g.importance_band is None):
         return None
     return Importance(cap=g.importance_cap, band=g.importance_band)
+
+
+def _colocated_queue(config: TrainConfig) -> dict[str, Any]:
+    """Colocated (train.schedule), the sampler runs one step's groups ahead, no more
+    (the worker's queue holds whole groups)."""
+    from harnessrl.train.schedule import is_colocated
+
+    if not is_colocated(config.schedule, config.engine.roots, config.cluster is not None):
+        return {}
+    return {"queue_maxsize": config.grpo.tasks_per_step}
 
 
 def _saving(every_steps: int) -> dict[str, Any]:
@@ -213,8 +225,11 @@ def _row(line: dict[str, Any]) -> str:
 
 
 def _callback(path: Path, sync: VLLMWeightSync, console: Console, steps: list[dict[str, Any]],
-              on_step: Callable[[dict[str, Any]], None] | None) -> TrainerCallback:
+              on_step: Callable[[dict[str, Any]], None] | None,
+              schedule: Schedule, worker: HarnessRolloutWorker) -> TrainerCallback:
     from transformers import TrainerCallback
+
+    from harnessrl.train.schedule import figures
 
     class AsyncStepLog(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any,
@@ -223,6 +238,8 @@ def _callback(path: Path, sync: VLLMWeightSync, console: Console, steps: list[di
                     or is_eval_log(logs)):
                 return
             line = step_line(int(state.global_step), logs, sync.agreed_version())
+            line["schedule"] = figures(schedule, worker.stats, len(worker.trained_rollouts),
+                                       logs)
             steps.append(line)
             with path.open("a") as f:
                 f.write(json.dumps(line) + "\n")
@@ -237,13 +254,16 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
                 model_dir: Path,
                 engines: PolicyEngines, run_dir: Path, console: Console,
                 on_step: Callable[[dict[str, Any]], None] | None, *,
-                long: LongRun | None = None, callbacks: Sequence[Any] = ()
-                ) -> list[dict[str, Any]]:
+                long: LongRun | None = None, callbacks: Sequence[Any] = (),
+                on_phase: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """The main process: vLLM, the proxy (or the cluster's shards), the rollout worker and
     rank 0 of the trainer. `long`: its checkpoints, resume and eval (train.long_run)."""
     from harnessrl.train.async_grpo import HarnessRolloutWorker
     from harnessrl.train.async_weights import FileWeightTransfer, VersionedTransfer
     from harnessrl.train.engines import node_engines
+    from harnessrl.train.schedule import callback as schedule_callback
+    from harnessrl.train.schedule import scheduled
+    from harnessrl.train.schedule import summary as schedule_summary
     from harnessrl.train.trl import HarnessRollouts
 
     tokenizer = _prepare(model_dir)
@@ -254,9 +274,12 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
         tasks=tasks, harnesses=harnesses, engine=engines.engine, run_dir=run_dir,
         pad_token_id=tokenizer.pad_token_id, sampling=sampling_of(config),
         shaping=config.shaping, mix=config.rollout.mix, settings=config.rollout,
+        train_retried=config.grpo.train_retried,
         cluster=config.cluster, engine_factory=node_engines(config, engines))
     g = config.grpo
     long = long or LongRun(config, run_dir, tasks, console, run_dir / METRICS_FILE)
+    status = console.status("async GRPO: rollouts in flight while the trainer steps")
+    schedule = _schedule(config, engines, args, status, on_phase)
     worker = HarnessRolloutWorker(rollouts, num_generations=g.num_generations,
                                   max_inflight=g.max_inflight, max_staleness=g.max_staleness,
                                   settings=row_settings(config),
@@ -264,8 +287,9 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
                                   # TRL's own queue bound (grpo.trl), here in whole
                                   # groups: the sampler runs at most that far ahead
                                   queue_maxsize=args.queue_maxsize,
+                                  call_kinds=tuple(g.call_kinds),
                                   order=long.order, first_group=long.first_group,
-                                  on_start=long.on_worker_start)
+                                  on_start=long.on_worker_start, schedule=schedule)
     if config.cluster is not None:
         with console.status("placing the rollout nodes on Ray"):
             worker.open()  # a cluster that can run no rollout is refused here
@@ -273,8 +297,16 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
     steps: list[dict[str, Any]] = []
     trainer = _trainer(config, tasks, model_dir, args, tokenizer, worker,
                        FileWeightTransfer(sync, model_dir) if file else None,
-                       [_callback(run_dir / METRICS_FILE, sync, console, steps, on_step),
-                        long.callback(), *callbacks], long.trainer_class)
+                       [_callback(run_dir / METRICS_FILE, sync, console, steps, on_step,
+                                  schedule, worker), long.callback(), *callbacks],
+                       lambda cls: scheduled(long.trainer_class(cls), schedule))
+    # after TRL's own callbacks: its step end (the weight sync) comes first
+    trainer.add_callback(schedule_callback(schedule))
+    if config.lora is not None:  # what trains, and that the sync sends merged weights
+        from harnessrl.train.lora import attach_metrics, describe
+
+        console.print(describe(config.lora, trainer.model))
+        attach_metrics(trainer, config.lora)
     if not file:  # TRL built its own transfer: every swap still names a version
         trainer.weight_transfer = VersionedTransfer(trainer.weight_transfer, sync)
     worker.transfer = trainer.weight_transfer
@@ -283,14 +315,33 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
     trainer.weight_transfer.version = version
     long.attach(trainer, worker, version)
     try:
-        with console.status("async GRPO: rollouts in flight while the trainer steps"):
+        with status:
             trainer.train(resume_from_checkpoint=long.resume_from)
     finally:
         worker.stop()
+    if steps:
+        console.print(schedule_summary(steps[-1]["schedule"]))
     model = long.finish(trainer)
     console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'} · "
                   f"model: {model}")
     return steps
+
+
+def _schedule(config: TrainConfig, engines: PolicyEngines, args: Any, status: Any,
+              on_phase: Callable[[str], None] | None) -> Schedule:
+    """The run's schedule; its phase shown on the status line and given to `on_phase`."""
+    from harnessrl.train.schedule import for_run
+
+    def shown(phase: str) -> None:
+        status.update(f"async GRPO: {phase}")
+        if on_phase is not None:
+            on_phase(phase)
+
+    g = config.grpo
+    return for_run(config.schedule, engine_roots=config.engine.roots,
+                   clustered=config.cluster is not None, served=engines.urls,
+                   step_groups=g.tasks_per_step, steps=g.steps,
+                   on_phase=shown)
 
 
 def train_async_rank(config: TrainConfig, tasks: list[Task], model_dir: Path) -> None:
@@ -326,6 +377,7 @@ def _trainer(config: TrainConfig, tasks: list[Task], model_dir: Path, args: Any,
     from datasets import Dataset
 
     from harnessrl.train.group_batches import group_trainer
+    from harnessrl.train.lora import trainer_kwargs
     from harnessrl.train.trl_async import async_trl
 
     trainer = wrap(group_trainer(async_trl().trainer, groups_per_step=config.grpo.tasks_per_step,
@@ -333,7 +385,7 @@ def _trainer(config: TrainConfig, tasks: list[Task], model_dir: Path, args: Any,
                                  importance=importance_of(config)))(
         model=str(model_dir), args=args, rollout_worker=worker, weight_transfer=transfer,
         train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}),
-        processing_class=tokenizer, callbacks=callbacks)
+        processing_class=tokenizer, callbacks=callbacks, **trainer_kwargs(config.lora))
     quiet(trainer)
     return trainer
 

@@ -16,6 +16,8 @@ never taken: `--resume latest` skips it, `--resume PATH` refuses it naming the f
 The checkpoint directory is also a servable model (`vllm serve DIR`; the training-state
 files beside the weights are ignored); RUN_DIR/model/ holds only the model files of the
 newest one (hard links, no second copy), and of the final weights at the end of a run.
+A LoRA run's checkpoint holds the adapter instead (train/lora.py); its RUN_DIR/model/ is
+the merged model, written from the trainer.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from harnessrl.train import lora
 from harnessrl.train.config import TrainConfig
 
 PREFIX = "checkpoint-"
@@ -55,7 +60,9 @@ def fingerprint(config: TrainConfig, task_ids: Sequence[str]) -> dict[str, Any]:
     return {"model.path": config.model.path, "rollout.harnesses": list(config.rollout.harnesses),
             "rollout.tasks": config.rollout.tasks, "task ids": f"{len(task_ids)} ({digest})",
             "grpo.num_generations": config.grpo.num_generations, "grpo.seed": config.grpo.seed,
-            "rollout.mix": config.rollout.mix}
+            "rollout.mix": config.rollout.mix,
+            # a LoRA run's adapter fits only its own settings (absent: full fine-tuning)
+            **({"lora": msgspec.to_builtins(config.lora)} if config.lora is not None else {})}
 
 
 def differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
@@ -238,11 +245,23 @@ def publish_model(source: Path, run_dir: Path) -> Path:
     return final
 
 
+def publish_checkpoint(trainer: Any, path: Path, run_dir: Path) -> Path:
+    """RUN_DIR/model/ after checkpoint `path`: its model files, or, for a LoRA run (whose
+    checkpoint holds the adapter only), the merged model from the trainer."""
+    if lora.is_lora(trainer.accelerator.unwrap_model(trainer.model)):
+        return save_final_model(trainer, run_dir)
+    return publish_model(path, run_dir)
+
+
 def save_final_model(trainer: Any, run_dir: Path) -> Path:
-    """The trained weights at the end of a run, as RUN_DIR/model/."""
+    """The trained weights at the end of a run, as RUN_DIR/model/ (a LoRA run's merged
+    into the base: a plain model vLLM serves)."""
     staged = run_dir / f".{MODEL_DIR}.final"
     shutil.rmtree(staged, ignore_errors=True)
-    trainer.save_model(str(staged), _internal_call=True)
+    if lora.is_lora(trainer.accelerator.unwrap_model(trainer.model)):
+        lora.save_merged(trainer, staged)
+    else:
+        trainer.save_model(str(staged), _internal_call=True)
     try:
         return publish_model(staged, run_dir)
     finally:
@@ -255,6 +274,9 @@ def model_dir_of(path: Path) -> Path:
     if step_of(path) is not None or (path / MARKER).exists():
         verify(path)
     if not (path / "config.json").is_file():
+        if (path / "adapter_config.json").is_file():
+            raise CheckpointError(f"{path}: a LoRA adapter, not a model; the run's merged "
+                                  "model is RUN_DIR/model")
         raise CheckpointError(f"{path / 'config.json'}: missing; not a model directory or "
                               "checkpoint")
     return path

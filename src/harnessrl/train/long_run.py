@@ -98,7 +98,7 @@ class LongRun:
             raise RuntimeError("a checkpoint before the worker is attached (LongRun.attach)")
         state = resumed_state(self.worker, trainer, self.fingerprint)
         path = ckpt.save(trainer, ckpt.checkpoint_root(self.config), state, c.keep)
-        ckpt.publish_model(path, self.run_dir)
+        ckpt.publish_checkpoint(trainer, path, self.run_dir)
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
         seconds = time.monotonic() - started
         self.checkpoints.append({"step": int(trainer.state.global_step), "seconds": seconds,

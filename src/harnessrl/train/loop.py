@@ -155,27 +155,20 @@ def _callback(log: StepLog) -> TrainerCallback:
 
 # ------------------------------------------------------------------ the run
 def resolve_model(spec: str, console: Console) -> Path:
-    if spec == "tiny":
-        from harnessrl.models.tiny import build_tiny_model
+    """The model the config names (any form `model_name.resolve_model` takes)."""
+    from harnessrl.train.model_name import resolve_model as resolve
 
-        return build_tiny_model(Path("~/.cache/harnessrl/models/tiny-qwen2").expanduser())
-    if spec == "smollm2":
-        from harnessrl.models.smollm2 import prepare_smollm2
-
-        with console.status("preparing SmolLM2-135M-Instruct (first run: ~1 min)") as status:
-            return prepare_smollm2(progress=lambda msg: status.update(msg))
-    path = Path(spec).expanduser()
-    if not path.is_dir():
-        raise FileNotFoundError(f"model {spec!r}: not a local directory, 'tiny' or 'smollm2'")
-    return path
+    return Path(resolve(spec, status=console.status))
 
 
 def train(config: TrainConfig, *, console: Console | None = None,
           on_step: Callable[[dict[str, Any]], None] | None = None,
-          resume: str | None = None, callbacks: Sequence[Any] = ()) -> list[dict[str, Any]]:
+          resume: str | None = None, callbacks: Sequence[Any] = (),
+          on_phase: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Run GRPO steps end to end (up to `config.grpo.steps` in all); one metrics dict per
     step. `resume`: "latest" or a checkpoint's path, to go on from (async trainer);
-    `callbacks`: more `TrainerCallback`s for the trainer."""
+    `callbacks`: more `TrainerCallback`s for the trainer; `on_phase`: told each phase
+    of the async trainer's schedule ("sampling", "training step N", "syncing weights")."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental"
     # TRL names the vLLM versions its own vLLM integration was tested with; harnessrl talks
     # to vLLM itself (through the proxy), so that range does not apply.
@@ -215,7 +208,8 @@ def train(config: TrainConfig, *, console: Console | None = None,
     with policy_engines(config, model_dir, run_dir, status=console.status) as engines:
         if long is not None:
             return train_async(config, tasks, harnesses, model_dir, engines, run_dir,
-                               console, on_step, long=long, callbacks=callbacks)
+                               console, on_step, long=long, callbacks=callbacks,
+                               on_phase=on_phase)
         return _train(config, tasks, harnesses, model_dir, engines, run_dir, console, on_step,
                       callbacks)
 
@@ -266,6 +260,7 @@ def _train(config: TrainConfig, tasks: list[Task], harnesses: list[Harness], mod
         run_dir=run_dir,
         pad_token_id=tokenizer.pad_token_id, sync=sync, sampling=sampling_of(config),
         shaping=config.shaping, mix=config.rollout.mix, settings=config.rollout,
+        train_retried=config.grpo.train_retried,
         on_outcome=lambda _o: progress.advance(task_id), cluster=config.cluster,
         engine_factory=node_engines(config, engines), rows=row_settings(config))
     log = StepLog(run_dir / METRICS_FILE, rollouts, progress.console, on_step)

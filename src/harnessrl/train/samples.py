@@ -7,20 +7,22 @@ sampled ids (mask 1, with the engine's logprobs) and the ids inserted between tu
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from itertools import groupby
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
-from harnessrl.rollout.chains import Chain, chains, extends, length, tokens
-from harnessrl.types import Sample, Turn
+from harnessrl.rollout.chains import Chain, extends, length, link, tokens
+from harnessrl.rollout.kinds import chain_kind, label
+from harnessrl.types import CallKind, Sample, Turn
 
 if TYPE_CHECKING:
     from harnessrl.proxy.store import TraceReader
 
 
-def sample(chain: Chain) -> Sample:
-    """The chain as one sequence; raises ValueError if its turns do not extend each other."""
+def sample(chain: Chain, kind: CallKind = "main") -> Sample:
+    """The chain as one sequence; raises ValueError if its turns do not extend each other.
+    `kind`: what the chain's calls were for (`rollout.kinds`), carried on the row."""
     turns = chain.turns
     ids: list[int] = []
     mask: list[int] = []
@@ -45,7 +47,7 @@ def sample(chain: Chain) -> Sample:
         prompt_ids=tokens(turns[0]).prompt_ids or (), completion_ids=tuple(ids),
         mask=tuple(mask), logprobs=tuple(logprobs),
         weight_versions=tuple(t.weight_version for t in turns),
-        break_reason=None if reason == "first" else reason)
+        break_reason=None if reason == "first" else reason, kind=kind)
 
 
 def turn_spans(chain: Chain) -> dict[int, tuple[int, int]]:
@@ -62,8 +64,25 @@ def turn_spans(chain: Chain) -> dict[int, tuple[int, int]]:
     return spans
 
 
-def samples_for_rollout(turns: Sequence[Turn]) -> list[Sample]:
-    return [sample(c) for c in chains(turns)]
+
+def samples_for_rollout(turns: Sequence[Turn], kinds: Collection[CallKind] | None = None,
+                        harness: str | None = None, *, keep_retried: bool = False
+                        ) -> list[Sample]:
+    """The rollout's chains as samples, each with its call kind; `kinds`: only chains of
+    these kinds (None: all). Kinds beyond `main` need the turns' requests (read with
+    bodies) and the `harness` for its hints. `keep_retried`: `grpo.train_retried`."""
+    return [sample(c, kind) for c, kind in kinded_chains(turns, kinds, harness,
+                                                        keep_retried=keep_retried)]
+
+
+def kinded_chains(turns: Sequence[Turn], kinds: Collection[CallKind] | None = None,
+                  harness: str | None = None, *, keep_retried: bool = False
+                  ) -> list[tuple[Chain, CallKind]]:
+    """The rollout's chains of one of `kinds` (None: all), each with its call kind."""
+    found = link(turns, keep_retried=keep_retried).chains
+    labels = label(found, harness)
+    pairs: list[tuple[Chain, CallKind]] = [(c, chain_kind(c, labels)) for c in found]
+    return [(c, k) for c, k in pairs if kinds is None or k in kinds]
 
 
 def iter_samples(store: TraceReader) -> Iterator[Sample]:

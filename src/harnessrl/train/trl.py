@@ -107,14 +107,15 @@ def main_chain(chains: Sequence[Chain]) -> Chain | None:
 
 
 def record_for(outcome: Outcome, turns: Sequence[Turn],
-               rows: RowSettings | None = None) -> RolloutRecord:
+               rows: RowSettings | None = None, *, keep_retried: bool = False
+               ) -> RolloutRecord:
     """The rollout's main chain as a sample, its rejected and truncated replies masked
     per `rows` (none: trained like the rest); none for an infrastructure failure, whose
     turns (if any) belong to an attempt that has no reward."""
     stats = rollout_stats(turns) if turns else ChainStats(rollouts=1)
     if outcome.status != "done" or not turns:
         return RolloutRecord(outcome, None, stats)
-    chain = main_chain(link(turns).chains)
+    chain = main_chain(link(turns, keep_retried=keep_retried).chains)
     if chain is None:
         return RolloutRecord(outcome, None, stats)
     if rows is None:
@@ -189,6 +190,7 @@ class HarnessRollouts:
     shaping: Shaping = field(default_factory=Shaping)
     mix: Mix = "group"
     settings: RolloutSettings = field(default_factory=lambda: RolloutSettings(retries=1))
+    train_retried: bool = False  # grpo.train_retried: turns a client retried are trained
     on_outcome: Callable[[Outcome], None] = lambda _o: None
     batches: list[Batch] = field(default_factory=list)
     # The rollouts run on a Ray cluster (`rollout.cluster.ClusterSettings`), each node's
@@ -345,7 +347,8 @@ class HarnessRollouts:
         if self._runner is None:
             raise RuntimeError("use HarnessRollouts as a context manager (with ...:)")
         outcomes = asyncio.run(self.run_planned(planned))
-        return [record_for(o, self.seen_turns(o.rollout), self.rows) for o in outcomes]
+        return [record_for(o, self.seen_turns(o.rollout), self.rows,
+                           keep_retried=self.train_retried) for o in outcomes]
 
     async def run_planned(self, planned: Sequence[Planned]) -> list[Outcome]:
         """Run `planned` on the caller's event loop; outcomes in order, each stored."""

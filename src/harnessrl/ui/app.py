@@ -128,13 +128,19 @@ def tokens(request: Request) -> JSONResponse:
         raise HTTPException(404, "no such turn")
     ctx = request.query_params.get("ctx")
     view = token_page.token_view(reader.token_turns(key), index, request.app.state.decoder,
-                                 model, int(ctx) if ctx and ctx.isdigit() else None)
+                                 model, int(ctx) if ctx and ctx.isdigit() else None,
+                                 messages=lambda: reader.message_turns(key),
+                                 harness=(reader.rollout(key) or {}).get("harness"))
     return JSONResponse(view)
 
 
 def steps(request: Request) -> JSONResponse:
     """The run's per-step curves (metrics.jsonl; none for a run that trained nothing)."""
     return JSONResponse(step_curves.series(_reader(request).run_dir))
+
+
+def atlas(request: Request) -> JSONResponse:
+    return JSONResponse({"rows": _reader(request).atlas()})
 
 
 def index(_request: Request) -> FileResponse:
@@ -151,6 +157,7 @@ def build_app(root: Path, tokenizer: str | None = None) -> Starlette:
         Route("/api/turn", turn),
         Route("/api/tokens", tokens),
         Route("/api/steps", steps),
+        Route("/api/atlas", atlas),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ])
     app.state.runs = Runs(root.resolve())

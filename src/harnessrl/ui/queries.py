@@ -75,6 +75,7 @@ class RunReader:
         with contextlib.suppress(sqlite3.Error, OSError):
             migrate(self.path)
         self._store = TraceReader(run_dir, up_to_date=True)
+        self._atlas: tuple[int, list[dict[str, Any]]] | None = None
         self._lock = threading.Lock()
         self._token_cache: dict[tuple[str, int], list[Turn]] = {}
 
@@ -217,6 +218,25 @@ class RunReader:
     def turn_count(self, key: str) -> int:
         return self.db.execute("SELECT COUNT(*) FROM turns WHERE rollout = ?",
                                (key,)).fetchone()[0]
+
+    def message_turns(self, key: str) -> list[Turn]:
+        """The rollout's turns with their canonical requests, for the drift causes of its
+        chain breaks (only read when a chain broke)."""
+        return self._store.turns(key)
+
+    def atlas(self) -> list[dict[str, Any]]:
+        """The run's drift atlas (`rollout.atlas`): every rollout read once, with its
+        messages; kept until the run has more turns."""
+        from harnessrl.rollout.atlas import atlas, atlas_dict
+
+        count = self._store.count_turns()
+        with self._lock:
+            if self._atlas is not None and self._atlas[0] == count:
+                return self._atlas[1]
+        found = atlas_dict(atlas(self._store))
+        with self._lock:
+            self._atlas = (count, found)
+        return found
 
     def token_turns(self, key: str) -> list[Turn]:
         """The rollout's turns with only what chain linking reads (status, flags, ids,

@@ -10,13 +10,15 @@ local model directory); without one the page shows ids, never guessed text.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from harnessrl.rollout.chains import BREAK_REASONS, EXCLUDE_REASONS, Linked, link
+from harnessrl.rollout.drift import CAUSES, Drift, drifts
+from harnessrl.rollout.kinds import label
 from harnessrl.types import Turn
 
 WINDOW = 2000  # prompt / inserted ids sent per request; the page pages through the rest
@@ -70,15 +72,29 @@ class Decoder:
             return None
 
 
-def chain_map(linked: Linked) -> dict[str, Any]:
-    """The rollout's chains and excluded turns, each with its reason in words."""
+def chain_map(linked: Linked, found: dict[int, Drift] | None = None,
+              tokenizer: Any = None) -> dict[str, Any]:
+    """The rollout's chains and excluded turns, each with its reason in words; with
+    `found`, each break's drift cause and what lies on both sides of its difference."""
+    found = found or {}
     return {
         "chains": [{"turns": [t.index for t in c.turns],
                     "start": msgspec.to_builtins(c.start),
-                    "why": BREAK_REASONS[c.start.reason]} for c in linked.chains],
+                    "why": BREAK_REASONS[c.start.reason],
+                    "drift": _drift(found.get(c.turns[0].index), tokenizer)}
+                   for c in linked.chains],
         "excluded": [{**msgspec.to_builtins(e), "why": EXCLUDE_REASONS[e.reason]}
                      for e in linked.excluded],
     }
+
+
+def _drift(drift: Drift | None, tokenizer: Any) -> dict[str, Any] | None:
+    if drift is None:
+        return None
+    _, what, training = CAUSES[drift.cause]
+    return {**msgspec.to_builtins(drift), "what": what, "training": training,
+            "old_pieces": Decoder.pieces(tokenizer, drift.old_ids),
+            "new_pieces": Decoder.pieces(tokenizer, drift.new_ids)}
 
 
 def _ids(turn: Turn) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None,
@@ -112,8 +128,12 @@ def _context(turns: Sequence[Turn], linked: Linked, index: int) -> dict[str, Any
 
 
 def token_view(turns: Sequence[Turn], index: int, decoder: Decoder, model: str | None,
-               ctx_offset: int | None = None) -> dict[str, Any] | None:
-    """The tokens page for turn `index` of one rollout's `turns` (as read for linking)."""
+               ctx_offset: int | None = None,
+               messages: Callable[[], Sequence[Turn]] | None = None,
+               harness: str | None = None) -> dict[str, Any] | None:
+    """The tokens page for turn `index` of one rollout's `turns` (as read for linking).
+    `messages` reads the turns with their requests, for the causes of chain breaks;
+    `harness` names the rollout's harness, for its call-kind hints."""
     turn = next((t for t in turns if t.index == index), None)
     if turn is None:
         return None
@@ -140,5 +160,13 @@ def token_view(turns: Sequence[Turn], index: int, decoder: Decoder, model: str |
         },
         "context": {**ctx, "total": total, "offset": ctx_offset, "ids": window,
                     "text": Decoder.pieces(tokenizer, window)},
-        **chain_map(linked),
+        **chain_map(linked, _causes(linked, messages, harness), tokenizer),
     }
+
+
+def _causes(linked: Linked, messages: Callable[[], Sequence[Turn]] | None,
+            harness: str | None) -> dict[int, Drift]:
+    if messages is None or all(c.start.reason == "first" for c in linked.chains):
+        return {}
+    chains = link(messages()).chains
+    return {d.turn: d for d in drifts(chains, label(chains, harness))}

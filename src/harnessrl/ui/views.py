@@ -15,11 +15,16 @@ from typing import Any
 
 import msgspec
 
+from harnessrl.errors import HarnessRLError
+from harnessrl.proxy import codings
 from harnessrl.types import Message, Turn
 
 CLIP = 20_000
 RAW_LIMIT = 2_000_000
 # Where each dialect keeps its message list in the native request body.
+# The most a coded request body is decoded to for the page (a body the proxy refused as a
+# decompression bomb stays coded).
+DECODED_LIMIT = 64 * 1024 * 1024
 NATIVE_LIST = {"openai_chat": "messages", "anthropic": "messages", "openai_responses": "input",
                "gemini": "contents"}
 
@@ -40,8 +45,8 @@ def _native(turn: Turn) -> tuple[str | None, Any]:
     JSON or has no list where its dialect keeps one."""
     key = NATIVE_LIST.get(turn.dialect)
     try:
-        body = json.loads(turn.raw_request)
-    except (ValueError, UnicodeDecodeError):
+        body = json.loads(_decoded(turn))
+    except (ValueError, UnicodeDecodeError, HarnessRLError):
         return None, None
     if not isinstance(body, dict) or key not in body:
         return None, None
@@ -92,7 +97,8 @@ def summary(turn: Turn, prev: Turn | None) -> dict[str, Any]:
         "error": turn.error, "flags": list(turn.flags), "model": turn.model,
         "engine": turn.engine, "weight_version": turn.weight_version,
         "timings": msgspec.to_builtins(turn.timings), "reply_id": turn.reply_id,
-        "history": how, "shown_from": shared, "messages": messages,
+        "content_encoding": turn.content_encoding, "retry_count": turn.retry_count,
+        "retry_of": turn.retry_of, "history": how, "shown_from": shared, "messages": messages,
         "tools": [t.name for t in turn.request.tools] if turn.request else [],
         "completion": None if c is None else {
             "parts": msgspec.to_builtins(c.parts), "finish_reason": c.finish_reason,
@@ -117,6 +123,23 @@ def summaries(turns: Sequence[Turn], before: Turn | None) -> list[dict[str, Any]
     return out
 
 
+def _decoded(turn: Turn) -> bytes:
+    """The request body as the proxy parsed it: its content coding undone."""
+    return codings.undo(turn.raw_request, turn.content_encoding, DECODED_LIMIT)
+
+
+def _raw_request(turn: Turn) -> dict[str, Any]:
+    """The raw request as text: decoded when it came coded (`coding` says how, `bytes`
+    counts the bytes received), or why it does not decode."""
+    if not turn.content_encoding:
+        return _raw_text(turn.raw_request)
+    try:
+        shown = _raw_text(_decoded(turn))
+    except HarnessRLError as err:
+        shown = {"kind": "text", "text": f"not decoded: {err.message}", "clipped": False}
+    return {**shown, "bytes": len(turn.raw_request), "coding": turn.content_encoding}
+
+
 def _raw_text(raw: bytes) -> dict[str, Any]:
     """A raw body as text: JSON pretty-printed, anything else (SSE) as sent."""
     text = raw[:RAW_LIMIT].decode("utf-8", errors="replace")
@@ -134,7 +157,7 @@ def detail(turn: Turn) -> dict[str, Any]:
     return {
         "index": turn.index, "dialect": turn.dialect, "status": turn.status,
         "error": turn.error, "flags": list(turn.flags),
-        "raw_request": _raw_text(turn.raw_request),
+        "raw_request": _raw_request(turn),
         "raw_response": _raw_text(turn.raw_response),
         "request": clip(msgspec.to_builtins(turn.request)),
         "completion": clip(_without_tokens(turn)),
@@ -142,7 +165,8 @@ def detail(turn: Turn) -> dict[str, Any]:
         "used_sampling": msgspec.to_builtins(turn.used_sampling),
         "timings": msgspec.to_builtins(turn.timings), "model": turn.model,
         "engine": turn.engine, "weight_version": turn.weight_version,
-        "reply_id": turn.reply_id,
+        "reply_id": turn.reply_id, "content_encoding": turn.content_encoding,
+        "retry_count": turn.retry_count, "retry_of": turn.retry_of,
     }
 
 

@@ -41,7 +41,8 @@ class EngineSpec:
         "a running vLLM server (its OpenAI API root), or several comma-separated (each "
         "rollout sticks to one)", "--engine-url")] = None
     model: Annotated[str | None, flag(
-        "start vLLM for this model (local path or hub id)")] = None
+        "start vLLM for this model: tiny or smollm2 (built here), a model directory, a "
+        "training run's directory or one of its checkpoints, or a hub id")] = None
     tokenizer: Annotated[str | None, flag(
         "token mode: the model's local directory (default: --model)")] = None
     tool_call_parser: Annotated[str | None, flag(

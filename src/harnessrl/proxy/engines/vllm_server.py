@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harnessrl.errors import EngineStartFailed
 from harnessrl.proxy.engines.http1 import TransportError
 from harnessrl.proxy.engines.http_call import call
 from harnessrl.proxy.engines.token.formats import template_parser
@@ -31,6 +32,24 @@ _TOOL_PARSERS: list[tuple[str, str]] = [
     ("deepseek", "deepseek_v3"),
 ]
 _REASONING_PARSERS: list[tuple[str, str]] = [("qwen3", "qwen3"), ("deepseek-r1", "deepseek_r1")]
+# Why vLLM did not start, from its log: the first of these found (checked in order)
+# names the cause; otherwise the log's last error line is quoted.
+_STARTUP_CAUSES: list[tuple[str, str]] = [
+    ("OfflineModeIsEnabled", "not a directory, and not in the local Hugging Face cache "
+                             "with the hub switched off (HF_HUB_OFFLINE)"),
+    ("LocalEntryNotFoundError", "not a directory and no hub is reachable"),
+    ("couldn't connect to", "not a directory and no hub is reachable"),
+    ("Failed to resolve", "not a directory and no hub is reachable"),
+    ("Max retries exceeded", "not a directory and no hub is reachable"),
+    ("RepositoryNotFoundError", "no such model on the hub"),
+    ("is not a local folder and is not a valid model identifier",
+     "not a directory and no hub is reachable"),
+    ("Unrecognized model", "the directory holds no model vLLM knows (config.json)"),
+    ("does not appear to have a file named config.json", "no config.json in the directory"),
+    ("Cannot allocate memory", "out of memory"),
+    ("out of memory", "out of memory"),
+    ("Address already in use", "its port is taken"),
+]
 
 
 @dataclass
@@ -113,17 +132,32 @@ class VLLMServer:
                                         preexec_fn=_die_with_parent)
 
     def wait_healthy(self) -> None:
+        """Until vLLM answers /health; EngineStartFailed (one line: the model, why, the
+        log) if it exits first or is not healthy by `startup_timeout`."""
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"vLLM exited with code {self.process.returncode} while "
-                                   f"starting; see {self.log_path or 'its output'}")
+                raise EngineStartFailed(self._failure(
+                    f"vLLM exited with code {self.process.returncode} while starting"))
             with contextlib.suppress(TransportError, TimeoutError, OSError):
                 if call("GET", f"{self.url}/health", timeout=2).status == 200:
                     return
             time.sleep(0.5)  # not up yet, or up and not ready (a 503)
         self.stop()
-        raise TimeoutError(f"vLLM was not healthy after {self.startup_timeout:.0f} s")
+        raise EngineStartFailed(self._failure(
+            f"vLLM was not healthy after {self.startup_timeout:.0f} s"))
+
+    def _failure(self, what: str) -> str:
+        """`what` happened to the vLLM for this model, why (from its log), where the log is."""
+        log = self.log_path
+        tail = ""
+        if log is not None:
+            with contextlib.suppress(OSError), open(log, "rb") as handle:
+                handle.seek(max(0, os.path.getsize(log) - 64_000))
+                tail = handle.read().decode(errors="replace")
+        why = startup_cause(tail)
+        where = f"log: {log}" if log is not None else "no log kept (--vllm-log FILE keeps one)"
+        return f"model {self.model!r}: {what}{f': {why}' if why else ''} ({where})"
 
     def stop(self, grace: float = 15.0) -> None:
         process, self.process = self.process, None
@@ -162,6 +196,16 @@ def tool_call_parser_for(model: str) -> str | None:
     if (path / "config.json").is_file():
         model_type = json.loads((path / "config.json").read_text()).get("model_type", "")
     return _match(f"{model_type} {model}", _TOOL_PARSERS)
+
+
+def startup_cause(log: str) -> str:
+    """Why vLLM did not start, from the end of its log: a known cause, else the last line
+    that names an error, else nothing."""
+    if found := next((cause for needle, cause in _STARTUP_CAUSES if needle in log), None):
+        return found
+    errors = [line.strip() for line in log.splitlines()
+              if "Error" in line or "error:" in line.lower()]
+    return errors[-1][-300:] if errors else ""
 
 
 def _match(text: str, table: list[tuple[str, str]]) -> str | None:

@@ -295,7 +295,7 @@ async function viewRollouts(p) {
       last < data.total ? link("rollouts", { ...p, offset: offset + limit }, "next ›") : "");
   };
   await load();
-  return { nodes: [h("h1", {}, "Rollouts"), filters, table, pager], load };
+  return { nodes: [h("h1", {}, "Rollouts ", link("atlas", { run }, "drift atlas")), filters, table, pager], load };
 }
 
 // ------------------------------------------------------------------ one rollout
@@ -332,6 +332,7 @@ function rawBox(run, key, index, which) {
     const raw = d[`raw_${which}`];
     btn.classList.add("on");
     box.replaceChildren(h("div", { class: "muted" }, `raw ${which} · ${raw.kind} · ${raw.bytes} bytes`,
+      raw.coding ? ` received in content coding ${raw.coding}, shown decoded` : "",
       raw.clipped ? " (clipped)" : ""), h("pre", {}, raw.text));
   } }, `raw ${which}`);
   return [btn, box];
@@ -344,6 +345,14 @@ function historyNote(how, from) {
   return "";
 }
 
+// The client's own retry count (x-stainless-retry-count), and the turn it repeated.
+function retryNote(t) {
+  if (t.retry_count === null || t.retry_count === undefined || t.retry_count === 0) return "";
+  const of = t.retry_of === null || t.retry_of === undefined ? "" : ` of turn ${t.retry_of}`;
+  return h("span", { class: "note retry", title: "the client's retry count for this call" },
+    `retry ${t.retry_count}${of}`);
+}
+
 function turnCard(run, key, t, mode) {
   const [reqBtn, reqBox] = rawBox(run, key, t.index, "request");
   const [respBtn, respBox] = rawBox(run, key, t.index, "response");
@@ -354,6 +363,7 @@ function turnCard(run, key, t, mode) {
     h("span", {}, secs(took)),
     t.completion ? h("span", { class: "muted" }, `finish: ${t.completion.finish_reason}`) : "",
     t.flags.length ? h("span", { class: "note" }, `flags: ${t.flags.join(", ")}`) : "",
+    retryNote(t),
     h("span", { class: "acts" },
       link("tokens", { run, key, index: t.index }, h("span", { class: "tokens-link" }, "tokens")),
       reqBtn, respBtn));
@@ -472,13 +482,53 @@ function chainsDiagram(run, key, d) {
     return h("div", { class: "row chain", "data-reason": s.reason },
       h("span", { class: "label", title: c.why }, `chain ${n + 1}: `, h("b", {}, s.reason.replace("_", " ")), where),
       ...c.turns.flatMap((t, i) => [i ? h("span", { class: "link-arrow" }, "→") : "",
-        h("a", { class: `chip ${t === d.index ? "here" : ""}`, href: href("tokens", { run, key, index: t }) }, t)]));
+        h("a", { class: `chip ${t === d.index ? "here" : ""}`, href: href("tokens", { run, key, index: t }) }, t)]),
+      c.drift ? driftBox(c.drift) : "");
   });
   const excl = d.excluded.length ? [h("div", { class: "row" }, h("span", { class: "label" }, "in no chain:"),
     ...d.excluded.map((e) => h("a", { class: `chip excl ${e.turn === d.index ? "here" : ""}`, title: e.why,
       href: href("tokens", { run, key, index: e.turn }) }, `${e.turn}: ${e.reason}`)))] : [];
   return h("div", { class: "card chains" }, h("h3", {}, "chains across turns"),
     ...rows, ...excl, h("div", { class: "muted" }, "hover a reason for its meaning; a chain is one training sequence"));
+}
+
+// A break's cause and what lies on both sides of its first difference: the messages' own
+// text, and the ids around it (decoded when the viewer has a tokenizer).
+function driftBox(dr) {
+  const ids = (pieces, list) => pieces ? pieces.join("") : list.map((i) => `‹${i}›`).join("");
+  const side = (label, cls, text, pieces, list) => h("div", { class: `drift-side ${cls}` },
+    h("span", { class: "muted" }, label), h("pre", { class: "drift-text" }, text || "—"),
+    list.length ? h("pre", { class: "drift-ids", title: `ids from position ${dr.ids_start}` }, ids(pieces, list)) : "");
+  return h("div", { class: "drift", "data-cause": dr.cause },
+    h("div", {}, "cause: ", h("b", { class: "cause", title: dr.training }, dr.cause.replaceAll("_", " ")),
+      h("span", { class: "muted" }, ` (${dr.where}) — ${dr.what}`), dr.detail ? h("span", { class: "drift-detail muted" }, ` · ${dr.detail}`) : ""),
+    side("the chain had", "old", dr.old_text, dr.old_pieces, dr.old_ids || []),
+    side("the new prompt has", "new", dr.new_text, dr.new_pieces, dr.new_ids || []));
+}
+
+// ------------------------------------------------------------------ atlas
+function counts(obj) {
+  return Object.entries(obj || {}).sort().map(([k, n]) => `${k.replaceAll("_", " ")} ${n}`).join(", ") || "—";
+}
+
+async function viewAtlas(p) {
+  const run = p.run || ".";
+  crumbs(["runs", ""], [run === "." ? "run" : run, "rollouts", { run }], ["drift atlas"]);
+  const data = await api("atlas", { run });
+  const pct = (x) => x === null || x === undefined ? "—" : `${Math.round(100 * x)}%`;
+  const table = h("table", { id: "atlas" },
+    h("tr", {}, ...["harness", "model family", "rollouts", "turns", "ext. rate", "rows / rollout",
+      "breaks by cause", "calls by kind"].map((c) => h("th", {}, c))),
+    ...data.rows.map((r) => h("tr", { class: "atlas-row", "data-harness": r.harness },
+      h("td", {}, r.harness), h("td", {}, r.family), h("td", {}, r.rollouts), h("td", {}, r.turns),
+      h("td", {}, pct(r.extension_rate)),
+      h("td", {}, r.rows_per_rollout === null ? "—" : r.rows_per_rollout.toFixed(2)),
+      h("td", {}, counts(r.causes)), h("td", {}, counts(r.kinds)))));
+  const examples = data.rows.flatMap((r) => Object.entries(r.examples).sort().map(([cause, ex]) =>
+    h("div", { class: "card example" }, h("h3", {}, `${r.harness} · `,
+      link("tokens", { run, key: ex.rollout, index: ex.turn }, `turn ${ex.turn} of ${ex.rollout}`)),
+      driftBox({ ...ex, what: "", training: "" }))));
+  return { nodes: [h("h1", {}, "Drift atlas"), table, h("h2", {}, "one example per cause"), ...examples] };
 }
 
 async function viewTokens(p) {
@@ -550,7 +600,7 @@ async function viewCompare(p) {
 
 // ------------------------------------------------------------------ router
 const ROUTES = { "": viewRuns, rollouts: viewRollouts, rollout: viewRollout, tokens: viewTokens,
-  compare: viewCompare };
+  compare: viewCompare, atlas: viewAtlas };
 
 async function route() {
   clearInterval(pollTimer);
