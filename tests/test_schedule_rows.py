@@ -173,6 +173,11 @@ tasks = "{tasks}"
 retries = 0
 hide_host = false
 [grpo]
+# replies cut at max_tokens and coin-flip rewards: every reply trained, every group kept
+# (the defaults that mask truncated replies and drop uniform groups: tests/test_grpo.py)
+truncated_turns = "train"
+rejected_turns = "train"
+drop_uniform_groups = false
 steps = 2
 num_generations = 2
 tasks_per_step = 1

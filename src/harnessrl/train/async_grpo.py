@@ -520,14 +520,16 @@ class HarnessRolloutWorker:
         self._heartbeat = time.time()
 
     def _warn_if_no_signal(self, fate: str) -> None:
-        """Uniform groups are not trained, so a task set in which no group ever has a
-        reward spread takes no step (and logs nothing): say so every `UNIFORM_WARN`."""
-        self._uniform_run = self._uniform_run + 1 if fate == "uniform" else 0
+        """Uniform groups (no reward spread) and empty ones (every reply masked, e.g. all
+        cut by max_tokens) are not trained, so a run where every group is one of them
+        takes no step (and logs nothing): say so every `UNIFORM_WARN`."""
+        self._uniform_run = self._uniform_run + 1 if fate in ("uniform", "empty") else 0
         if self._uniform_run and self._uniform_run % UNIFORM_WARN == 0:
-            print(f"harnessrl: the last {self._uniform_run} groups all had rollouts with "
-                  "the same reward and were not trained (grpo.drop_uniform_groups); no "
-                  "step is taken until a group's rewards differ", file=sys.stderr,
-                  flush=True)
+            print(f"harnessrl: the last {self._uniform_run} groups were not trained: their "
+                  "rollouts all had the same reward (grpo.drop_uniform_groups) or no reply "
+                  "left unmasked (grpo.truncated_turns, rejected_turns: e.g. every reply "
+                  "cut by max_tokens); no step is taken until a group has both",
+                  file=sys.stderr, flush=True)
 
     def _put(self, item: Any) -> None:
         """Queue a row; a full queue (`queue_maxsize`) holds the worker, so no new rollout
