@@ -241,7 +241,8 @@ def rl_lines(key: str, unit: dict[str, Any]) -> list[str]:
     resumed = " (resumed from a checkpoint)" if unit.get("resumed") else ""
     lines = [f"- `{key}` ({', '.join(unit.get('harnesses', []))}): {len(steps)} steps in "
              f"{unit['seconds'] / 60:.0f} min{resumed}; {moved} of them with a gradient (a "
-             f"step whose groups each scored alike has no advantage and moves nothing)."]
+             f"step whose groups each scored alike has no advantage; before issue 45 AdamW's "
+             f"moments still moved the weights on it, now the optimizer skips it)."]
     for harness in unit.get("harnesses", []):
         rates = [(s["step"], s.get("harnesses", {}).get(harness, {}).get("pass_rate"))
                  for s in steps]

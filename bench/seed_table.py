@@ -411,7 +411,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--inflight", type=int, default=4)
     p.add_argument("--queue-maxsize", type=int, default=0, help="grpo.trl.queue_maxsize: "
-                   "rows the sampler may queue ahead of the trainer (0: no bound). Pacing "
+                   "groups the sampler may queue ahead of the trainer (0: no bound). Pacing "
                    "only, not part of the budget: a small bound keeps a CPU trainer fed")
     p.add_argument("--checkpoint-every", type=int, default=5,
                    help="RL arms: a whole checkpoint every N steps (what --resume goes on from)")

@@ -4,7 +4,7 @@ tests/ddp_child.py MODEL_DIR OUT_DIR`.
 
 The trainer is built exactly as `harnessrl train` builds it (`async_loop.async_config`,
 `async_loop._trainer`); the main process gets a *scripted rollout worker* (named as such:
-it queues fixed rows with fixed advantages instead of running harnesses) and a transfer
+it queues fixed groups of rows with fixed advantages instead of running harnesses) and a transfer
 that records the weights it is sent. Each process saves its parameters before and after
 training; the main process also saves what the transfer received last."""
 
@@ -31,17 +31,22 @@ class ScriptedRolloutWorker:
     def start(self) -> None:
         import numpy as np
 
+        from harnessrl.train.group_batches import GroupItem
         from harnessrl.train.trl_async import async_trl
 
         sample = async_trl().rollout_sample
+        rows = []
         for n in range(self.rows):
             ids = np.asarray([1 + (n + i) % 50 for i in range(12)], dtype=np.int64)
             mask = np.asarray([0] * 4 + [1] * 8, dtype=np.int64)
-            self.rollout_buffer.put(sample(
+            rows.append(sample(
                 prompt=[{"role": "user", "content": "x"}], completion=[], input_ids=ids,
                 completion_mask=mask, old_log_probs=np.full(12, -3.0, dtype=np.float32),
                 advantage=1.0 if n % 2 else -1.0, model_version=0, group_id=n // 2,
                 metrics={}))
+        for group in range(self.rows // 2):  # queued whole, as the harnessrl worker does
+            self.rollout_buffer.put(GroupItem(group, 0, rows[2 * group:2 * group + 2],
+                                              [0.0, 1.0]))
 
     def stop(self) -> None:
         pass

@@ -35,7 +35,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from tests.helpers import CACHE
-from tests.test_async_grpo import AGENT, agent
+from tests.test_async_grpo import AGENT, EVERY_ROW, agent
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,6 +79,7 @@ def _trainer(model: Path, url: str, out: Path, worker: Any, transfer: Any, steps
     from datasets import Dataset
 
     from harnessrl.train.async_weights import install_cpu_support
+    from harnessrl.train.group_batches import group_trainer
     from harnessrl.train.trl_async import async_trl
 
     trl = async_trl()
@@ -88,16 +89,22 @@ def _trainer(model: Path, url: str, out: Path, worker: Any, transfer: Any, steps
         num_generations=2, learning_rate=5e-2, use_cpu=True, bf16=False, dtype="float32",
         report_to="none", logging_steps=1, save_strategy="no", token_budget=0,
         max_staleness=0, vllm_server_base_url=url, seed=0, disable_tqdm=True)
-    return trl.trainer(model=str(model), args=args, rollout_worker=worker,
-                       weight_transfer=transfer,
-                       train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}))
+    trainer = group_trainer(trl.trainer, groups_per_step=2, scale="group")
+    return trainer(model=str(model), args=args, rollout_worker=worker,
+                   weight_transfer=transfer,
+                   train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}))
 
 
 def _consumed(worker: Any) -> list[Any]:
     """What the trainer takes from the worker's queue, as it takes it."""
     consumed: list[Any] = []
     get = worker.rollout_buffer.get
-    worker.rollout_buffer.get = lambda *a, **k: consumed.append(get(*a, **k)) or consumed[-1]
+    def take(*a: Any, **k: Any) -> Any:  # a whole group; its rows are what is consumed
+        item = get(*a, **k)
+        consumed.extend(item.samples)
+        return item
+
+    worker.rollout_buffer.get = take
     return consumed
 
 
@@ -176,7 +183,8 @@ def test_a_transfer_that_names_no_version_still_gets_its_rows_tagged_and_trained
         run_dir=tmp_path / "run", pad_token_id=0, sampling=on_policy_sampling(max_tokens=8),
         settings=RolloutSettings(retries=0, hide_host=False))
     worker = HarnessRolloutWorker(rollouts, num_generations=2, max_inflight=4,
-                                  max_staleness=1, transfer=transfer)
+                                  max_staleness=1, transfer=transfer,
+                                  **EVERY_ROW)
     trainer = _trainer(tiny_model, urls[0], tmp_path / "out", worker, transfer, 2, tasks)
     consumed = _consumed(worker)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
@@ -308,7 +316,8 @@ def test_async_grpo_on_a_ray_cluster_with_two_vllm_servers(ray_cluster, two_vllm
         cluster=ClusterSettings(cpus_per_rollout=0.25),
         engine_factory=functools.partial(engines_from, specs))
     worker = HarnessRolloutWorker(rollouts, num_generations=2, max_inflight=4,
-                                  max_staleness=0, transfer=transfer)
+                                  max_staleness=0, transfer=transfer,
+                                  **EVERY_ROW)
     worker.open()  # places the node actors
     runner: Any = rollouts._runner
     assert runner is not None and {n.id for n in runner.nodes} == {w.node_id for w in workers}

@@ -18,10 +18,17 @@ import pytest
 from harnessrl.harnesses.base import Harness
 from harnessrl.rollout.chains import link
 from harnessrl.train.async_grpo import advantages, rows_of, score_group
+from harnessrl.train.grpo import RowSettings
 from harnessrl.types import Outcome
 from tests.helpers import CACHE, make_turn
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+# 8-token replies are cut by max_tokens and the rewards are coin flips: every reply is
+# trained and every group queued, as these tests check every chain's row (the defaults
+# that mask truncated replies and drop uniform groups: tests/test_grpo.py)
+EVERY_ROW = {"settings": RowSettings(rejected_turns="train", truncated_turns="train"),
+             "drop_uniform": False}
 
 AGENT = r'''
 import os, sys
@@ -63,7 +70,7 @@ def agent(mode: str, script: Path) -> Harness:
 
 # ------------------------------------------------------------------ pure parts
 
-def test_a_full_row_queue_holds_the_worker_and_keeps_its_heartbeat_fresh():
+def test_a_full_group_queue_holds_the_worker_and_keeps_its_heartbeat_fresh():
     """`queue_maxsize` (TRL's own setting) bounds how far the sampler runs ahead: with the
     queue full, the worker waits for the trainer instead of starting rollouts, and TRL's
     health check (a heartbeat older than `heartbeat_stale_after_s`) does not take that wait
@@ -72,20 +79,22 @@ def test_a_full_row_queue_holds_the_worker_and_keeps_its_heartbeat_fresh():
     import time
 
     from harnessrl.train.async_grpo import POLL_SECONDS, HarnessRolloutWorker
+    from harnessrl.train.group_batches import GroupItem
 
     worker = HarnessRolloutWorker(None, num_generations=1, max_inflight=1,  # type: ignore[arg-type]
                                   max_staleness=0, queue_maxsize=1)
-    worker._put("row 1")
+    first, second = GroupItem(1, 0, [], []), GroupItem(2, 0, [], [])  # whole groups
+    worker._put(first)
     before = worker._heartbeat
-    held = threading.Thread(target=worker._put, args=("row 2",), daemon=True)
+    held = threading.Thread(target=worker._put, args=(second,), daemon=True)
     held.start()
     try:
         time.sleep(4 * POLL_SECONDS)
-        assert held.is_alive()  # the queue is full: the second row waits
+        assert held.is_alive()  # the queue is full: the second group waits
         assert worker._heartbeat > before
-        assert worker.rollout_buffer.get() == "row 1"
+        assert worker.rollout_buffer.get() is first
         held.join(5)
-        assert not held.is_alive() and worker.rollout_buffer.get_nowait() == "row 2"
+        assert not held.is_alive() and worker.rollout_buffer.get_nowait() is second
     finally:
         worker._stop.set()  # a held put gives up
 
@@ -102,8 +111,11 @@ def test_group_advantage_leaves_infra_failures_out_and_every_chain_is_a_row():
                     status="done", reward=0.0)
     failed = Outcome(harness="h", harness_version="1", task="t", sample=2, rollout="r3",
                      status="infra_error")
+    # turn 1's prompt repeats turn 0's and goes on without its reply: a dropped reply,
+    # masked by default (tests/test_grpo.py); trained here, so each chain is a row
+    keep = RowSettings(rejected_turns="train")
     report, rows = score_group(7, "t", [(done, [a, b]), (other, [make_turn("r2", 0)]),
-                                        (failed, [make_turn("r3", 0)])])
+                                        (failed, [make_turn("r3", 0)])], keep)
     assert [s.rollout for s, _, _ in rows] == ["r1", "r1", "r2"]  # none for the failure
     assert [adv for _, adv, _ in rows] == pytest.approx([1.0, 1.0, -1.0], abs=1e-6)
     assert report.captured_tokens == {"r1": 6, "r2": 3}
@@ -193,6 +205,7 @@ def test_async_grpo_trains_every_chain_with_weight_swaps_and_drops_stale_rows(
     from harnessrl.rollout.tasks import load_tasks
     from harnessrl.train.async_grpo import HarnessRolloutWorker
     from harnessrl.train.async_weights import FileWeightTransfer, install_cpu_support
+    from harnessrl.train.group_batches import group_trainer
     from harnessrl.train.trl import HarnessRollouts, on_policy_sampling
     from harnessrl.train.weights import VLLMWeightSync
 
@@ -214,20 +227,26 @@ def test_async_grpo_trains_every_chain_with_weight_swaps_and_drops_stale_rows(
         sampling=on_policy_sampling(max_tokens=8),
         settings=RolloutSettings(retries=0, hide_host=False))
     worker = HarnessRolloutWorker(rollouts, num_generations=2, max_inflight=4,
-                                  max_staleness=0, transfer=transfer)
+                                  max_staleness=0, transfer=transfer,
+                                  **EVERY_ROW)
     install_cpu_support()
     args = AsyncGRPOConfig(
         output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=4,
         num_generations=2, learning_rate=5e-2, use_cpu=True, bf16=False, dtype="float32",
         report_to="none", logging_steps=1, save_strategy="no", token_budget=0,
         max_staleness=0, vllm_server_base_url=url, seed=0, disable_tqdm=True)
-    trainer = AsyncGRPOTrainer(
+    trainer = group_trainer(AsyncGRPOTrainer, groups_per_step=2, scale="group")(
         model=str(tiny_model), args=args, rollout_worker=worker, weight_transfer=transfer,
         train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}))
     during_swap = _call_during_second_swap(transfer, rollouts)
     consumed = []
     get = worker.rollout_buffer.get
-    worker.rollout_buffer.get = lambda *a, **k: consumed.append(get(*a, **k)) or consumed[-1]
+    def take(*a, **k):  # a whole group; its rows are what is consumed
+        item = get(*a, **k)
+        consumed.extend(item.samples)
+        return item
+
+    worker.rollout_buffer.get = take
     trainer.train()
     store = rollouts.store  # a reader, still usable after the worker closed it
     reports = list(worker.reports)

@@ -164,7 +164,7 @@ def test_rows_say_their_kind_and_the_config_leaves_kinds_out(served) -> None:
     outcome = Outcome(harness="opencode", harness_version="1", task="t", sample=0,
                       rollout=titles[0].rollout, status="done", reward=1.0)
     _, all_rows = score_group(0, "t", [(outcome, titles)])
-    _, main_rows = score_group(0, "t", [(outcome, titles)], ("main",))
+    _, main_rows = score_group(0, "t", [(outcome, titles)], kinds=("main",))
     assert [s.kind for s, _, _ in all_rows] == ["side", "main"]
     assert [s.kind for s, _, _ in main_rows] == ["main"]
 

@@ -46,6 +46,11 @@ retries = 0
 hide_host = false
 concurrency = 2
 [grpo]
+# replies cut at max_tokens and coin-flip rewards: every reply trained, every group kept
+# (the defaults that mask truncated replies and drop uniform groups: tests/test_grpo.py)
+truncated_turns = "train"
+rejected_turns = "train"
+drop_uniform_groups = false
 trainer = "async"
 steps = 4
 num_generations = 2

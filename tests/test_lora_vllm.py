@@ -48,6 +48,11 @@ retries = 0
 hide_host = false
 concurrency = 4
 [grpo]
+# replies cut at max_tokens and coin-flip rewards: every reply trained, every group kept
+# (the defaults that mask truncated replies and drop uniform groups: tests/test_grpo.py)
+truncated_turns = "train"
+rejected_turns = "train"
+drop_uniform_groups = false
 trainer = "async"
 steps = 3
 num_generations = 4

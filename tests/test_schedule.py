@@ -155,7 +155,7 @@ def test_a_colocated_step_on_a_gpu_drains_sleeps_and_wakes_before_the_sync():
     log: list[str] = []
     fake = FakeVLLM()
     with serving(fake) as url:
-        schedule = Schedule(colocated=True, step_rows=4, steps=2,
+        schedule = Schedule(colocated=True, step_groups=4, steps=2,
                             gates=[RecordingGate(log)], sleeper=VLLMSleep([url]))
         schedule.step_begin(1)
         assert log == ["close", "hold", "release"] and fake.sleeping
@@ -171,7 +171,7 @@ def test_a_colocated_step_on_a_gpu_drains_sleeps_and_wakes_before_the_sync():
 def test_a_step_without_a_sync_still_wakes_vllm():
     with serving(FakeVLLM()) as url:
         fake_sleeper = VLLMSleep([url])
-        schedule = Schedule(colocated=True, step_rows=4, steps=2, sleeper=fake_sleeper)
+        schedule = Schedule(colocated=True, step_groups=4, steps=2, sleeper=fake_sleeper)
         schedule.step_begin(1)
         schedule.step_end()  # weight_sync_steps > 1: no sync this step
         assert not fake_sleeper._sleeping(url)
@@ -179,7 +179,7 @@ def test_a_step_without_a_sync_still_wakes_vllm():
 
 def test_phases_are_timed_and_named_for_the_progress_line():
     clock, seen = Clock(), []
-    schedule = Schedule(colocated=False, step_rows=4, steps=2, clock=clock,
+    schedule = Schedule(colocated=False, step_groups=4, steps=2, clock=clock,
                         on_phase=seen.append)
     clock.now = 10.0
     schedule.step_begin(1)
@@ -196,7 +196,7 @@ def test_phases_are_timed_and_named_for_the_progress_line():
 
 def test_overlapped_schedule_leaves_the_gates_alone_and_always_wants_rollouts():
     log: list[str] = []
-    schedule = Schedule(colocated=False, step_rows=4, steps=1, gates=[RecordingGate(log)])
+    schedule = Schedule(colocated=False, step_groups=4, steps=1, gates=[RecordingGate(log)])
     schedule.step_begin(1)
     assert schedule.wants_rollouts(100, 100, 3.0)
     schedule.step_end()
@@ -204,18 +204,18 @@ def test_overlapped_schedule_leaves_the_gates_alone_and_always_wants_rollouts():
 
 
 def test_colocated_sampler_plans_only_what_the_next_step_needs():
-    schedule = Schedule(colocated=True, step_rows=4, steps=2)
-    assert schedule.wants_rollouts(0, 2, 1.0)  # 2 rows expected of 4
-    assert not schedule.wants_rollouts(0, 4, 1.0)
-    assert not schedule.wants_rollouts(2, 1, 3.0)  # 2 queued + 3 expected >= 4
+    schedule = Schedule(colocated=True, step_groups=2, steps=2)  # groups of 4 rollouts
+    assert schedule.wants_rollouts(0, 4, 0.25)  # 1 group expected of 2
+    assert not schedule.wants_rollouts(0, 8, 0.25)
+    assert not schedule.wants_rollouts(1, 4, 0.25)  # 1 queued + 1 expected >= 2
     schedule.step_begin(1)
-    assert not schedule.wants_rollouts(0, 0, 1.0)  # nothing starts during a step
+    assert not schedule.wants_rollouts(0, 0, 0.25)  # nothing starts during a step
     schedule.step_end()
-    assert schedule.wants_rollouts(4, 0, 3.0)  # step 2 wants rows 5-8
-    assert not schedule.wants_rollouts(6, 1, 3.0)
+    assert schedule.wants_rollouts(2, 0, 0.25)  # step 2 wants groups 3-4
+    assert not schedule.wants_rollouts(3, 4, 0.25)
     schedule.step_begin(2)
     schedule.step_end()
-    assert not schedule.wants_rollouts(0, 0, 1.0)  # the last step began: no more
+    assert not schedule.wants_rollouts(0, 0, 0.25)  # the last step began: no more
 
 
 @pytest.mark.parametrize(("setting", "roots", "clustered", "expected"), [
@@ -254,7 +254,7 @@ def test_figures_for_the_metrics_line_and_the_summary():
     from harnessrl.train.schedule import figures, summary
 
     clock = Clock()
-    schedule = Schedule(colocated=True, step_rows=4, steps=2, clock=clock)
+    schedule = Schedule(colocated=True, step_groups=4, steps=2, clock=clock)
     clock.now = 60.0
     schedule.step_begin(1)
     clock.now = 90.0

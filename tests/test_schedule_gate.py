@@ -32,7 +32,7 @@ def test_a_step_holds_new_calls_lets_running_ones_finish_and_releases_after_the_
     engine.weight_version = "v1"
     served = ServedProxy(make_proxy(engine, tmp_path))
     gate = served.proxy.gate
-    schedule = Schedule(colocated=True, step_rows=2, steps=1, gates=[gate])
+    schedule = Schedule(colocated=True, step_groups=2, steps=1, gates=[gate])
     results: dict[str, object] = {}
 
     def stream(key: str) -> None:

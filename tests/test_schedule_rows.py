@@ -55,10 +55,13 @@ def _run(tmp_path: Path, tokenizer: Any, colocated: bool) -> dict[str, Any]:
                                pad_token_id=tokenizer.pad_token_id,
                                settings=RolloutSettings(retries=0, hide_host=False,
                                                         concurrency=4))
-    schedule = Schedule(colocated=colocated, step_rows=STEP_ROWS, steps=STEPS)
+    schedule = Schedule(colocated=colocated, step_groups=TASKS_PER_STEP, steps=STEPS)
+    # the oracle passes every rollout: groups without spread are kept (advantage 0), as
+    # the rows, not the filter, are what this compares
     worker = HarnessRolloutWorker(rollouts, num_generations=GENERATIONS, max_inflight=4,
-                                  max_staleness=STEPS, queue_maxsize=STEP_ROWS if colocated
-                                  else 0, schedule=schedule)
+                                  max_staleness=STEPS, drop_uniform=False,
+                                  queue_maxsize=TASKS_PER_STEP if colocated else 0,
+                                  schedule=schedule)
     starts: list[float] = []
     run_planned = rollouts.run_planned
 
@@ -72,7 +75,9 @@ def _run(tmp_path: Path, tokenizer: Any, colocated: bool) -> dict[str, Any]:
     try:
         gate = rollouts.gates()[0]
         for step in range(1, STEPS + 1):
-            batch = [worker.rollout_buffer.get(timeout=120) for _ in range(STEP_ROWS)]
+            groups = [worker.rollout_buffer.get(timeout=120) for _ in range(TASKS_PER_STEP)]
+            batch = [s for g in groups for s in g.samples]
+            assert len(batch) == STEP_ROWS
             began = time.monotonic()
             schedule.step_begin(step)
             trained += batch
@@ -168,6 +173,11 @@ tasks = "{tasks}"
 retries = 0
 hide_host = false
 [grpo]
+# replies cut at max_tokens and coin-flip rewards: every reply trained, every group kept
+# (the defaults that mask truncated replies and drop uniform groups: tests/test_grpo.py)
+truncated_turns = "train"
+rejected_turns = "train"
+drop_uniform_groups = false
 steps = 2
 num_generations = 2
 tasks_per_step = 1

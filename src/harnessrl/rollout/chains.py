@@ -217,6 +217,39 @@ def _locate(chain: list[Turn], position: int) -> tuple[int, Literal["prompt", "c
     return chain[-1].index, "completion"  # not reached: a break lies inside the chain
 
 
+# ------------------------------------------------------------------ dropped replies
+# The end of a reply looked for in the prompt that left it (its final id, the end of turn,
+# may be rendered differently in history and is left out).
+REPLY_TAIL = 16
+
+
+def dropped_replies(linked: Linked) -> set[int]:
+    """Turns whose reply the harness left out of its history: a later prompt reproduced
+    the turn's prompt, then went on without the reply (a retry, or a reply it could not
+    parse and threw away). A history that re-renders the reply (reasoning removed,
+    re-tokenized) still holds the reply's end after the divergence; a dropped one does
+    not. A rollout's last reply, which no later prompt could hold, is not dropped."""
+    by_index = {t.index: t for c in linked.chains for t in c.turns}
+    dropped: set[int] = set()
+    for chain in linked.chains:
+        start = chain.start
+        if (start.within != "completion" or start.within_turn != start.against
+                or start.against is None or start.diverged_at is None):
+            continue
+        reply = tokens(by_index[start.against]).completion_ids or ()
+        later = tokens(by_index[start.turn]).prompt_ids or ()
+        tail = reply[-REPLY_TAIL - 1:-1] or reply
+        if tail and not _holds(later[start.diverged_at:], tail):
+            dropped.add(start.against)
+    return dropped
+
+
+def _holds(hay: Sequence[int], needle: Sequence[int]) -> bool:
+    def text(ids: Sequence[int]) -> str:
+        return "," + ",".join(map(str, ids)) + ","
+    return text(needle) in text(hay)
+
+
 # ------------------------------------------------------------------ statistics
 @dataclass(slots=True)
 class ChainStats:

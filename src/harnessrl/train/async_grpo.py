@@ -12,14 +12,22 @@ last rollout ends, the group is scored and pushed to TRL's rollout queue:
   replies) starts a new chain at each rewrite, and those tokens are trained too. A row is
   the chain as the engine saw and produced it (`train.samples.sample`), never
   re-tokenized: mask 1 on sampled tokens with the engine's logprobs, 0 elsewhere.
-- **The group's advantage** is TRL's, (r - mean) / (std + 1e-8) over the group's scored
-  rollouts, shared by all rows of a rollout. An infrastructure failure has no reward: it is
-  left out of the mean and the std and gives no row.
+- **The group's advantage** (`train.grpo`): (r - mean) / (std + 1e-8) over the group's
+  scored rollouts by default (`grpo.scale_rewards`), shared by all rows of a rollout;
+  permuted within the group for a control arm (`grpo.advantage_control`). An
+  infrastructure failure has no reward: it is left out of the mean and the std and gives
+  no row. Replies the harness dropped from its history, and replies cut by max_tokens,
+  are masked out of their row by default (`grpo.rejected_turns`, `truncated_turns`).
+- **Whole groups.** A group is queued as one `GroupItem` (every row of every rollout),
+  and the trainer takes `tasks_per_step` of them per step (`train.group_batches`). A
+  group whose rewards are all equal is not queued (`grpo.drop_uniform_groups`), so the
+  worker's next groups fill the step.
 - **Weight versions.** Each row carries the oldest version that sampled one of its turns
-  (see `async_weights`). A row already older than `max_staleness` when its group ends is
-  dropped here and counted (`harnessrl/rows_stale_dropped_total`); TRL drops the ones that
-  go stale in its queue and counts them (`sample/dropped_stale_total`). None is trained
-  silently.
+  (see `async_weights`). A group whose oldest row is already older than `max_staleness`
+  when it ends is dropped here whole and counted (`harnessrl/groups_stale_total`); the
+  trainer drops the ones that go stale in its queue, whole, and counts them
+  (`harnessrl/groups_stale_dropped_total`, rows in `sample/dropped_stale_total`). None
+  is trained silently.
 
 Per group the worker pushes metrics into TRL's metric queue, so they reach the trainer's
 own logging (`report_to`) beside TRL's: rows per rollout, sampled tokens trained / sampled
@@ -32,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -41,9 +50,19 @@ from typing import TYPE_CHECKING, Any
 
 from harnessrl.rollout.chains import link
 from harnessrl.train.async_weights import VersionedTransfer, version_number
+from harnessrl.train.group_batches import GroupItem
+from harnessrl.train.grpo import (
+    ChainRow,
+    RowSettings,
+    chain_rows,
+    flagged_turns,
+    group_advantages,
+    has_spread,
+    shuffled,
+)
 from harnessrl.train.order import TaskOrder
+from harnessrl.train.samples import kinded_chains, samples_for_rollout
 from harnessrl.train.samples import sample as chain_sample
-from harnessrl.train.samples import samples_for_rollout
 from harnessrl.train.trl import HarnessRollouts, main_chain
 from harnessrl.types import CallKind, Outcome, Sample, Turn
 
@@ -53,6 +72,7 @@ if TYPE_CHECKING:
     from harnessrl.train.schedule import Schedule
 
 POLL_SECONDS = 0.2
+UNIFORM_WARN = 20  # uniform groups in a row between two warnings
 REPORTS_KEPT = 2000
 
 
@@ -66,7 +86,13 @@ class Row:
     input_ids: tuple[int, ...]
     trained_tokens: int
     version: int | None  # None: a turn has no version we set; the row is not trained
-    fate: str = "queued"  # queued | stale | untagged
+    # queued | stale | untagged | uniform (its group had no reward spread)
+    fate: str = "queued"
+    advantage: float = 0.0
+    # replies of the row left out of its loss or penalised: (turn, rejected | truncated)
+    flagged: tuple[tuple[int, str], ...] = ()
+    kind: str = "rollout"  # rollout | penalty (the row of penalised replies only)
+    treatment: str = "train"  # what was done to its flagged replies: mask | penalty | train
 
 
 @dataclass(frozen=True)
@@ -79,16 +105,13 @@ class GroupReport:
     rows: tuple[Row, ...]
     captured_tokens: dict[str, int]  # per rollout key: sampled tokens of its ok turns
     main_chain_tokens: dict[str, int]
+    spread: bool = True  # the scored rewards differ
+    flagged: dict[str, dict[int, str]] = field(default_factory=dict)  # per rollout
 
 
 def advantages(rewards: Sequence[float | None]) -> list[float]:
     """TRL's group advantage over the scored rollouts (population std); 0 for None."""
-    scored = [r for r in rewards if r is not None]
-    if not scored:
-        return [0.0] * len(rewards)
-    mean = sum(scored) / len(scored)
-    std = (sum((r - mean) ** 2 for r in scored) / len(scored)) ** 0.5
-    return [0.0 if r is None else (r - mean) / (std + 1e-8) for r in rewards]
+    return group_advantages(rewards, "group")
 
 
 def rows_of(turns: Sequence[Turn], kinds: Collection[CallKind] | None = None,
@@ -115,34 +138,53 @@ def main_chain_tokens(turns: Sequence[Turn], *, keep_retried: bool = False) -> i
 
 
 def score_group(group: int, task: str, finished: Sequence[tuple[Outcome, list[Turn]]],
+                settings: RowSettings | None = None,
                 kinds: Collection[CallKind] | None = None, *, keep_retried: bool = False
                 ) -> tuple[GroupReport, list[tuple[Sample, float, Outcome]]]:
-    """The group's rows, each with its rollout's advantage, and its report;
-    `keep_retried`: `grpo.train_retried`."""
+    """The group's rows, each with its advantage (its rollout's, or a penalty row's),
+    and its report (one `Row` per row, in the same order). `kinds`: the call kinds whose
+    chains become rows (`grpo.call_kinds`; None: all); `keep_retried`:
+    `grpo.train_retried`."""
+    settings = settings or RowSettings()
     rewards = [o.reward if o.status == "done" else None for o, _ in finished]
-    adv = advantages(rewards)
+    adv = group_advantages(rewards, settings.scale_rewards)
+    if settings.advantage_control == "shuffle":
+        adv = shuffled(adv, rewards, settings.seed, group)
     rows: list[tuple[Sample, float, Outcome]] = []
+    reports: list[Row] = []
+    flagged: dict[str, dict[int, str]] = {}
     for (outcome, turns), a in zip(finished, adv, strict=True):
-        if outcome.status == "done":
-            rows.extend((s, a, outcome) for s in rows_of(
-                turns, kinds, outcome.harness, keep_retried=keep_retried))
+        if outcome.status != "done" or not turns:
+            continue
+        flags = flagged_turns(turns)
+        flagged[outcome.rollout] = dict(flags)
+        for chain, kind in kinded_chains(turns, kinds, outcome.harness,
+                                         keep_retried=keep_retried):
+            for r in chain_rows(chain, a, flags, settings, kind):
+                rows.append((r.sample, r.advantage, outcome))
+                reports.append(_row(r, settings))
     report = GroupReport(
         group=group, harnesses=tuple(o.harness for o, _ in finished), task=task,
         outcomes=tuple(o for o, _ in finished), advantages=tuple(adv),
-        rows=tuple(_row(s) for s, _, _ in rows),
+        rows=tuple(reports),
         captured_tokens={o.rollout: captured_tokens(t) for o, t in finished
                          if o.status == "done"},
         main_chain_tokens={o.rollout: main_chain_tokens(t, keep_retried=keep_retried)
-                           for o, t in finished if o.status == "done"})
+                           for o, t in finished if o.status == "done"},
+        spread=has_spread(rewards), flagged=flagged)
     return report, rows
 
 
-def _row(s: Sample) -> Row:
+def _row(r: ChainRow, settings: RowSettings) -> Row:
+    s = r.sample
     versions = [version_number(v) for v in s.weight_versions]
     version = None if not versions or None in versions else min(
         v for v in versions if v is not None)
+    treatment = ("penalty" if r.kind == "penalty" else
+                 ",".join(sorted({settings.treatment(f) for _, f in r.flagged})) or "train")
     return Row(s.rollout, s.turns, (*s.prompt_ids, *s.completion_ids), sum(s.mask), version,
-               "queued" if version is not None else "untagged")
+               "queued" if version is not None else "untagged", r.advantage,
+               r.flagged, r.kind, treatment)
 
 
 def rollout_sample(s: Sample, advantage: float, version: int, group: int,
@@ -194,7 +236,43 @@ def group_metrics(report: GroupReport, current: int) -> dict[str, Any]:
             _add(out, f"harnessrl/staleness_{current - row.version}_total", 1.0)
         if row.fate != "queued":
             _add(out, f"harnessrl/rows_{row.fate}_dropped_total", 1.0)
+    _add_signal(out, report)
     return out
+
+
+def _add_signal(out: dict[str, Any], report: GroupReport) -> None:
+    """Whether the group carried a signal, and what its replies were."""
+    fate = report.rows[0].fate if report.rows else "empty"
+    _add(out, "harnessrl/groups_with_spread", (float(report.spread), 1.0))
+    _add(out, f"harnessrl/groups_{fate}_total", 1.0)
+    scored = [a for a, o in zip(report.advantages, report.outcomes, strict=True)
+              if o.status == "done"]
+    if scored:
+        _add(out, "harnessrl/advantage_abs", (sum(abs(a) for a in scored), len(scored)))
+        _add(out, "harnessrl/advantage_range", max(scored) - min(scored))
+    flags = [f for per in report.flagged.values() for f in per.values()]
+    replies = sum(o.turns for o in report.outcomes if o.status == "done")
+    for flag in ("rejected", "truncated"):
+        _add(out, f"harnessrl/replies_{flag}", (float(flags.count(flag)), replies))
+    _add(out, "harnessrl/agent_timeouts_total",
+         float(sum(o.agent_timed_out for o in report.outcomes if o.status == "done")))
+
+
+def group_fate(report: GroupReport, current: int, max_staleness: int,
+               drop_uniform: bool) -> str:
+    """What becomes of a whole group: queued, or dropped as empty (no row), uniform (no
+    reward spread), untagged (a row with no version) or stale (its oldest row is more
+    than `max_staleness` versions behind)."""
+    versions = [r.version for r in report.rows]
+    if not versions:
+        return "empty"
+    if drop_uniform and not report.spread:
+        return "uniform"
+    if None in versions:
+        return "untagged"
+    if current - min(v for v in versions if v is not None) > max_staleness:
+        return "stale"
+    return "queued"
 
 
 # What each scored rollout adds per harness, as (sum, count) rates over scored rollouts.
@@ -204,6 +282,9 @@ OUTCOME_RATES: dict[str, Callable[[Outcome], float]] = {
     "tool_calls": lambda o: float(o.tool_calls),
     "turns": lambda o: float(o.turns),
     "completion_tokens": lambda o: float(o.completion_tokens),
+    # an agent killed at its wall-clock deadline scores as it ended (a 0 if unsolved);
+    # counted apart from wrong answers, since a slow engine under load causes them
+    "agent_timeouts": lambda o: float(o.agent_timed_out),
 }
 
 
@@ -247,6 +328,9 @@ class HarnessRolloutWorker:
     # Runs once the store is open, before the first rollout (a resume marks the rollouts
     # its crash interrupted).
     on_start: Callable[[HarnessRollouts], None] | None = None
+    # how rollouts become rows (advantage scale, flagged replies, the control arm)
+    settings: RowSettings = field(default_factory=RowSettings)
+    drop_uniform: bool = True  # a group with no reward spread is not queued
     # The run's phases (train.schedule): colocated, a group is planned only while the next
     # step needs rows, and no rollout starts during a step.
     schedule: Schedule | None = None
@@ -261,7 +345,7 @@ class HarnessRolloutWorker:
             raise ValueError("num_generations and max_inflight must be >= 1, "
                              "max_staleness >= 0")
         self.rollout_buffer = _TakenQueue(self._taken, maxsize=self.queue_maxsize)
-        self._origin: dict[int, str] = {}  # id(queued row) -> its rollout
+        self._origin: dict[int, list[str]] = {}  # id(queued group) -> its rows' rollouts
         self.trained_rollouts: set[str] = set()  # rollouts with a row the trainer took
         self.metrics_queue = queue.Queue()
         self._version = 0
@@ -271,6 +355,7 @@ class HarnessRolloutWorker:
         self._heartbeat = time.time()
         self._groups = self.first_group
         self._entered = False
+        self._uniform_run = 0  # groups in a row with no reward spread
 
     # ---------------------------------------------------------------- protocol
     def open(self) -> None:
@@ -372,26 +457,24 @@ class HarnessRolloutWorker:
 
     def _may_start(self, pending: deque[Any], groups: dict[int, list[Any]]) -> bool:
         """Whether a rollout may start now (train.schedule): the rest of a group under way
-        whenever the sampler samples; a new group only while the next step wants rows."""
+        whenever the sampler samples; a new group only while the next step wants groups."""
         s = self.schedule
         if s is None or not s.colocated:
             return True
         if pending:
             return s.phase == "sampling"
         unscored = sum(len(g) for g in groups.values())
-        scored = self.stats["rollouts_scored"]
-        per_rollout = self.stats["rows_all"] / scored if scored else 1.0
-        if s.wants_rollouts(self.stats["rows_queued"], unscored, per_rollout):
+        if s.wants_rollouts(self.stats["groups_queued"], unscored, 1 / self.num_generations):
             return True
-        # Rows the trainer took and dropped (stale in its queue) count as queued: when it
-        # has taken every row and nothing is under way, it still waits for a batch.
+        # Groups the trainer took and dropped (stale in its queue) count as queued: when it
+        # has taken every group and nothing is under way, it still waits for a batch.
         return not unscored and self.rollout_buffer.empty() and s.steps_left()
 
-    def _taken(self, item: Any) -> None:
-        """The trainer took a row from the queue: its rollout is trained."""
-        self.stats["rows_taken"] += 1
-        if (key := self._origin.pop(id(item), None)) is not None:
-            self.trained_rollouts.add(key)
+    def _taken(self, item: GroupItem) -> None:
+        """The trainer took a group from the queue: its rollouts are trained."""
+        self.stats["rows_taken"] += len(item.samples)
+        self.stats["groups_taken"] += 1
+        self.trained_rollouts.update(self._origin.pop(id(item), ()))
 
     def _plan_group(self, groups: dict[int, list[Any]]) -> list[tuple[int, int, Any]]:
         """The next group: the next task for the next harness (tasks advance once every
@@ -407,31 +490,46 @@ class HarnessRolloutWorker:
         return [(group, i, p) for i, p in enumerate(planned)]
 
     def _finish(self, group: int, finished: list[Any]) -> None:
+        """Score the group and queue it whole, or drop it whole and say why."""
         task = finished[0][0].task
-        report, rows = score_group(group, task, finished, self.call_kinds,
+        report, rows = score_group(group, task, finished, self.settings, self.call_kinds,
                                    keep_retried=self.rollouts.train_retried)
         instruction = next((t.instruction for t in self.rollouts.tasks if t.id == task), task)
         current = self._version
-        fates = []
-        for (s, advantage, outcome), row in zip(rows, report.rows, strict=True):
-            fate = row.fate
-            if row.version is not None and current - row.version > self.max_staleness:
-                fate = "stale"
-            if fate == "queued":
-                assert row.version is not None
-                item = rollout_sample(s, advantage, row.version, group, outcome, instruction)
-                self._origin[id(item)] = outcome.rollout
-                self._put(item)
-            fates.append(fate)
-            self.stats[f"rows_{fate}"] += 1
-            self.stats["rows_all"] += 1
+        fate = group_fate(report, current, self.max_staleness, self.drop_uniform)
+        if fate == "queued":
+            version = min(r.version for r in report.rows if r.version is not None)
+            item = GroupItem(group, version, [
+                rollout_sample(s, advantage, row.version or version, group, outcome,
+                               instruction)
+                for (s, advantage, outcome), row in zip(rows, report.rows, strict=True)],
+                [o.reward for o in report.outcomes
+                 if o.status == "done" and o.reward is not None])
+            self._origin[id(item)] = [outcome.rollout for _, _, outcome in rows]
+            self._put(item)
+        report = _with_fates(report, [fate] * len(report.rows))
+        self._warn_if_no_signal(fate)
+        self.stats["rows_all"] += len(report.rows)
         self.stats["rollouts_scored"] += sum(o.status == "done" for o in report.outcomes)
-        report = _with_fates(report, fates)
         self.reports.append(report)
         self.stats["groups"] += 1
+        self.stats[f"groups_{fate}"] += 1
+        self.stats[f"rows_{fate}"] += len(report.rows)
         self.stats["infra_errors"] += sum(o.status != "done" for o in report.outcomes)
         self.metrics_queue.put(group_metrics(report, current))
         self._heartbeat = time.time()
+
+    def _warn_if_no_signal(self, fate: str) -> None:
+        """Uniform groups (no reward spread) and empty ones (every reply masked, e.g. all
+        cut by max_tokens) are not trained, so a run where every group is one of them
+        takes no step (and logs nothing): say so every `UNIFORM_WARN`."""
+        self._uniform_run = self._uniform_run + 1 if fate in ("uniform", "empty") else 0
+        if self._uniform_run and self._uniform_run % UNIFORM_WARN == 0:
+            print(f"harnessrl: the last {self._uniform_run} groups were not trained: their "
+                  "rollouts all had the same reward (grpo.drop_uniform_groups) or no reply "
+                  "left unmasked (grpo.truncated_turns, rejected_turns: e.g. every reply "
+                  "cut by max_tokens); no step is taken until a group has both",
+                  file=sys.stderr, flush=True)
 
     def _put(self, item: Any) -> None:
         """Queue a row; a full queue (`queue_maxsize`) holds the worker, so no new rollout

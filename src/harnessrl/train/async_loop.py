@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from harnessrl.rollout.tasks import Task
     from harnessrl.train.async_grpo import HarnessRolloutWorker
     from harnessrl.train.async_weights import VersionedTransfer
+    from harnessrl.train.grpo import RowSettings
+    from harnessrl.train.importance import Importance
     from harnessrl.train.schedule import Schedule
     from harnessrl.train.weights import VLLMWeightSync
 
@@ -38,7 +40,7 @@ METRICS_FILE = "metrics.jsonl"
 _SHARES = ("rows_per_rollout", "tokens_trained_share", "tokens_main_chain_share")
 # per harness, also through report_to: the worker's rates (train.async_grpo.OUTCOME_RATES)
 _PER_HARNESS = (*_SHARES, "reward", "pass_rate", "tool_calls", "turns", "completion_tokens",
-                "infra_errors_total")
+                "agent_timeouts", "infra_errors_total")
 
 
 def check_config(config: TrainConfig) -> None:
@@ -54,6 +56,18 @@ def check_config(config: TrainConfig) -> None:
     if unknown := sorted(set(config.grpo.trl) - known):
         raise ValueError(f"grpo.trl: {unknown} are not AsyncGRPOConfig fields "
                          "(grpo.trainer = \"async\")")
+    check_whole_groups(config.grpo.trl)
+
+
+def check_whole_groups(trl: dict[str, Any]) -> None:
+    """A step is `tasks_per_step` whole groups in one micro-batch (train.group_batches):
+    TRL's settings that would batch rows otherwise are refused."""
+    if trl.get("gradient_accumulation_steps", 1) != 1:
+        raise ValueError("grpo.trl.gradient_accumulation_steps: a step is tasks_per_step "
+                         "whole groups in one micro-batch; set grpo.tasks_per_step instead")
+    if trl.get("token_budget", 0):
+        raise ValueError("grpo.trl.token_budget: rows are batched by whole groups "
+                         "(grpo.tasks_per_step), not by a token budget")
 
 
 def check_transfer(config: TrainConfig) -> None:
@@ -96,13 +110,38 @@ def async_config(config: TrainConfig, run_dir: Path, vllm_url: str) -> Any:
     return async_trl().config(**{**values, **g.trl})
 
 
+def row_settings(config: TrainConfig) -> RowSettings:
+    """How the worker turns rollouts into rows, from `[grpo]`."""
+    from harnessrl.train.grpo import RowSettings
+
+    g = config.grpo
+    return RowSettings(scale_rewards=g.scale_rewards, rejected_turns=g.rejected_turns,
+                       truncated_turns=g.truncated_turns, format_penalty=g.format_penalty,
+                       advantage_control=g.advantage_control, seed=g.seed)
+
+
+def importance_of(config: TrainConfig) -> Importance | None:
+    """The importance-sampling correction `[grpo]` asks for; "auto" turns it on unless
+    both sides compute in float32."""
+    from harnessrl.train.config import trainer_dtype
+    from harnessrl.train.importance import Importance
+
+    g = config.grpo
+    dtypes = {trainer_dtype(config), str(g.trl.get("dtype", trainer_dtype(config)))}
+    on = g.importance == "on" or (g.importance == "auto" and dtypes != {"float32"})
+    if not on or (g.importance_cap is None and g.importance_band is None):
+        return None
+    return Importance(cap=g.importance_cap, band=g.importance_band)
+
+
 def _colocated_queue(config: TrainConfig) -> dict[str, Any]:
-    """Colocated (train.schedule), the sampler runs one step's rows ahead, no more."""
+    """Colocated (train.schedule), the sampler runs one step's groups ahead, no more
+    (the worker's queue holds whole groups)."""
     from harnessrl.train.schedule import is_colocated
 
     if not is_colocated(config.schedule, config.engine.roots, config.cluster is not None):
         return {}
-    return {"queue_maxsize": config.grpo.tasks_per_step * config.grpo.num_generations}
+    return {"queue_maxsize": config.grpo.tasks_per_step}
 
 
 def _saving(every_steps: int) -> dict[str, Any]:
@@ -127,6 +166,7 @@ def step_line(step: int, logs: dict[str, Any], served: str | None) -> dict[str, 
         "staleness": {k.split("_")[1]: v for k, v in logs.items()
                       if k.startswith("harnessrl/staleness_")},
         "infra_errors": get("harnessrl/infra_errors_total"),
+        **diagnostics(logs),
         "trainer_idle_share": wait / step_s if wait is not None and step_s else None,
         "harnesses": {h: {name: get(f"harnessrl/{h}/{name}") for name in _PER_HARNESS}
                       for h in harnesses},
@@ -134,6 +174,41 @@ def step_line(step: int, logs: dict[str, Any], served: str | None) -> dict[str, 
         "trl": {k: v for k, v in logs.items()
                 if isinstance(v, int | float) and not k.startswith("harnessrl/")},
     }
+
+
+# A step's diagnostics (docs/guides/async-grpo.md): name in metrics.jsonl -> trainer log key.
+# The worker's are over the groups that finished since the last step; the trainer's over
+# the step's batch.
+DIAGNOSTICS = {
+    "groups_with_spread": "harnessrl/groups_with_spread",  # share of finished groups
+    "advantage_abs": "harnessrl/advantage_abs",  # mean |advantage| of scored rollouts
+    "advantage_range": "harnessrl/advantage_range",  # max - min in a group, mean
+    "kl": "kl",  # to the sampler: mean of (r - 1) - log r, r = policy / engine prob
+    "clip_fraction": "clip_ratio/region_mean",
+    # importance sampling against the engine's logprobs (None: off)
+    "kl_to_sampler": "harnessrl/kl_to_sampler",
+    "is_masked_fraction": "harnessrl/is_masked_fraction",
+    "is_capped_fraction": "harnessrl/is_capped_fraction",
+    "is_ratio_mean": "harnessrl/is_ratio_mean", "is_ratio_max": "harnessrl/is_ratio_max",
+    "rejected_share": "harnessrl/replies_rejected",  # of the finished rollouts' replies
+    "truncated_share": "harnessrl/replies_truncated",
+    "step_groups": "harnessrl/step_groups", "step_rows": "harnessrl/step_rows",
+    "step_trained_tokens": "harnessrl/step_trained_tokens",
+}
+_COUNTS = {  # summed: stale groups are dropped by the worker or in the trainer's queue
+    "groups_uniform": ("harnessrl/groups_uniform_total",),
+    "groups_stale_dropped": ("harnessrl/groups_stale_total",
+                             "harnessrl/groups_stale_dropped_total"),
+    "agent_timeouts": ("harnessrl/agent_timeouts_total",),
+    "no_gradient": ("harnessrl/steps_without_gradient_total",),
+}
+
+
+def diagnostics(logs: dict[str, Any]) -> dict[str, Any]:
+    """Whether the step had a signal, and what it held (None: not logged this step)."""
+    return {**{name: logs.get(key) for name, key in DIAGNOSTICS.items()},
+            **{name: int(sum(logs.get(k) or 0 for k in keys))
+               for name, keys in _COUNTS.items()}}
 
 
 def _row(line: dict[str, Any]) -> str:
@@ -144,6 +219,8 @@ def _row(line: dict[str, Any]) -> str:
             f"{fmt(line['tokens_trained_share'], '.0%')} (main chain only "
             f"{fmt(line['tokens_main_chain_share'], '.0%')}) · stale dropped "
             f"{line['stale_dropped']} · trainer idle {fmt(line['trainer_idle_share'], '.0%')}"
+            f" · groups with spread {fmt(line.get('groups_with_spread'), '.0%')}"
+            f"{' (no gradient: not stepped)' if line.get('no_gradient') else ''}"
             f" · loss {fmt(line['trl'].get('loss'))} → now {line['weight_version']}")
 
 
@@ -205,8 +282,10 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
     schedule = _schedule(config, engines, args, status, on_phase)
     worker = HarnessRolloutWorker(rollouts, num_generations=g.num_generations,
                                   max_inflight=g.max_inflight, max_staleness=g.max_staleness,
-                                  # TRL's own bound on queued rows (grpo.trl), as its
-                                  # worker takes it: the sampler runs at most that far ahead
+                                  settings=row_settings(config),
+                                  drop_uniform=g.drop_uniform_groups,
+                                  # TRL's own queue bound (grpo.trl), here in whole
+                                  # groups: the sampler runs at most that far ahead
                                   queue_maxsize=args.queue_maxsize,
                                   call_kinds=tuple(g.call_kinds),
                                   order=long.order, first_group=long.first_group,
@@ -261,7 +340,7 @@ def _schedule(config: TrainConfig, engines: PolicyEngines, args: Any, status: An
     g = config.grpo
     return for_run(config.schedule, engine_roots=config.engine.roots,
                    clustered=config.cluster is not None, served=engines.urls,
-                   step_rows=g.tasks_per_step * g.num_generations, steps=g.steps,
+                   step_groups=g.tasks_per_step, steps=g.steps,
                    on_phase=shown)
 
 
@@ -297,10 +376,13 @@ def _trainer(config: TrainConfig, tasks: list[Task], model_dir: Path, args: Any,
     Any: the class is looked up where the installed TRL keeps it (`trl_async`)."""
     from datasets import Dataset
 
+    from harnessrl.train.group_batches import group_trainer
     from harnessrl.train.lora import trainer_kwargs
     from harnessrl.train.trl_async import async_trl
 
-    trainer = wrap(async_trl().trainer)(
+    trainer = wrap(group_trainer(async_trl().trainer, groups_per_step=config.grpo.tasks_per_step,
+                                 scale=config.grpo.scale_rewards,
+                                 importance=importance_of(config)))(
         model=str(model_dir), args=args, rollout_worker=worker, weight_transfer=transfer,
         train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}),
         processing_class=tokenizer, callbacks=callbacks, **trainer_kwargs(config.lora))

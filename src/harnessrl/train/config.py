@@ -119,7 +119,8 @@ class GRPOSettings(_Section):
     trainer: Literal["async", "sync"] = "async"
     steps: Annotated[int, msgspec.Meta(ge=1)] = 2  # optimizer steps
     num_generations: Annotated[int, msgspec.Meta(ge=1)] = 2  # rollouts per GRPO group
-    # sync: tasks per step; async: rows per optimizer step = tasks_per_step * num_generations
+    # GRPO groups per optimizer step, whole: every row of every rollout of each (async: a
+    # rollout gives one row per chain, so the rows per step follow)
     tasks_per_step: Annotated[int, msgspec.Meta(ge=1)] = 2
     max_inflight: Annotated[int, msgspec.Meta(ge=1)] = 4  # async: rollouts running at once
     # async: how many weight versions behind the trainer a row may be and still be trained
@@ -146,6 +147,40 @@ class GRPOSettings(_Section):
     # every kind by default (sync trains one chain per rollout, the main one)
     call_kinds: list[CallKind] = msgspec.field(
         default_factory=lambda: ["main", "side", "subagent", "compaction"])
+    # --- how rollouts become a loss (train/grpo.py; docs/guides/async-grpo.md) ---
+    # The group advantage's scale, as TRL's GRPOConfig.scale_rewards (its default in 1.16):
+    # group: (r - group mean) / group std; batch: / the std of the step's rewards; none:
+    # r - group mean (a small shaping spread stays small instead of becoming +-1).
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    # async: a group whose scored rollouts all have the same reward has no advantage; it
+    # is counted and not trained, and the sampler draws more tasks to fill the step
+    # (DAPO's dynamic sampling). False: such groups are trained (advantage 0).
+    drop_uniform_groups: bool = True
+    # A reply the harness dropped from its history (rejected: e.g. an unparsed tool call)
+    # and a reply cut by max_tokens (finish reason "length"): mask (no loss), penalty
+    # (advantage -format_penalty on that reply's tokens alone; async) or train (the
+    # rollout's advantage, as every other reply).
+    rejected_turns: Literal["mask", "penalty", "train"] = "mask"
+    truncated_turns: Literal["mask", "penalty", "train"] = "mask"  # the same, cut replies
+    format_penalty: Annotated[float, msgspec.Meta(ge=0)] = 1.0  # a penalised reply's -adv.
+    # async, the control arm of an experiment: "shuffle" permutes the advantages of each
+    # group's scored rollouts (seeded by grpo.seed and the group), so the update has the
+    # same size but no relation to what the rollouts did.
+    advantage_control: Literal["none", "shuffle"] = "none"
+    # async: importance sampling against the engine's logprobs (train/importance.py). auto:
+    # on unless the trainer and vLLM both compute in float32 (a CPU run), where their
+    # logprobs agree to ~1e-5 and there is nothing to correct. A token whose ratio
+    # pi_trainer / pi_engine leaves the band is masked out of the loss (MIS; None: none);
+    # a negative-advantage token's ratio is truncated at the cap (TIS; None: none).
+    importance: Literal["auto", "on", "off"] = "auto"
+    importance_cap: Annotated[float, msgspec.Meta(gt=1)] | None = 2.0  # TIS's cap
+    importance_band: tuple[float, float] | None = (0.125, 8.0)  # MIS's [low, high]
+
+    def __post_init__(self) -> None:
+        band = self.importance_band
+        if band is not None and not 0 <= band[0] < 1 < band[1]:
+            raise ValueError(f"grpo.importance_band {list(band)}: [low, high] with "
+                             "0 <= low < 1 < high")
 
 
 class CheckpointConfig(_Section):

@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from harnessrl.rollout.chains import ChainStats
-from harnessrl.train.async_loop import check_config, train_async, train_async_rank
+from harnessrl.train.async_loop import check_config, row_settings, train_async, train_async_rank
 from harnessrl.train.common import quiet, sampling_of
 from harnessrl.train.config import TrainConfig, trainer_dtype
 from harnessrl.train.engines import PolicyEngines, node_engines, policy_engines
@@ -62,6 +62,7 @@ def _group(records: list[RolloutRecord]) -> dict[str, Any]:
         "tool_calls": _mean([r.outcome.tool_calls for r in done]),
         "completion_tokens": _mean([r.outcome.completion_tokens for r in done]),
         "turns": _mean([r.outcome.turns for r in done]),
+        "agent_timeouts": sum(r.outcome.agent_timed_out for r in done),
         "chains": stats.chains, "chain_extension_rate": stats.extension_rate,
         "chain_breaks": dict(stats.breaks),
     }
@@ -76,11 +77,24 @@ def batch_metrics(batch: Batch) -> dict[str, Any]:
     return {
         **_group(batch.records),
         "trained_sequences": len(trained),
+        "groups_with_spread": _spread_share(batch.records),
         "trained_tokens": sum(sum(s.mask) for s in trained),
         "sampled_with": sorted({v for s in trained for v in s.weight_versions if v}),
         "rollout_seconds": round(batch.seconds, 2),
         "harnesses": {name: _group(group) for name, group in sorted(by_harness.items())},
     }
+
+
+def _spread_share(records: list[RolloutRecord]) -> float | None:
+    """Share of the step's groups (a task's consecutive rollouts, as TRL lays them out)
+    whose scored rewards differ."""
+    from itertools import groupby
+
+    from harnessrl.train.grpo import has_spread
+
+    groups = [[r.outcome.reward if r.outcome.status == "done" else None for r in group]
+              for _, group in groupby(records, key=lambda r: r.outcome.task)]
+    return sum(has_spread(g) for g in groups) / len(groups) if groups else None
 
 
 class StepLog:
@@ -102,6 +116,7 @@ class StepLog:
                 "weight_version": None if sync is None else sync.agreed_version(),
                 "sync_seconds": None if sync is None or not sync.seconds
                 else round(sync.seconds[-1], 3),
+                "no_gradient": int(bool(logs.get("harnessrl/steps_without_gradient"))),
                 "trl": {k: v for k, v in logs.items() if isinstance(v, int | float)}}
         self.steps.append(line)
         with self.path.open("a") as f:
@@ -179,6 +194,8 @@ def train(config: TrainConfig, *, console: Console | None = None,
                          f"{config.grpo.tasks_per_step}")
     if asynchronous:
         check_config(config)
+    else:
+        check_sync(config)
     if processes > 1:  # under accelerate launch / torchrun: one rollout worker, on rank 0
         state = process_state()
         with state.main_process_first():  # the first builds the model, the others read it
@@ -195,6 +212,19 @@ def train(config: TrainConfig, *, console: Console | None = None,
                                on_phase=on_phase)
         return _train(config, tasks, harnesses, model_dir, engines, run_dir, console, on_step,
                       callbacks)
+
+
+def check_sync(config: TrainConfig) -> None:
+    """What the sync trainer (TRL's GRPOTrainer, one row per rollout, its own advantage)
+    cannot do: a penalty row, the shuffled control."""
+    g = config.grpo
+    for name in ("rejected_turns", "truncated_turns"):
+        if getattr(g, name) == "penalty":
+            raise ValueError(f'grpo.{name} = "penalty" gives the replies a row of their own: '
+                             'grpo.trainer = "async" only ("mask" or "train" here)')
+    if g.advantage_control != "none":
+        raise ValueError('grpo.advantage_control: TRL\'s sync trainer computes its own '
+                         'advantages; use grpo.trainer = "async"')
 
 
 def _refuse_long_run_settings(config: TrainConfig, resume: str | None, needed: str) -> None:
@@ -215,6 +245,7 @@ def _train(config: TrainConfig, tasks: list[Task], harnesses: list[Harness], mod
     from transformers.utils import logging as hf_logging
     from trl import GRPOTrainer
 
+    from harnessrl.train.group_batches import guarded_trainer
     from harnessrl.train.trl import HarnessRollouts, harness_reward
 
     hf_logging.disable_progress_bar()  # loading and saving bars would tear the live view
@@ -231,10 +262,10 @@ def _train(config: TrainConfig, tasks: list[Task], harnesses: list[Harness], mod
         shaping=config.shaping, mix=config.rollout.mix, settings=config.rollout,
         train_retried=config.grpo.train_retried,
         on_outcome=lambda _o: progress.advance(task_id), cluster=config.cluster,
-        engine_factory=node_engines(config, engines))
+        engine_factory=node_engines(config, engines), rows=row_settings(config))
     log = StepLog(run_dir / METRICS_FILE, rollouts, progress.console, on_step)
     with rollouts, progress:
-        trainer = GRPOTrainer(
+        trainer = guarded_trainer(GRPOTrainer)(
             model=model, reward_funcs=[harness_reward], args=grpo_config(config, run_dir),
             train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}),
             processing_class=tokenizer, rollout_func=rollouts,
@@ -259,6 +290,7 @@ def grpo_config(config: TrainConfig, run_dir: Path) -> GRPOConfig:
         output_dir=str(run_dir / "trainer"), max_steps=g.steps,
         per_device_train_batch_size=g.tasks_per_step * g.num_generations,
         num_generations=g.num_generations, learning_rate=g.learning_rate, beta=g.beta,
+        scale_rewards=g.scale_rewards,
         temperature=config.engine.temperature,
         seed=g.seed, use_cpu=not torch.cuda.is_available(),
         bf16=trainer_dtype(config) == "bfloat16",

@@ -50,16 +50,39 @@ def sample(chain: Chain, kind: CallKind = "main") -> Sample:
         break_reason=None if reason == "first" else reason, kind=kind)
 
 
+def turn_spans(chain: Chain) -> dict[int, tuple[int, int]]:
+    """Where each turn's sampled ids lie in the chain's sample's `completion_ids`:
+    turn index -> (start, end)."""
+    spans: dict[int, tuple[int, int]] = {}
+    at = 0
+    for turn, after in zip(chain.turns, (*chain.turns[1:], None), strict=True):
+        n = len(tokens(turn).completion_ids or ())
+        spans[turn.index] = (at, at + n)
+        at += n
+        if after is not None:
+            at += len(tokens(after).prompt_ids or ()) - length(turn)
+    return spans
+
+
+
 def samples_for_rollout(turns: Sequence[Turn], kinds: Collection[CallKind] | None = None,
                         harness: str | None = None, *, keep_retried: bool = False
                         ) -> list[Sample]:
     """The rollout's chains as samples, each with its call kind; `kinds`: only chains of
     these kinds (None: all). Kinds beyond `main` need the turns' requests (read with
     bodies) and the `harness` for its hints. `keep_retried`: `grpo.train_retried`."""
+    return [sample(c, kind) for c, kind in kinded_chains(turns, kinds, harness,
+                                                        keep_retried=keep_retried)]
+
+
+def kinded_chains(turns: Sequence[Turn], kinds: Collection[CallKind] | None = None,
+                  harness: str | None = None, *, keep_retried: bool = False
+                  ) -> list[tuple[Chain, CallKind]]:
+    """The rollout's chains of one of `kinds` (None: all), each with its call kind."""
     found = link(turns, keep_retried=keep_retried).chains
     labels = label(found, harness)
-    rows = [sample(c, chain_kind(c, labels)) for c in found]
-    return [s for s in rows if kinds is None or s.kind in kinds]
+    pairs: list[tuple[Chain, CallKind]] = [(c, chain_kind(c, labels)) for c in found]
+    return [(c, k) for c, k in pairs if kinds is None or k in kinds]
 
 
 def iter_samples(store: TraceReader) -> Iterator[Sample]:

@@ -5,8 +5,8 @@ overlap is a loss: vLLM, the harness processes and the trainer split the cores, 
 crawls, and the sampler samples far more than is ever trained. Colocated, a run takes
 turns instead:
 
-- **sampling**: rollouts run; the worker plans a new GRPO group only while the rows queued
-  and expected from the rollouts under way fall short of what the next step needs
+- **sampling**: rollouts run; the worker plans a new GRPO group only while the groups
+  queued and expected from the rollouts under way fall short of what the next step needs
   (`Schedule.wants_rollouts`), so it samples what the next step trains and little more;
 - **training step N** (forward, backward, optimizer): every proxy's gate is closed, so a
   harness's new model call waits there (it is held, not failed: the harness process sleeps
@@ -112,7 +112,7 @@ class Schedule:
     worker asks `wants_rollouts` before it plans a group."""
 
     colocated: bool
-    step_rows: int  # rows one optimizer step trains (the sampler's target per step)
+    step_groups: int  # whole groups one optimizer step trains (the sampler's target)
     steps: int  # optimizer steps this process will take
     gates: list[Gate] = field(default_factory=list)
     sleeper: Sleeper | None = None
@@ -131,19 +131,20 @@ class Schedule:
         self._since = self.clock()
 
     # ---------------------------------------------------------------- the sampler's side
-    def wants_rollouts(self, rows_queued: int, rollouts_unscored: int,
-                       rows_per_rollout: float) -> bool:
+    def wants_rollouts(self, groups_queued: int, rollouts_unscored: int,
+                       groups_per_rollout: float) -> bool:
         """May the worker plan another group? Always when not colocated. Colocated: not
-        during a step, not after the last step began, and only while the rows queued so
-        far and those expected from the rollouts not yet scored (`rows_per_rollout` each,
-        the run's mean so far) fall short of the steps begun and the next."""
+        during a step, not after the last step began, and only while the groups queued so
+        far and those expected from the rollouts not yet scored (`groups_per_rollout`
+        each: 1 / the group size) fall short of the steps begun and the next. A group
+        dropped unqueued (no reward spread) leaves room for another."""
         if not self.colocated:
             return True
         with self._lock:
             if self.phase != "sampling" or self.steps_begun >= self.steps:
                 return False
-            wanted = (self.steps_begun + 1) * self.step_rows
-        return rows_queued + rollouts_unscored * rows_per_rollout < wanted
+            wanted = (self.steps_begun + 1) * self.step_groups
+        return groups_queued + rollouts_unscored * groups_per_rollout < wanted
 
     def steps_left(self) -> bool:
         """Sampling, with a step still to begin."""
@@ -253,7 +254,7 @@ def scheduled(cls: type, schedule: Schedule) -> type:
 
 
 def for_run(settings: ScheduleSettings, *, engine_roots: Sequence[str], clustered: bool,
-            served: Sequence[str], step_rows: int, steps: int,
+            served: Sequence[str], step_groups: int, steps: int,
             on_phase: Callable[[str], None] | None = None) -> Schedule:
     """The run's schedule from `[schedule]`: `engine_roots` the servers the config names
     (empty: started here), `served` every server's root (for sleep mode)."""
@@ -266,7 +267,7 @@ def for_run(settings: ScheduleSettings, *, engine_roots: Sequence[str], clustere
                else None)
     threads = None if torch.cuda.is_available() else trainer_threads(
         settings, colocated, not engine_roots, cores())
-    return Schedule(colocated=colocated, step_rows=step_rows, steps=steps, sleeper=sleeper,
+    return Schedule(colocated=colocated, step_groups=step_groups, steps=steps, sleeper=sleeper,
                     threads=threads, drain_timeout=settings.drain_timeout, on_phase=on_phase)
 
 

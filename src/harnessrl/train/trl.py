@@ -60,6 +60,7 @@ from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.runner import Planned, RolloutSettings, RunConfig, Runner
 from harnessrl.rollout.serving import serving
 from harnessrl.rollout.tasks import Task
+from harnessrl.train.grpo import RowSettings, flagged_turns, masked_chain
 from harnessrl.train.samples import sample
 from harnessrl.train.weights import Gate, Versioned, VLLMWeightSync, version_name
 from harnessrl.types import Outcome, Sample, Sampling, Turn
@@ -105,15 +106,21 @@ def main_chain(chains: Sequence[Chain]) -> Chain | None:
     return max(chains, key=key, default=None)
 
 
-def record_for(outcome: Outcome, turns: Sequence[Turn], *, keep_retried: bool = False
+def record_for(outcome: Outcome, turns: Sequence[Turn],
+               rows: RowSettings | None = None, *, keep_retried: bool = False
                ) -> RolloutRecord:
-    """The rollout's main chain as a sample; none for an infrastructure failure, whose
+    """The rollout's main chain as a sample, its rejected and truncated replies masked
+    per `rows` (none: trained like the rest); none for an infrastructure failure, whose
     turns (if any) belong to an attempt that has no reward."""
     stats = rollout_stats(turns) if turns else ChainStats(rollouts=1)
     if outcome.status != "done" or not turns:
         return RolloutRecord(outcome, None, stats)
     chain = main_chain(link(turns, keep_retried=keep_retried).chains)
-    return RolloutRecord(outcome, None if chain is None else sample(chain), stats)
+    if chain is None:
+        return RolloutRecord(outcome, None, stats)
+    if rows is None:
+        return RolloutRecord(outcome, sample(chain), stats)
+    return RolloutRecord(outcome, masked_chain(chain, flagged_turns(turns), rows), stats)
 
 
 def columns(records: Sequence[RolloutRecord], pad_token_id: int) -> dict[str, list[Any]]:
@@ -193,6 +200,8 @@ class HarnessRollouts:
     proxy_port: int | None = None  # None: any free port (`url` says which)
     # which harness the next `plan` call starts with (it moves one on per call)
     rotation: int = 0
+    # how the sync trainer masks rejected and truncated replies (None: it does not)
+    rows: RowSettings | None = None
 
     def __post_init__(self) -> None:
         if not self.harnesses:
@@ -338,8 +347,8 @@ class HarnessRollouts:
         if self._runner is None:
             raise RuntimeError("use HarnessRollouts as a context manager (with ...:)")
         outcomes = asyncio.run(self.run_planned(planned))
-        return [record_for(o, self.seen_turns(o.rollout), keep_retried=self.train_retried)
-                for o in outcomes]
+        return [record_for(o, self.seen_turns(o.rollout), self.rows,
+                           keep_retried=self.train_retried) for o in outcomes]
 
     async def run_planned(self, planned: Sequence[Planned]) -> list[Outcome]:
         """Run `planned` on the caller's event loop; outcomes in order, each stored."""

@@ -19,6 +19,7 @@ from starlette.responses import FileResponse, JSONResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from harnessrl.ui import steps as step_curves
 from harnessrl.ui import tokens as token_page
 from harnessrl.ui import views
 from harnessrl.ui.queries import Filters, RunReader, discover
@@ -133,6 +134,11 @@ def tokens(request: Request) -> JSONResponse:
     return JSONResponse(view)
 
 
+def steps(request: Request) -> JSONResponse:
+    """The run's per-step curves (metrics.jsonl; none for a run that trained nothing)."""
+    return JSONResponse(step_curves.series(_reader(request).run_dir))
+
+
 def atlas(request: Request) -> JSONResponse:
     return JSONResponse({"rows": _reader(request).atlas()})
 
@@ -150,6 +156,7 @@ def build_app(root: Path, tokenizer: str | None = None) -> Starlette:
         Route("/api/turns", turns),
         Route("/api/turn", turn),
         Route("/api/tokens", tokens),
+        Route("/api/steps", steps),
         Route("/api/atlas", atlas),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ])

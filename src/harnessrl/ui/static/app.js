@@ -148,12 +148,72 @@ function nodeTable(nodes) {
       "reruns after a lost node"].map((c) => h("th", {}, c))), ...rows)];
 }
 
+// ------------------------------------------------------------------ per-step curves
+const COLOURS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2"];
+
+// One small line chart: `series` of {name, points: [[step, value], ...]}; `bands` of
+// {name, points: [[step, value, low, high], ...]} draw their interval as a shaded area.
+function lineChart(name, series, bands = []) {
+  const W = 300, H = 120, L = 38, B = 16, T = 6;
+  const all = [...series.flatMap((s) => s.points),
+    ...bands.flatMap((b) => b.points.flatMap((p) => [[p[0], p[1]], [p[0], p[2] ?? p[1]], [p[0], p[3] ?? p[1]]]))];
+  const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
+  const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1);
+  let y0 = Math.min(...ys, 0), y1 = Math.max(...ys);
+  if (y1 <= y0) y1 = y0 + 1;
+  const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - 4);
+  const Y = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
+  const kids = [
+    svg("line", { x1: L, y1: H - B, x2: W - 4, y2: H - B, class: "axis" }),
+    svg("line", { x1: L, y1: T, x2: L, y2: H - B, class: "axis" }),
+    svg("text", { x: L - 3, y: T + 8, "text-anchor": "end" }, Number(y1.toPrecision(3))),
+    svg("text", { x: L - 3, y: H - B, "text-anchor": "end" }, Number(y0.toPrecision(3))),
+    svg("text", { x: L, y: H - 3 }, `step ${x0}`),
+    svg("text", { x: W - 4, y: H - 3, "text-anchor": "end" }, `${x1}`)];
+  const legend = [];
+  const draw = (s, i, band) => {
+    const colour = COLOURS[i % COLOURS.length];
+    if (band) {
+      const upper = s.points.map((p) => `${X(p[0])},${Y(p[3] ?? p[1])}`);
+      const lower = s.points.slice().reverse().map((p) => `${X(p[0])},${Y(p[2] ?? p[1])}`);
+      kids.push(svg("polygon", { points: [...upper, ...lower].join(" "), fill: colour,
+        "fill-opacity": 0.15, class: "band", "data-series": s.name }));
+    }
+    kids.push(svg("polyline", { points: s.points.map((p) => `${X(p[0])},${Y(p[1])}`).join(" "),
+      fill: "none", stroke: colour, "stroke-width": 1.5, class: "series", "data-series": s.name,
+      "data-points": s.points.map((p) => `${p[0]}:${p[1]}`).join(",") }));
+    for (const p of s.points) {
+      kids.push(svg("circle", { cx: X(p[0]), cy: Y(p[1]), r: 2, fill: colour },
+        svg("title", {}, `${s.name} · step ${p[0]}: ${Number(p[1].toPrecision(4))}` +
+          (band && p[2] !== null ? ` (${p[2].toFixed(2)}–${p[3].toFixed(2)})` : ""))));
+    }
+    legend.push(h("span", { class: "legend", style: `color:${colour}` }, s.name));
+  };
+  series.forEach((s, i) => draw(s, i, false));
+  bands.forEach((b, i) => draw(b, series.length + i, true));
+  return h("figure", { class: "chart", "data-chart": name },
+    h("figcaption", {}, name, " ", ...legend),
+    svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}` }, ...kids));
+}
+
+function stepCharts(data) {
+  if (!data || (!data.steps && !data.eval.length)) return [];
+  const charts = data.charts.map((c) => lineChart(c.name, c.series));
+  if (data.eval.length) {
+    charts.splice(1, 0, lineChart("eval pass@1 (95% interval)", [],
+      data.eval.map((e) => ({ name: e.harness, points: e.points }))));
+  }
+  return [h("h3", {}, `per step (${data.steps} steps)`), h("div", { class: "charts" }, ...charts)];
+}
+
 async function viewRuns() {
   crumbs(["runs"]);
   const body = h("div", {});
   const load = async () => {
     const data = await api("runs");
-    body.replaceChildren(...(data.runs.length ? data.runs.map(runCard)
+    const curves = await Promise.all(data.runs.map((r) => api("steps", { run: r.id })));
+    body.replaceChildren(...(data.runs.length
+      ? data.runs.map((r, i) => { const card = runCard(r); card.append(...stepCharts(curves[i])); return card; })
       : [h("p", { class: "muted" }, `no trace store (trace.db) under ${data.root} yet`)]));
   };
   await load();
