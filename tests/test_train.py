@@ -475,7 +475,9 @@ def test_harnessrl_train_runs_steps_and_writes_metrics(vllm_tiny, tiny_model, tm
 
     tasks = tmp_path / "tasks.jsonl"
     # The random model never finishes; a deadline ends each rollout (timed out), long
-    # enough for mini-swe-agent to start and see replies on a busy machine.
+    # enough for mini-swe-agent to start and see replies on a busy machine. Its replies
+    # are cut by max_tokens and its rewards are all alike, so the config trains truncated
+    # and rejected turns and keeps uniform groups: otherwise no group could train.
     tasks.write_text(json.dumps({"id": "hello", "instruction": "Create hello.txt",
                                  "verify": ["test -f hello.txt"], "timeout": 45}))
     config = tmp_path / "train.yaml"
@@ -485,7 +487,8 @@ model: {{path: "{tiny_model}"}}
 engine: {{url: "{vllm_tiny.url}/v1", max_tokens: 32, mode: {mode}}}
 rollout: {{harnesses: [mini-swe-agent], tasks: "{tasks}"}}
 grpo: {{trainer: {trainer}, steps: 2, num_generations: 2, tasks_per_step: 1,
-        learning_rate: 1.0e-3, report_to: [tensorboard]}}
+        learning_rate: 1.0e-3, report_to: [tensorboard],
+        truncated_turns: train, rejected_turns: train, drop_uniform_groups: false}}
 """)
     assert main(["train", "--config", str(config)]) == 0
     # Progress lines between the step lines
