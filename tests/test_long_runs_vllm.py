@@ -46,11 +46,12 @@ retries = 0
 hide_host = false
 concurrency = 2
 [grpo]
-# replies cut at max_tokens and coin-flip rewards: every reply trained, every group kept
-# (the defaults that mask truncated replies and drop uniform groups: tests/test_grpo.py)
+# replies cut at max_tokens: every reply trained (the default masks truncated replies:
+# tests/test_grpo.py). Rewards are coin flips: a group that came out uniform is dropped
+# and replaced (the default), so every step has a gradient and a checkpoint holds an
+# optimizer state (kept, such a group is a step the optimizer does not take).
 truncated_turns = "train"
 rejected_turns = "train"
-drop_uniform_groups = false
 trainer = "async"
 steps = 4
 num_generations = 2
