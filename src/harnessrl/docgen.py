@@ -494,9 +494,9 @@ def layout_page() -> str:
     out = [GENERATED, "# Source layout", "",
            "Every module under `src/harnessrl/`, with the first sentence of its docstring "
            "(generated: a new module shows up here by itself). Layers import only downward: "
-           "proxy <- harnesses <- rollout <- train <- ui / cli (`tests/test_layers.py` walks "
-           "every import and fails on one running back up). The [design](../design.md) says "
-           "why the parts are cut this way.", ""]
+           "store / http <- proxy <- harnesses <- rollout <- train <- ui / cli "
+           "(`tests/test_layers.py` walks every import and fails on one running back up). "
+           "The [design](../design.md) says why the parts are cut this way.", ""]
     for folder, rows in module_rows(Path(harnessrl.__file__).parent):
         out += [f"## `{folder}/`", "", table(["module", "what it is"], rows), ""]
     out += ["Beside it: `tests/` (the suite; `helpers.py`, `dialects.py`, recorded requests "
