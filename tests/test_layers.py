@@ -24,7 +24,7 @@ FLOORS = {
     "harnesses": 3,
     "rollout": 4,
     "train": 5, "openenv": 5,
-    "ui": 6, "reports": 6, "demo": 6, "cli": 6, "docgen": 6, "__main__": 6,
+    "ui": 6, "reports": 6, "demo": 6, "cli": 6, "__main__": 6,
 }
 
 
