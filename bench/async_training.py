@@ -36,7 +36,7 @@ from pathlib import Path
 import msgspec
 from rich.console import Console
 
-from harnessrl.proxy.store import TraceReader
+from harnessrl.store.reader import TraceReader
 from harnessrl.train.async_grpo import captured_tokens, main_chain_tokens, rows_of
 from harnessrl.train.config import TrainConfig
 from harnessrl.train.loop import resolve_model, train

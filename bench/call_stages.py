@@ -83,7 +83,7 @@ def stages(dialect_name: str, repeats: int) -> dict[str, float]:
     from harnessrl.proxy.boundary import decode_json
     from harnessrl.proxy.engines.vllm import VLLMEngine, _events_from_completion
     from harnessrl.proxy.history import check_arguments, check_tool_results, restore_arguments
-    from harnessrl.proxy.rows import turn_row
+    from harnessrl.store.rows import turn_row
     from harnessrl.types import Timings, Turn
 
     c = _call(dialect_name)
@@ -134,7 +134,7 @@ async def _commit_us(turn: Any, repeats: int) -> float:
     thread's commit, each awaited before the next (as at c=1)."""
     import msgspec
 
-    from harnessrl.proxy.store import TraceStore
+    from harnessrl.store.writer import TraceStore
     from harnessrl.types import Rollout
 
     with tempfile.TemporaryDirectory() as tmp:

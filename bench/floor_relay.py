@@ -29,7 +29,7 @@ import httptools
 import uvicorn
 import uvloop
 
-from harnessrl.proxy.engines.http1 import Client, Response
+from harnessrl.http.client import Client, Response
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]

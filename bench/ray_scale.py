@@ -91,10 +91,10 @@ def overhead_ray(rollouts: int, root: Path) -> list[float]:
     import ray
     from rollout_overhead import INSTANT
 
-    from harnessrl.proxy.store import TraceStore
     from harnessrl.rollout.cluster import ClusterRunner, ClusterSettings
     from harnessrl.rollout.runner import RolloutSettings, RunConfig
     from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.store.writer import TraceStore
 
     if not ray.is_initialized():  # the nodes' workers import this file's helpers from bench/
         ray.init(log_to_driver=False, include_dashboard=False, _node_ip_address="127.0.0.1",

@@ -34,7 +34,7 @@ from pathlib import Path
 import msgspec
 from table import Row, figure_table
 
-from harnessrl.proxy.store import TraceStore
+from harnessrl.store.writer import TraceStore
 from harnessrl.train.samples import iter_samples
 from harnessrl.types import (
     ChatRequest,

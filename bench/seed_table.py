@@ -204,8 +204,8 @@ def figures(run_dir: Path, samples: int = 1) -> dict[str, Any]:
     `task#sample` (several; seed_stats.per_task pools them), with the calls the harness
     ran (`tool_calls`, from `tool_call_source`) and the turns it answered and could not
     parse beside."""
-    from harnessrl.proxy.store import TraceReader
     from harnessrl.rollout.evaluate import evaluate
+    from harnessrl.store.reader import TraceReader
 
     with TraceReader(run_dir) as store:
         outcomes = store.outcomes()

@@ -28,7 +28,7 @@ LISTING = re.compile(r"^[\w./-]+\.\w+\s*\n```[^\n]*\n", re.MULTILINE)
 def prompts(run_dir: Path, per_harness: int) -> list[dict[str, Any]]:
     """The first turn of each rollout (sorted by task): its harness, task, prompt ids,
     the tools the request offered."""
-    from harnessrl.proxy.store import TraceReader
+    from harnessrl.store.reader import TraceReader
 
     found = []
     with TraceReader(run_dir) as store:

@@ -2,7 +2,7 @@
 """The trace store's size and commit cost: schema v4's layout (every turn whole), v5's
 previous layout (a prompt stored against an earlier turn only when it extends it exactly)
 and v5's current one (against the recent turn sharing the longest prefix,
-proxy/layout.py), in one run.
+store/layout.py), in one run.
 
 The three are written by the same `TraceStore` into the same schema: v4 through a
 subclass that packs each turn as v4 did (`rows.turn_row`, layout NULL), which is exactly
@@ -48,10 +48,11 @@ from typing import Any
 import msgspec
 from table import Row, figure_table, verdict
 
-from harnessrl.proxy import layout
-from harnessrl.proxy.layout import Prepared, Staged
-from harnessrl.proxy.rows import INSERT_TURN, turn_row
-from harnessrl.proxy.store import TraceReader, TraceStore
+from harnessrl.store import layout
+from harnessrl.store.layout import Prepared, Staged
+from harnessrl.store.reader import TraceReader
+from harnessrl.store.rows import INSERT_TURN, turn_row
+from harnessrl.store.writer import TraceStore
 from harnessrl.train.samples import iter_samples
 from harnessrl.types import (
     ChatRequest,

@@ -101,7 +101,7 @@ class _Answer:
 
     def __init__(self, reads: list[bytes]) -> None:
         self.content = _Content(reads)  # how an aiohttp answer reads (baselines before 048132d)
-        self.readany = self.content.readany  # how an http1.Response does
+        self.readany = self.content.readany  # how an http.client.Response (ours) does
 
     async def read(self) -> bytes:
         return await self.content.read()

@@ -68,8 +68,8 @@ def serve_main(workers: int, pool: Path, run_dir: Path, port: int) -> int:
     """The server under measurement, in its own process: one worker exactly as `harnessrl
     serve --workers 1` runs it, or N as `--workers N` does (proxy/workers.py)."""
     from harnessrl.proxy.serve import build, run, serve
-    from harnessrl.proxy.store import TraceReader
     from harnessrl.proxy.workers import Plan, supervise
+    from harnessrl.store.reader import TraceReader
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if workers == 1:

@@ -1,8 +1,9 @@
 """mkdocs hooks (mkdocs.yml `hooks:`): the generated reference pages, every page reachable,
 and `llms.txt`.
 
-- The reference pages (`harnessrl.docgen.PAGES`) are made from the code at build time;
-  nothing generated is committed, so they cannot drift from it.
+- The reference pages (`docgen.PAGES`, scripts/docgen.py beside this file: docs tooling,
+  not part of the runtime package) are made from the code at build time; nothing
+  generated is committed, so they cannot drift from it.
 - `<!-- generated: NAME -->` in a written page is replaced by `docgen.SNIPPETS[NAME]`.
 - A page under docs/ that the nav does not list is added under "More", so a page someone
   adds is always reachable.
@@ -15,10 +16,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+import docgen  # scripts/docgen.py: mkdocs puts a hook's own folder on sys.path
 from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
-
-from harnessrl import docgen
 
 _MARKER = re.compile(r"<!-- generated: ([\w-]+) -->")
 _SNIPPET = re.compile(r'^--8<-- "([^"]+)"$', re.MULTILINE)

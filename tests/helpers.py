@@ -107,7 +107,7 @@ def make_proxy(engine, run_dir: Path, **config):
     from harnessrl.proxy.app import Proxy
     from harnessrl.proxy.config import ProxyConfig
     from harnessrl.proxy.sessions import Sessions
-    from harnessrl.proxy.store import TraceStore
+    from harnessrl.store.writer import TraceStore
 
     sessions_options = {k: config.pop(k) for k in ("sampling", "unset_sampling") if k in config}
     sessions = Sessions(TraceStore(run_dir), **sessions_options)

@@ -240,10 +240,10 @@ def ray_cluster():
 def test_a_cluster_no_node_of_which_reaches_an_engine_is_refused(ray_cluster, tmp_path):
     from harnessrl.proxy.engines.build import EngineSpec
     from harnessrl.proxy.engines.vllm_server import free_port
-    from harnessrl.proxy.store import TraceStore
     from harnessrl.rollout.cluster import ClusterRunner, ClusterSettings
     from harnessrl.rollout.cluster_run import engines_from
     from harnessrl.rollout.runner import RunConfig
+    from harnessrl.store.writer import TraceStore
 
     nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     factory = functools.partial(engines_from, [EngineSpec(kind="chat", url=nowhere)])
@@ -279,7 +279,7 @@ class _Swaps:
 
 def _node_of(run_dir: Path, key: str) -> str | None:
     """The node that ran rollout `key`, from the run's store (read from another thread)."""
-    from harnessrl.proxy.store import TraceReader
+    from harnessrl.store.reader import TraceReader
 
     with TraceReader(run_dir) as store:
         record = store.rollout(key)
@@ -288,10 +288,10 @@ def _node_of(run_dir: Path, key: str) -> str | None:
 
 def test_async_grpo_on_a_ray_cluster_with_two_vllm_servers(ray_cluster, two_vllm, tiny_model,
                                                            tmp_path):
-    from harnessrl.proxy.store import TraceReader
     from harnessrl.rollout.cluster import ClusterSettings
     from harnessrl.rollout.cluster_run import engines_from
     from harnessrl.rollout.runner import RolloutSettings
+    from harnessrl.store.reader import TraceReader
     from harnessrl.train.async_grpo import HarnessRolloutWorker
     from harnessrl.train.async_weights import FileWeightTransfer, version_number
     from harnessrl.train.trl import HarnessRollouts, on_policy_sampling

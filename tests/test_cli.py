@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from harnessrl.cli import main
-from harnessrl.proxy.store import TraceStore
+from harnessrl.store.writer import TraceStore
 from harnessrl.types import Rollout
 from tests.helpers import make_turn
 

@@ -321,9 +321,9 @@ def test_real_harness_through_the_proxy_from_inside_a_container(name: str,
     from rich.console import Console
 
     from harnessrl.harnesses import get
-    from harnessrl.proxy.store import TraceReader
     from harnessrl.rollout.run import execute, oracle_engine
     from harnessrl.rollout.runner import RolloutSettings, RunConfig
+    from harnessrl.store.reader import TraceReader
 
     harness = get(name)
     harness.install(TOOLS, log=lambda _line: None)

@@ -14,10 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import docgen  # scripts/docgen.py (pytest's pythonpath, pyproject.toml)
+import mkdocs_hooks  # scripts/mkdocs_hooks.py
 import msgspec
 import pytest
 
-from harnessrl import docgen
 from harnessrl.harnesses import MODULES
 from harnessrl.train.config import TrainConfig
 
@@ -179,11 +180,6 @@ def test_layout_reference_names_every_module(site: Path):
 
 
 def test_a_page_left_out_of_the_nav_is_added(tmp_path: Path):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        import mkdocs_hooks  # pyright: ignore[reportMissingImports]
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
     (tmp_path / "a.md").write_text("# A\n")
     (tmp_path / "new").mkdir()
     (tmp_path / "new" / "store.md").write_text("text\n\n# The store\n")

@@ -1,4 +1,4 @@
-"""The project's one HTTP client for control calls (`proxy/engines/http_call.py`) and the
+"""The project's one HTTP client for control calls (`http/call.py`) and the
 blocking callers moved onto it from the standard library's urllib (the weight sync, the
 remote weight gate, vLLM's start-up wait, a Ray node's reach check), against Python's own
 http.server on loopback (HTTP/1.0 answers, bodies ended by closing the connection)."""
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.proxy.engines.http1 import TransportError
-from harnessrl.proxy.engines.http_call import call, fetch, refused
+from harnessrl.http.call import call, fetch, refused
+from harnessrl.http.client import TransportError
 from harnessrl.proxy.engines.vllm_server import VLLMServer, free_port
 from harnessrl.rollout.cluster_node import _unreachable
 from harnessrl.train.async_weights import RemoteGate

@@ -177,8 +177,8 @@ def test_hints_name_known_harnesses_and_kinds() -> None:
 def test_the_atlas_and_the_report_command(served, tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "250")  # rich would fold the cells on a narrow terminal
     from harnessrl.cli import main
-    from harnessrl.proxy.store import TraceReader
     from harnessrl.rollout.atlas import atlas
+    from harnessrl.store.reader import TraceReader
 
     run = tmp_path / "run"
     with ServedProxy(make_proxy(served.proxy.engine, run)).running() as own:

@@ -1,4 +1,5 @@
-"""The layering rule, by import inspection: proxy <- harnesses <- rollout <- train <- ui/cli.
+"""The layering rule, by import inspection: store, http <- proxy <- harnesses <- rollout <-
+train <- ui/cli.
 
 Every `import` in src/ (at module level, in functions and under TYPE_CHECKING alike) may
 name only its own layer or one below it."""
@@ -18,11 +19,12 @@ SRC = Path(harnessrl.__file__).resolve().parent
 # new folder has to be placed on a floor deliberately.
 FLOORS = {
     "types": 0, "errors": 0, "models": 0, "settings": 0,
-    "proxy": 1,
-    "harnesses": 2,
-    "rollout": 3,
-    "train": 4, "openenv": 4,
-    "ui": 5, "reports": 5, "demo": 5, "cli": 5, "docgen": 5, "__main__": 5,
+    "store": 1, "http": 1,  # the libraries under the capture service
+    "proxy": 2,
+    "harnesses": 3,
+    "rollout": 4,
+    "train": 5, "openenv": 5,
+    "ui": 6, "reports": 6, "demo": 6, "cli": 6, "__main__": 6,
 }
 
 
@@ -84,9 +86,28 @@ def test_the_inspection_sees_an_upward_import(tmp_path: Path):
     assert FLOORS[_part(name)] > FLOORS[_part("harnessrl.proxy.bad")]
 
 
+@pytest.mark.parametrize(("module", "source", "imported"), [
+    ("harnessrl.store.bad", "from harnessrl.proxy.sessions import S", "harnessrl.proxy.sessions"),
+    ("harnessrl.store.bad", "from ..proxy import app", "harnessrl.proxy"),
+    ("harnessrl.http.bad", "import harnessrl.proxy.engines.vllm", "harnessrl.proxy.engines.vllm"),
+    ("harnessrl.http.bad", "from harnessrl.rollout import runner", "harnessrl.rollout"),
+])
+def test_the_bottom_layer_may_not_import_the_proxy(tmp_path: Path, module: str, source: str,
+                                                   imported: str):
+    """store/ and http/ sit under the proxy: one of their modules importing the proxy (or
+    anything above it) is an upward import."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(source + "\n")
+    [(line, name)] = _imports(bad, module)
+    assert (line, name) == (1, imported)
+    assert FLOORS[_part(name)] > FLOORS[_part(module)]
+    assert FLOORS[_part("harnessrl.types")] < FLOORS[_part(module)]  # types.py is below them
+
+
 @pytest.mark.parametrize(("module", "relative", "expected"), [
-    ("harnessrl.proxy.app", "from .store import TraceStore", "harnessrl.proxy.store"),
-    ("harnessrl.proxy.engines.vllm", "from ..store import X", "harnessrl.proxy.store"),
+    ("harnessrl.proxy.app", "from .sessions import Sessions", "harnessrl.proxy.sessions"),
+    ("harnessrl.proxy.engines.vllm", "from ..relay import X", "harnessrl.proxy.relay"),
+    ("harnessrl.store.writer", "from .reader import TraceReader", "harnessrl.store.reader"),
 ])
 def test_relative_imports_resolve(tmp_path: Path, module: str, relative: str, expected: str):
     source = tmp_path / "m.py"

@@ -183,7 +183,8 @@ def test_task_order_is_seeded_per_epoch_and_a_pure_function_of_the_cursor():
 
 # ------------------------------------------------------------------ the resume's store work
 def test_interrupted_rollouts_are_marked_once_and_never_planned_again(tmp_path):
-    from harnessrl.proxy.store import TraceReader, TraceStore
+    from harnessrl.store.reader import TraceReader
+    from harnessrl.store.writer import TraceStore
     from harnessrl.train.resume import interrupted, mark_interrupted, newest_version
     from tests.helpers import make_turn
 

@@ -156,7 +156,7 @@ def _tensorboard(root: Path) -> dict[str, list[int]]:
 @pytest.mark.slow
 def test_kill_after_step_two_then_resume_finishes_with_eval_and_a_servable_model(
         vllm_tiny, tiny_model, tmp_path, monkeypatch):
-    from harnessrl.proxy.store import TraceReader
+    from harnessrl.store.reader import TraceReader
     from harnessrl.train import async_grpo
     from harnessrl.train.config import load_config
     from harnessrl.train.loop import train
@@ -253,7 +253,7 @@ def _has_matplotlib() -> bool:
 
 def _serve_and_eval(model: Path, tmp_path: Path) -> None:
     from harnessrl.cli import main
-    from harnessrl.proxy.store import TraceReader
+    from harnessrl.store.reader import TraceReader
 
     out = tmp_path / "served"
     code = main(["eval", "--model", str(model), "--engine-mode", "chat", "--harness", "agent-chat",

@@ -198,7 +198,7 @@ def caller(tmp_path: Path, monkeypatch) -> Path:
 @pytest.mark.parametrize("command", ["run", "eval"])
 def test_run_and_eval_start_vllm_on_the_built_in_model(command, caller, tiny_name, tmp_path):
     from harnessrl.cli import main
-    from harnessrl.proxy.store import TraceReader
+    from harnessrl.store.reader import TraceReader
 
     run_dir = tmp_path / "run"
     assert main([command, "--harness", "caller", "--tasks", str(caller), "--model", "tiny",

@@ -210,8 +210,8 @@ def test_rollout_options_may_be_coded(served) -> None:
 def test_a_relayed_call_keeps_its_coding(tmp_path: Path, tiny_model: Path) -> None:
     """`serve --workers 2`: a coded call for a rollout the other worker owns is relayed
     as received; the owner decodes it and stores the bytes the client sent."""
-    from harnessrl.proxy.store import TraceReader
     from harnessrl.proxy.workers import owner
+    from harnessrl.store.reader import TraceReader
     from tests.helpers import serve_workers_cli
 
     run_dir, script = tmp_path / "run", tmp_path / "script.json"

@@ -204,7 +204,7 @@ def test_the_viewer_shows_the_retry_count_and_the_coding() -> None:
 def test_the_store_keeps_the_retry_fields(tmp_path: Path) -> None:
     import asyncio
 
-    from harnessrl.proxy.store import TraceStore
+    from harnessrl.store.writer import TraceStore
     from harnessrl.types import Rollout
 
     turns = _retried_ok_pair()
@@ -217,7 +217,7 @@ def test_the_store_keeps_the_retry_fields(tmp_path: Path) -> None:
                 await store.add_turn(turn)
 
     asyncio.run(write())
-    from harnessrl.proxy.store import TraceReader
+    from harnessrl.store.reader import TraceReader
 
     with TraceReader(tmp_path) as reader:
         assert reader.turns("k") == turns

@@ -12,12 +12,12 @@ from rich.console import Console
 from harnessrl.errors import EngineUnavailable
 from harnessrl.harnesses import get
 from harnessrl.proxy.engines.scripted import ScriptedEngine
-from harnessrl.proxy.store import TraceReader
 from harnessrl.rollout.conformance import policy_tokenizer
 from harnessrl.rollout.rewards import Shaping, TraceStats
 from harnessrl.rollout.run import execute, oracle_policy
 from harnessrl.rollout.runner import RolloutSettings, RunConfig
 from harnessrl.rollout.tasks import Verdict, load_tasks
+from harnessrl.store.reader import TraceReader
 
 TOOLS = Path("~/.cache/harnessrl/tools").expanduser()
 

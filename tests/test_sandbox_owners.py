@@ -131,8 +131,8 @@ def _dead_entry(tmp_path: Path, namespace: str | None = None) -> tuple[owners.En
 
 
 def test_a_runner_start_sweeps_what_a_dead_owner_left(tmp_path, registry):
-    from harnessrl.proxy.store import TraceStore
     from harnessrl.rollout.runner import RunConfig, Runner
+    from harnessrl.store.writer import TraceStore
 
     entry, process = _dead_entry(tmp_path)
     assert entry.left_over() and owners.marked(entry.token) == [process.pid]
@@ -297,9 +297,9 @@ def test_after_sigkill_of_harnessrl_run_no_container_is_left(watcher, tmp_path, 
     (a lost node), the next runner start sweeps it."""
     if (problem := _docker_problem()) is not None:
         pytest.skip(f"docker sandbox: {problem}")
-    from harnessrl.proxy.store import TraceStore
     from harnessrl.rollout.docker import RUN_LABEL
     from harnessrl.rollout.runner import RunConfig, Runner
+    from harnessrl.store.writer import TraceStore
 
     run_dir = tmp_path / "run"
     label = f"{RUN_LABEL}={run_dir.resolve()}"

@@ -19,8 +19,8 @@ import pytest
 from harnessrl.proxy.app import Proxy
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
 from harnessrl.proxy.sessions import Sessions
-from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.chains import link, rollout_stats
+from harnessrl.store.writer import TraceStore
 from tests.dialects import IDS, WIRE, WireDialect
 from tests.helpers import ServedProxy
 

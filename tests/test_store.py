@@ -22,8 +22,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from harnessrl.proxy.engines.vllm_server import free_port
-from harnessrl.proxy.rows import pack, unpack
-from harnessrl.proxy.store import TraceReader, TraceStore, WriterLock
+from harnessrl.store.reader import TraceReader
+from harnessrl.store.rows import pack, unpack
+from harnessrl.store.writer import TraceStore, WriterLock
 from harnessrl.train.export import export
 from harnessrl.types import Rollout
 from tests.helpers import make_turn
@@ -401,7 +402,7 @@ def _version_2_store(run_dir: Path) -> None:
 
 
 def test_a_version_2_store_gets_the_new_columns_filled(tmp_path: Path) -> None:
-    from harnessrl.proxy.schema import SCHEMA_VERSION
+    from harnessrl.store.schema import SCHEMA_VERSION
     from harnessrl.ui.queries import Filters, RunReader
 
     _version_2_store(tmp_path)

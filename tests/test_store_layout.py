@@ -14,12 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harnessrl.proxy import layout as layout_module
-from harnessrl.proxy.delta import CorruptTurn, decode_body, encode_body, shared_prefix
-from harnessrl.proxy.layout import encode, prepare
-from harnessrl.proxy.rows import INSERT_TURN
-from harnessrl.proxy.schema import SCHEMA_VERSION
-from harnessrl.proxy.store import TraceReader, TraceStore
+from harnessrl.store import layout as layout_module
+from harnessrl.store.delta import CorruptTurn, decode_body, encode_body, shared_prefix
+from harnessrl.store.layout import encode, prepare
+from harnessrl.store.reader import TraceReader
+from harnessrl.store.rows import INSERT_TURN
+from harnessrl.store.schema import SCHEMA_VERSION
+from harnessrl.store.writer import TraceStore
 from harnessrl.types import (
     ChatRequest,
     Completion,
@@ -381,7 +382,7 @@ def test_a_row_encoded_before_its_commit_holds_only_against_the_same_turns(
 # ("Data corruption detected" on read) and could crash the process, so it runs apart.
 _THREADS = r"""
 import os, random, threading
-from harnessrl.proxy import delta
+from harnessrl.store import delta
 payloads = [os.urandom(2000) * 50 + os.urandom(3000) for _ in range(16)]
 blobs = [delta.seal(delta.WHOLE, (), p, compress=True) for p in payloads]
 errors = []

@@ -16,9 +16,9 @@ import pytest
 
 from harnessrl.proxy.app import Proxy
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
-from harnessrl.proxy.layout import Recent, _weight
 from harnessrl.proxy.sessions import Sessions
-from harnessrl.proxy.store import TraceStore
+from harnessrl.store.layout import Recent, _weight
+from harnessrl.store.writer import TraceStore
 from harnessrl.types import Outcome, Rollout, Turn
 from tests.helpers import ServedProxy
 from tests.test_store_layout import conversation

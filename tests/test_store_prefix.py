@@ -18,9 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harnessrl.errors import StoreCorrupt
-from harnessrl.proxy.delta import CorruptTurn
-from harnessrl.proxy.layout import CANDIDATES, MIN_KEPT
-from harnessrl.proxy.store import TraceReader, TraceStore
+from harnessrl.store.delta import CorruptTurn
+from harnessrl.store.layout import CANDIDATES, MIN_KEPT
+from harnessrl.store.reader import TraceReader
+from harnessrl.store.writer import TraceStore
 from harnessrl.types import ChatRequest, Completion, Message, Text, Timings, Tokens, Turn
 
 FIXTURE = Path(__file__).parent / "fixtures" / "store_v5_extend"

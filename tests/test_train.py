@@ -395,7 +395,7 @@ def test_sft_token_export_is_exact_and_sfttrainer_takes_it(setting, tmp_path, to
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from harnessrl.proxy.store import TraceReader
+    from harnessrl.store.reader import TraceReader
     from harnessrl.train.sft import export_sft
 
     run = _collect(setting, tmp_path)
@@ -505,7 +505,7 @@ grpo: {{trainer: {trainer}, steps: 2, num_generations: 2, tasks_per_step: 1,
         _check_async_lines(lines, logged)
     else:
         _check_sync_lines(lines)
-    from harnessrl.proxy.store import TraceReader
+    from harnessrl.store.reader import TraceReader
 
     with TraceReader(tmp_path / "run") as store:
         used = {t.used_sampling for t in store.iter_turns()}

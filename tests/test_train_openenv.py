@@ -138,7 +138,7 @@ def _free_port() -> int:
 def test_trl_harness_worker_takes_an_optimizer_step_through_harnessrl(
         overlay, vllm_tiny, tiny_model, tmp_path) -> None:
     from harnessrl.harnesses import get
-    from harnessrl.proxy.store import TraceReader
+    from harnessrl.store.reader import TraceReader
 
     get("mini-swe-agent").install(TOOLS, log=lambda _line: None)  # the runner's default
     tasks = tmp_path / "tasks.jsonl"

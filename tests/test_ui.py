@@ -17,7 +17,8 @@ import msgspec
 import pytest
 from starlette.testclient import TestClient
 
-from harnessrl.proxy.store import TraceReader, TraceStore
+from harnessrl.store.reader import TraceReader
+from harnessrl.store.writer import TraceStore
 from harnessrl.types import (
     ChatRequest,
     Completion,

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from starlette.testclient import TestClient
 
-from harnessrl.proxy.store import TraceStore
+from harnessrl.store.writer import TraceStore
 from harnessrl.types import Outcome, Rollout
 from harnessrl.ui.app import build_app
 from harnessrl.ui.queries import RunReader

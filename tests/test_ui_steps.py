@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.evaluate import HarnessEval
+from harnessrl.store.writer import TraceStore
 from harnessrl.train.async_loop import step_line
 from harnessrl.train.eval_during import EvalPass
 from harnessrl.ui.app import build_app

@@ -27,8 +27,8 @@ import psutil
 import pytest
 
 from harnessrl.proxy.engines.vllm_server import free_port
-from harnessrl.proxy.store import TraceReader
 from harnessrl.proxy.workers import owner
+from harnessrl.store.reader import TraceReader
 from harnessrl.types import Text
 
 REPLIES = ["alpha beta gamma", "delta epsilon", "zeta eta theta iota"]

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harnessrl.proxy.store import TraceReader
 from harnessrl.proxy.workers import owner
+from harnessrl.store.reader import TraceReader
 from tests.dialects import WIRE
 from tests.helpers import serve_workers_cli
 from tests.raw_engine import (

@@ -24,9 +24,9 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from harnessrl.proxy.store import TraceReader
 from harnessrl.rollout.rewards import Shaping, TraceStats
 from harnessrl.rollout.tasks import Verdict
+from harnessrl.store.reader import TraceReader
 from harnessrl.train.config import (
     EngineConfig,
     GRPOSettings,

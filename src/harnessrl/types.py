@@ -182,7 +182,7 @@ class Finished(msgspec.Struct, tag="finished", frozen=True):
 EngineEvent = Started | Chunk | Finished
 
 
-# The store packs token ids as 32-bit integers (proxy/store.py). Engines decode the ids a
+# The store packs token ids as 32-bit integers (store/rows.py). Engines decode the ids a
 # reply reports as `TokenId`, so an id outside that range fails its call as the engine's
 # error, with the reason, instead of failing the write and losing the call.
 MAX_TOKEN_ID = 2**31 - 1

@@ -20,10 +20,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from harnessrl.proxy.store import TraceReader
     from harnessrl.reports import render_atlas, render_report
     from harnessrl.rollout.atlas import atlas, atlas_dict
     from harnessrl.rollout.chains import report
+    from harnessrl.store.reader import TraceReader
 
     if not (args.run_dir / "trace.db").is_file():
         print(f"harnessrl: no trace store in {args.run_dir}", file=sys.stderr)

@@ -78,8 +78,8 @@ def _serve_workers(args: argparse.Namespace) -> int:
     import dataclasses
 
     from harnessrl.proxy.engines.build import server_for
-    from harnessrl.proxy.store import TraceReader
     from harnessrl.proxy.workers import Plan, supervise
+    from harnessrl.store.reader import TraceReader
 
     spec = engine_spec(args)
     server = server_for(spec) if spec.managed else None

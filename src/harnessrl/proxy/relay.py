@@ -31,6 +31,7 @@ from starlette.types import ASGIApp as App
 from starlette.types import Receive, Scope, Send
 
 from harnessrl.errors import HarnessRLError, TooLarge, WorkerUnavailable
+from harnessrl.http.client import Client, Response, TransportError
 from harnessrl.proxy.boundary import (
     RELAYED,
     TURN,
@@ -42,7 +43,6 @@ from harnessrl.proxy.boundary import (
 )
 from harnessrl.proxy.dialects import Endpoint, endpoints, openai_chat
 from harnessrl.proxy.dialects.base import Dialect
-from harnessrl.proxy.engines.http1 import Client, Response, TransportError
 from harnessrl.proxy.workers import Plan, owner
 
 Answer = tuple[int, bytes]

@@ -22,7 +22,7 @@ from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.vllm_server import free_port
 from harnessrl.proxy.sessions import Sessions
-from harnessrl.proxy.store import TraceStore
+from harnessrl.store.writer import TraceStore
 from harnessrl.types import Sampling
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from harnessrl.errors import AuthenticationFailed, StepCapReached
-from harnessrl.proxy.store import TraceStore
+from harnessrl.store.writer import TraceStore
 from harnessrl.types import Rollout, Sampling, ToolCall
 
 # How many of a rollout's latest request bodies are remembered (by length and CRC-32) for

@@ -22,7 +22,7 @@ from harnessrl.rollout.kinds import label
 from harnessrl.types import Rollout, Turn
 
 if TYPE_CHECKING:
-    from harnessrl.proxy.store import TraceReader
+    from harnessrl.store.reader import TraceReader
 
 
 def family(model: str | None) -> str:

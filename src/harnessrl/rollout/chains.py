@@ -33,7 +33,7 @@ from harnessrl.types import (
 )
 
 if TYPE_CHECKING:
-    from harnessrl.proxy.store import TraceReader
+    from harnessrl.store.reader import TraceReader
 
 # A prompt sharing less than this fraction of a chain's first prompt is a different
 # conversation (a side call has its own system prompt or task), not an edited history.

@@ -30,7 +30,6 @@ from typing import Annotated, Any
 
 import msgspec
 
-from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.cluster_node import (
     EngineFactory,
     NodeResult,
@@ -40,6 +39,7 @@ from harnessrl.rollout.cluster_node import (
 )
 from harnessrl.rollout.runner import Planned, RunConfig, plan
 from harnessrl.settings import flag
+from harnessrl.store.writer import TraceStore
 from harnessrl.types import Outcome, Sampling
 
 SLOT_RESOURCE = "harness_slots"

@@ -23,9 +23,9 @@ from typing import Any
 
 import msgspec
 
+from harnessrl.http.call import call
+from harnessrl.http.client import TransportError
 from harnessrl.proxy.engines.base import Engine
-from harnessrl.proxy.engines.http1 import TransportError
-from harnessrl.proxy.engines.http_call import call
 from harnessrl.proxy.engines.routed import routed
 from harnessrl.rollout.runner import Planned, RunConfig
 from harnessrl.rollout.serving import serving

@@ -26,15 +26,15 @@ import msgspec
 
 from harnessrl.errors import HarnessRLError
 from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR, ExitState, Harness, RunContext
-from harnessrl.proxy.engines.http1 import TransportError
-from harnessrl.proxy.engines.http_call import fetch
-from harnessrl.proxy.store import TraceStore
+from harnessrl.http.call import fetch
+from harnessrl.http.client import TransportError
 from harnessrl.rollout import owners
 from harnessrl.rollout.docker import DockerBackend
 from harnessrl.rollout.rewards import Shaping, TraceStats
 from harnessrl.rollout.sandbox import ExecResult, LocalSandbox, Network, SandboxError
 from harnessrl.rollout.tasks import BUNDLED, Task, TaskError, Verdict, prepare, verify
 from harnessrl.settings import at_least_one, flag
+from harnessrl.store.writer import TraceStore
 from harnessrl.types import Outcome, Sampling
 
 # Turn errors that are the engine's fault, not the agent's (see errors.py kinds).
@@ -119,7 +119,7 @@ class ControlError(Exception):
 
 async def control(method: str, url: str, body: Any = None, *,
                   headers: list[tuple[str, str]] | None = None) -> Any:
-    """One call to the proxy's own routes (`http_call.fetch`, our one client): the answer's
+    """One call to the proxy's own routes (`http.call.fetch`, our one client): the answer's
     JSON, ControlError on a status other than 2xx, TransportError if the proxy cannot be
     reached."""
     reply = await fetch(method, url, body, headers=headers)

@@ -13,8 +13,8 @@ from pathlib import Path
 from harnessrl.proxy.app import Proxy
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.serve import Running, running
-from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.runner import RunConfig, Runner
+from harnessrl.store.writer import TraceStore
 from harnessrl.types import Outcome, Sampling
 
 

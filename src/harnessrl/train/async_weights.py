@@ -102,8 +102,8 @@ class RemoteGate:
             return
 
     def _send(self, path: str, body: dict[str, Any]) -> None:
-        from harnessrl.proxy.engines.http1 import TransportError
-        from harnessrl.proxy.engines.http_call import call, refused
+        from harnessrl.http.call import call, refused
+        from harnessrl.http.client import TransportError
 
         headers = [("Authorization", f"Bearer {self.admin_token}")] if self.admin_token else []
         try:

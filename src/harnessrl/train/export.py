@@ -11,7 +11,7 @@ import msgspec
 
 from harnessrl.errors import HarnessRLError
 from harnessrl.proxy import codings
-from harnessrl.proxy.store import TraceReader
+from harnessrl.store.reader import TraceReader
 from harnessrl.types import Rollout, Turn
 
 _encode = msgspec.json.Encoder().encode

@@ -19,8 +19,8 @@ from typing import Any, Self
 
 from rich.console import Console
 
-from harnessrl.proxy.schema import DB_NAME
-from harnessrl.proxy.store import TraceReader
+from harnessrl.store.reader import TraceReader
+from harnessrl.store.schema import DB_NAME
 from harnessrl.types import ToolCall, Turn
 
 

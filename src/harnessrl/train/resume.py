@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from harnessrl.proxy.store import TraceReader, TraceStore
+from harnessrl.store.reader import TraceReader
+from harnessrl.store.writer import TraceStore
 from harnessrl.train.async_weights import version_number
 from harnessrl.types import Outcome, Rollout
 

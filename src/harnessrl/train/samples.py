@@ -17,7 +17,7 @@ from harnessrl.rollout.kinds import chain_kind, label
 from harnessrl.types import CallKind, Sample, Turn
 
 if TYPE_CHECKING:
-    from harnessrl.proxy.store import TraceReader
+    from harnessrl.store.reader import TraceReader
 
 
 def sample(chain: Chain, kind: CallKind = "main") -> Sample:

@@ -59,8 +59,8 @@ class VLLMSleep:
         self._call("POST", url, path, what)
 
     def _call(self, method: str, url: str, path: str, what: str) -> Any:
-        from harnessrl.proxy.engines.http1 import TransportError
-        from harnessrl.proxy.engines.http_call import call
+        from harnessrl.http.call import call
+        from harnessrl.http.client import TransportError
 
         try:
             reply = call(method, f"{url.rstrip('/')}{path}", None, timeout=self.timeout)

@@ -54,12 +54,12 @@ from transformers import TrainerCallback
 from harnessrl.harnesses.base import Harness
 from harnessrl.proxy.app import Proxy
 from harnessrl.proxy.engines.base import Engine
-from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.chains import Chain, ChainStats, link, rollout_stats
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.runner import Planned, RolloutSettings, RunConfig, Runner
 from harnessrl.rollout.serving import serving
 from harnessrl.rollout.tasks import Task
+from harnessrl.store.writer import TraceStore
 from harnessrl.train.grpo import RowSettings, flagged_turns, masked_chain
 from harnessrl.train.samples import sample
 from harnessrl.train.weights import Gate, Versioned, VLLMWeightSync, version_name

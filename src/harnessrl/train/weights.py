@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from harnessrl.proxy.engines.http1 import TransportError
-from harnessrl.proxy.engines.http_call import call
+from harnessrl.http.call import call
+from harnessrl.http.client import TransportError
 
 
 class Versioned(Protocol):
@@ -240,7 +240,7 @@ class VLLMWeightSync:
     def _call(self, method: str, path: str, body: dict[str, Any] | None,
               url: str | None = None) -> tuple[int, str]:
         """(status, body text): a few blocking calls between optimizer steps, with the
-        project's one HTTP client (`http_call.call`)."""
+        project's one HTTP client (`http.call.call`)."""
         where = url or self.base_url
         try:
             reply = call(method, f"{where}{path}", body, timeout=self.timeout)

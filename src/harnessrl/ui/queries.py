@@ -18,8 +18,8 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.proxy.schema import DB_NAME, migrate
-from harnessrl.proxy.store import TraceReader
+from harnessrl.store.reader import TraceReader
+from harnessrl.store.schema import DB_NAME, migrate
 from harnessrl.types import Outcome, Turn
 
 MAX_PAGE = 200

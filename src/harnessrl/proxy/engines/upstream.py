@@ -27,7 +27,7 @@ from typing import Any, TypeVar, cast
 import msgspec
 
 from harnessrl.errors import EngineError, EngineTimeout, EngineUnavailable, InvalidRequest
-from harnessrl.proxy.engines.http1 import Client, Response, TransportError, split
+from harnessrl.http.client import Client, Response, TransportError, split
 from harnessrl.proxy.sse import SSEDecoder
 
 FIRST_BYTE_TIMEOUT = 30.0

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harnessrl.errors import EngineStartFailed
-from harnessrl.proxy.engines.http1 import TransportError
-from harnessrl.proxy.engines.http_call import call
+from harnessrl.http.call import call
+from harnessrl.http.client import TransportError
 from harnessrl.proxy.engines.token.formats import template_parser
 
 # Tool-call parser by model family, for models whose chat template does not say.

@@ -8,7 +8,7 @@ of its rollout, never the whole context again.
   shares fewer than `MIN_KEPT` ids with every one of them is stored whole. So a
   rewritten history (a dropped turn, an edited reminder, reasoning removed, tools
   rendered after the messages) costs what changed, not the whole context again.
-- Raw request: a delta (`proxy.delta`) against a base turn's raw request (`body_base`).
+- Raw request: a delta (`store.delta`) against a base turn's raw request (`body_base`).
 - Canonical request: the base turn's messages it starts with are kept by count, the
   rest (new messages, tools, sampling) stored as JSON.
 - Raw response: whole, compressed. Completion, completion ids and logprobs: as in v4
@@ -36,9 +36,9 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.proxy import delta
-from harnessrl.proxy.delta import CorruptTurn
-from harnessrl.proxy.rows import pack, row_turn, turn_row, unpack
+from harnessrl.store import delta
+from harnessrl.store.delta import CorruptTurn
+from harnessrl.store.rows import pack, row_turn, turn_row, unpack
 from harnessrl.types import ChatRequest, Tokens, Turn
 
 LAYOUT = 1

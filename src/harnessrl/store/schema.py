@@ -118,7 +118,7 @@ _MIGRATIONS = {
             " '$.completion_tokens'), 0)",
         )),
     3: _Step((("rollouts", "max_model_calls", "INTEGER"),)),
-    # v5 keeps what is new against an earlier turn (proxy.layout); a v4 row keeps NULL
+    # v5 keeps what is new against an earlier turn (store.layout); a v4 row keeps NULL
     # in these columns and is read as it is, whole: nothing is rewritten.
     4: _Step(tuple(("turns", column, "INTEGER") for column in
                    ("layout", "prompt_parent", "prompt_keep", "prompt_len", "body_base"))),

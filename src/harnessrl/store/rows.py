@@ -1,7 +1,7 @@
 """Rows of the trace store: the columns each table is written with, and the conversions
 between `Turn` / `Rollout` / `Outcome` and those rows. Token ids and logprobs are packed
 little-endian arrays (int32, float64), not JSON. A turn's row as schema v4 wrote it (all
-whole) is `turn_row`/`row_turn`; what v5 stores instead is `proxy.layout`'s."""
+whole) is `turn_row`/`row_turn`; what v5 stores instead is `store.layout`'s."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ TURN_COLUMNS = (
 # Schema v6's columns, NULL when read from an older file that could not be brought up to
 # date (read-only).
 V6_COLUMNS = ("content_encoding", "retry_count", "retry_of")
-# Schema v5's layout of a row (`proxy.layout`); NULL in a row written by schema v4.
+# Schema v5's layout of a row (`store.layout`); NULL in a row written by schema v4.
 LAYOUT_COLUMNS = "layout, prompt_parent, prompt_keep, prompt_len, body_base"
 READ_COLUMNS = f"{TURN_COLUMNS}, {LAYOUT_COLUMNS}"
 INSERT_TURN = (f"INSERT INTO turns ({READ_COLUMNS})"
@@ -80,7 +80,7 @@ def _text(value: Any) -> str:
 
 def turn_row(turn: Turn, *, whole: bool = True) -> tuple[Any, ...]:
     """The v4 columns of `turn`. Not `whole`: the request, prompt ids and raw bodies are
-    left None for the caller (`proxy.layout`) to fill with what is new."""
+    left None for the caller (`store.layout`) to fill with what is new."""
     completion = turn.completion
     tokens = completion.tokens if completion is not None else _NO_TOKENS
     if completion is not None:  # tokens live in their own packed columns

@@ -1,4 +1,4 @@
-"""The engine-side HTTP/1.1 client (`proxy/engines/http1.py`) against a raw loopback server
+"""The engine-side HTTP/1.1 client (`http/client.py`) against a raw loopback server
 that answers each request the way a test tells it to: whole, chunked a piece at a time,
 silent, cut off, or closing a kept-alive connection."""
 
@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 import uvloop
 
-from harnessrl.proxy.engines import http1
-from harnessrl.proxy.engines.http1 import HIGH_WATER, HOLD_LOWAT, Client, TransportError, split
+from harnessrl.http import client as http_client
+from harnessrl.http.client import HIGH_WATER, HOLD_LOWAT, Client, TransportError, split
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes], Awaitable[bool]]
 
@@ -246,9 +246,9 @@ async def _paced_reads(pace: float, pieces: list[bytes], gap: float
 def hold(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each paced test runs with both ways of holding a socket: a raised SO_RCVLOWAT where
     the kernel supports it (Linux 4.18+), paused reading where it does not."""
-    if request.param == "lowat" and not http1.lowat_holds():
+    if request.param == "lowat" and not http_client.lowat_holds():
         pytest.skip("this kernel's SO_RCVLOWAT does not hold a socket")
-    monkeypatch.setattr(http1, "lowat_holds", lambda: request.param == "lowat")
+    monkeypatch.setattr(http_client, "lowat_holds", lambda: request.param == "lowat")
     return request.param
 
 
@@ -309,7 +309,7 @@ async def test_a_low_water_hold_keeps_reading_on_and_gives_the_mark_back(loop: s
     """Held by the low-water mark, the socket is never paused (pausing costs uvloop an extra
     wake-up per hold) and more than the mark comes in at once; a connection given back to
     the pool while its hold is pending has its mark back at 1, so the next answer is read."""
-    if not http1.lowat_holds():
+    if not http_client.lowat_holds():
         pytest.skip("this kernel's SO_RCVLOWAT does not hold a socket")
 
     async def main() -> None:
@@ -332,7 +332,7 @@ async def test_a_low_water_hold_keeps_reading_on_and_gives_the_mark_back(loop: s
     await asyncio.to_thread(runner, main())
 
 
-def _lowat(conn: http1.Connection) -> int:
+def _lowat(conn: http_client.Connection) -> int:
     assert conn.transport is not None
     return conn.transport.get_extra_info("socket").getsockopt(socket.SOL_SOCKET,
                                                               socket.SO_RCVLOWAT)

@@ -1,7 +1,7 @@
 """A small HTTP/1.1 client, the project's one: asyncio protocols, httptools' response parser
 and keep-alive connections per origin. Model calls to engines use it directly; control
 calls (the proxy's /rollouts, vLLM's health, weight and version routes) through
-`http_call.py`, from async or synchronous code.
+`http/call.py`, from async or synchronous code.
 
 Why not aiohttp, which this replaced on the engine side: a streamed call gets one socket
 read per token from an engine no faster than the proxy, and aiohttp's read path (its

@@ -1,4 +1,4 @@
-"""One HTTP call and its whole answer over the project's own client (`http1.py`), for the
+"""One HTTP call and its whole answer over the project's own client (`http/client.py`), for the
 calls that are not model calls: the proxy's control routes (`/rollouts`, `/weights/*`) and
 vLLM's own (`/health`, `/v1/models`, the weight reload and version routes). `fetch` runs on
 the caller's event loop; `call` is the same from synchronous code (a trainer thread between
@@ -23,9 +23,9 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.proxy.engines.http1 import Client, TransportError
+from harnessrl.http.client import Client, TransportError
 
-CONNECT_TIMEOUT = 10.0  # seconds; http1.Client's own default
+CONNECT_TIMEOUT = 10.0  # seconds; client.Client's own default
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The docs site's reference pages, generated from the code so they cannot drift.
+"""The docs site's reference pages, generated from the code so they cannot drift. Docs
+tooling, kept out of the runtime package: it imports harnessrl, nothing there imports it.
 
 `scripts/mkdocs_hooks.py` puts each page into the site at build time (nothing generated
 is committed); `tests/test_docs.py` checks that the built pages name every command, flag
@@ -21,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-GENERATED = "<!-- generated from the code by harnessrl.docgen at build time: edit the code -->"
+GENERATED = "<!-- generated from the code by scripts/docgen.py at build time: edit the code -->"
 
 
 # ------------------------------------------------------------------ shared helpers
@@ -494,14 +495,15 @@ def layout_page() -> str:
     out = [GENERATED, "# Source layout", "",
            "Every module under `src/harnessrl/`, with the first sentence of its docstring "
            "(generated: a new module shows up here by itself). Layers import only downward: "
-           "proxy <- harnesses <- rollout <- train <- ui / cli (`tests/test_layers.py` walks "
-           "every import and fails on one running back up). The [design](../design.md) says "
-           "why the parts are cut this way.", ""]
+           "store / http <- proxy <- harnesses <- rollout <- train <- ui / cli "
+           "(`tests/test_layers.py` walks every import and fails on one running back up). "
+           "The [design](../design.md) says why the parts are cut this way.", ""]
     for folder, rows in module_rows(Path(harnessrl.__file__).parent):
         out += [f"## `{folder}/`", "", table(["module", "what it is"], rows), ""]
     out += ["Beside it: `tests/` (the suite; `helpers.py`, `dialects.py`, recorded requests "
             "and outcomes of each harness), `bench/` (every benchmark; `bench/run.py` writes "
-            "`bench/results.md`), `docs/` (this site), `examples/` (a train config).", ""]
+            "`bench/results.md`), `docs/` (this site), `scripts/` (setup, the demo, the docs "
+            "tooling: `docgen.py`, `mkdocs_hooks.py`), `examples/` (a train config).", ""]
     return "\n".join(out)
 
 
