@@ -104,7 +104,7 @@ def trainer_alone_trl(rows: list[Any], steps: int, root: Path, console: Console,
     from transformers import TrainerCallback
 
     from harnessrl.train.async_loop import _prepare, async_config
-    from harnessrl.train.trl_async import async_trl
+    from harnessrl.train.trl_compat import async_trl
 
     torch.set_num_threads(cores())
     config = demo_config(root / "alone", model, steps)

@@ -32,7 +32,7 @@ class ScriptedRolloutWorker:
         import numpy as np
 
         from harnessrl.train.group_batches import GroupItem
-        from harnessrl.train.trl_async import async_trl
+        from harnessrl.train.trl_compat import async_trl
 
         sample = async_trl().rollout_sample
         rows = []

@@ -80,7 +80,7 @@ def _trainer(model: Path, url: str, out: Path, worker: Any, transfer: Any, steps
 
     from harnessrl.train.async_weights import install_cpu_support
     from harnessrl.train.group_batches import group_trainer
-    from harnessrl.train.trl_async import async_trl
+    from harnessrl.train.trl_compat import async_trl
 
     trl = async_trl()
     install_cpu_support()

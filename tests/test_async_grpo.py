@@ -198,7 +198,6 @@ def test_async_grpo_trains_every_chain_with_weight_swaps_and_drops_stale_rows(
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
-    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
     from harnessrl.proxy.engines.vllm import VLLMEngine
     from harnessrl.rollout.runner import RolloutSettings
@@ -207,7 +206,10 @@ def test_async_grpo_trains_every_chain_with_weight_swaps_and_drops_stale_rows(
     from harnessrl.train.async_weights import FileWeightTransfer, install_cpu_support
     from harnessrl.train.group_batches import group_trainer
     from harnessrl.train.trl import HarnessRollouts, on_policy_sampling
+    from harnessrl.train.trl_compat import async_trl
     from harnessrl.train.weights import VLLMWeightSync
+
+    AsyncGRPOConfig, AsyncGRPOTrainer = async_trl().config, async_trl().trainer
 
     script = tmp_path / "agent.py"
     script.write_text(AGENT)

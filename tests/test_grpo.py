@@ -254,9 +254,9 @@ class ScriptedRollouts:
 def sample_stand_in(monkeypatch):
     """TRL's `RolloutSample` is a plain record of the fields the worker sets; importing
     it imports vLLM (20-50 s here), so the worker tests take a stand-in of the same name."""
-    import harnessrl.train.trl_async as trl_async
+    import harnessrl.train.trl_compat as trl_compat
 
-    monkeypatch.setattr(trl_async, "async_trl",
+    monkeypatch.setattr(trl_compat, "async_trl",
                         lambda: SimpleNamespace(rollout_sample=SimpleNamespace))
 
 
@@ -436,7 +436,7 @@ class ScriptedGroupWorker:
 
     def start(self) -> None:
         from harnessrl.train.group_batches import GroupItem
-        from harnessrl.train.trl_async import async_trl
+        from harnessrl.train.trl_compat import async_trl
 
         sample = async_trl().rollout_sample
         for g, advantages in enumerate(self.groups):
@@ -487,7 +487,7 @@ def test_the_trainer_takes_whole_groups_and_does_not_step_without_a_gradient(
     from harnessrl.train.async_weights import install_cpu_support
     from harnessrl.train.group_batches import group_trainer
     from harnessrl.train.importance import Importance
-    from harnessrl.train.trl_async import async_trl
+    from harnessrl.train.trl_compat import async_trl
 
     trl = async_trl()
     install_cpu_support()

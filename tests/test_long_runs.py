@@ -258,7 +258,9 @@ def test_group_metrics_carry_per_harness_outcomes_for_report_to():
     assert m["harnessrl/a/pass_rate"] == (1.0, 2) and m["harnessrl/a/tool_calls"] == (2.0, 2)
     assert m["harnessrl/a/completion_tokens"] == (30.0, 2) and m["harnessrl/a/turns"] == (6, 2)
     assert m["harnessrl/b/infra_errors_total"] == 1.0 and "harnessrl/b/pass_rate" not in m
-    from trl.experimental.async_grpo.async_grpo_trainer import _reduce_metric
+    from harnessrl.train.trl_compat import async_trl
+
+    _reduce_metric = async_trl().trainer_module._reduce_metric  # how TRL logs a step
 
     logs = {k: _reduce_metric(k, [v]) for k, v in m.items()}
     line = step_line(1, logs, "v2")

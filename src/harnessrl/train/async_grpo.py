@@ -193,7 +193,7 @@ def rollout_sample(s: Sample, advantage: float, version: int, group: int,
     prompt and on inserted tokens, which no loss term reads)."""
     import numpy as np
 
-    from harnessrl.train.trl_async import async_trl
+    from harnessrl.train.trl_compat import async_trl
 
     RolloutSample = async_trl().rollout_sample  # TRL's class
     prompt = len(s.prompt_ids)

@@ -50,7 +50,7 @@ def check_config(config: TrainConfig) -> None:
     check_transfer(config)
     import dataclasses
 
-    from harnessrl.train.trl_async import async_trl
+    from harnessrl.train.trl_compat import async_trl
 
     known = {f.name for f in dataclasses.fields(async_trl().config)}
     if unknown := sorted(set(config.grpo.trl) - known):
@@ -91,7 +91,7 @@ def async_config(config: TrainConfig, run_dir: Path, vllm_url: str) -> Any:
 
     from harnessrl.train.config import trainer_dtype
     from harnessrl.train.processes import processes
-    from harnessrl.train.trl_async import async_trl
+    from harnessrl.train.trl_compat import async_trl
 
     check_config(config)
     g = config.grpo
@@ -373,12 +373,12 @@ def _trainer(config: TrainConfig, tasks: list[Task], model_dir: Path, args: Any,
              transfer: VersionedTransfer | None, callbacks: list[Any],
              wrap: Callable[[type], type] = lambda cls: cls) -> Any:
     """TRL's trainer, or `wrap`'s subclass of it (one whose checkpoints are harnessrl's);
-    Any: the class is looked up where the installed TRL keeps it (`trl_async`)."""
+    Any: the class is looked up where the installed TRL keeps it (`trl_compat`)."""
     from datasets import Dataset
 
     from harnessrl.train.group_batches import group_trainer
     from harnessrl.train.lora import trainer_kwargs
-    from harnessrl.train.trl_async import async_trl
+    from harnessrl.train.trl_compat import async_trl
 
     trainer = wrap(group_trainer(async_trl().trainer, groups_per_step=config.grpo.tasks_per_step,
                                  scale=config.grpo.scale_rewards,

@@ -280,21 +280,13 @@ def _varlen_attention(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: A
     return out
 
 
-class _CPUFlashAttention:
-    flash_attn_varlen_func = staticmethod(_varlen_attention)
-
-
 def install_cpu_support() -> None:
     """Let `AsyncGRPOTrainer` train without CUDA (see the module docstring). Does nothing
     where CUDA is available."""
     import torch
 
-    from harnessrl.train.trl_async import async_trl
+    from harnessrl.train.trl_compat import install_cpu_kernels
 
     if torch.cuda.is_available():
         return
-    trl = async_trl()
-    # Both are looked up as module globals when called, so replacing them is enough.
-    setattr(trl.packing, "_flash_attn", lambda: _CPUFlashAttention)  # noqa: B010
-    setattr(trl.trainer_module, "get_peak_flops_per_device",  # noqa: B010
-            lambda _accelerator, _dtype: None)  # MFU is not reported on CPU
+    install_cpu_kernels(_varlen_attention)  # and MFU is not reported on CPU

@@ -203,9 +203,7 @@ def group_trainer(base: type, *, groups_per_step: int, scale: Scale,
                   importance: Importance | None = None) -> type:
     """`base` (TRL's `AsyncGRPOTrainer`) reading whole groups, its optimizer guarded,
     its log-probs corrected against the engine's when `importance` is given."""
-    from harnessrl.train.trl_async import async_trl
-
-    trl = async_trl()
+    from harnessrl.train import trl_compat as compat
 
     class GroupGRPOTrainer(base):  # type: ignore[valid-type, misc]
         _live_tokens = 0.0
@@ -216,17 +214,14 @@ def group_trainer(base: type, *, groups_per_step: int, scale: Scale,
             from torch.utils.data import DataLoader
 
             n = self.accelerator.num_processes
-            sink = self._metrics["train"]
+            sink = compat.metrics_sink(self)
             groups = GroupQueue(self.rollout_queue, lambda: self.model_version,
                                 self.rollout_worker.check_health,
                                 self.args.heartbeat_stale_after_s, sink,
                                 self.args.max_staleness)
-            self._rollout_dataset = groups  # TRL's step metrics read its wait
-            batches = GroupBatcher(groups, n, groups_per_step, scale, sink,
-                                   trl.packing.TreeRow)
-            collate = trl.trainer_module.DataCollatorForRollout(
-                self.processing_class.pad_token_id, n, groups_trained=self._trained_groups,
-                metrics=sink, token_budget=0)
+            compat.set_rollout_dataset(self, groups)  # TRL's step metrics read its wait
+            batches = GroupBatcher(groups, n, groups_per_step, scale, sink, compat.tree_row)
+            collate = compat.rollout_collator(self, n, sink)
             return self.accelerator.prepare(DataLoader(batches, batch_size=1,
                                                        collate_fn=collate, num_workers=0))
 
@@ -248,8 +243,9 @@ def group_trainer(base: type, *, groups_per_step: int, scale: Scale,
             ratio_max = float(self.accelerator.gather(ratio_max.reshape(1).float()).max())
             named = dict(zip(STATS, sums, strict=True))
             self._live_tokens += named["live"]
+            sink = compat.metrics_sink(self)
             for key, value in metrics(named, ratio_max).items():
-                self._metrics["train"][key].append(value)
+                sink[key].append(value)
 
         def create_optimizer(self, model: Any = None) -> Any:
             optimizer = super().create_optimizer(model)
@@ -261,7 +257,7 @@ def group_trainer(base: type, *, groups_per_step: int, scale: Scale,
             return live > 0
 
         def _skipped(self) -> None:
-            self._metrics["train"]["harnessrl/steps_without_gradient_total"].append(1.0)
+            compat.metrics_sink(self)["harnessrl/steps_without_gradient_total"].append(1.0)
 
     return GroupGRPOTrainer
 
@@ -275,6 +271,8 @@ def guarded_trainer(base: type) -> type:
     """`base` (TRL's sync `GRPOTrainer`) whose optimizer does not step when every
     gradient is zero (every rollout's advantage 0, or every reply masked)."""
 
+    from harnessrl.train.trl_compat import metrics_sink
+
     class GuardedTrainer(base):  # type: ignore[valid-type, misc]
         def create_optimizer(self, model: Any = None) -> Any:
             optimizer = super().create_optimizer(model)
@@ -282,6 +280,6 @@ def guarded_trainer(base: type) -> type:
             return optimizer
 
         def _skipped(self) -> None:
-            self._metrics["train"]["harnessrl/steps_without_gradient"].append(1.0)
+            metrics_sink(self)["harnessrl/steps_without_gradient"].append(1.0)
 
     return GuardedTrainer

@@ -24,6 +24,7 @@ from harnessrl.train.config import TrainConfig
 from harnessrl.train.eval_during import PLOT_FILE, EvalDuringTraining, EvalPass, plot
 from harnessrl.train.order import TaskOrder
 from harnessrl.train.resume import first_version, mark_interrupted, resumed_state
+from harnessrl.train.trl_compat import with_checkpoint_saver
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
@@ -63,7 +64,7 @@ class LongRun:
     def trainer_class(self, base: type) -> type:
         if not self.config.checkpoint.every_steps:
             return base
-        return ckpt.with_checkpoints(base, self._save)
+        return with_checkpoint_saver(base, self._save)
 
     def first_version(self, served: str | None) -> int:
         """The version counter to start from: 0, or above every version used before."""

@@ -154,6 +154,8 @@ def metrics_callback(lora: LoraSettings) -> Any:
     `report_to` beside TRL's own `perf/weight_sync_s`."""
     from transformers import TrainerCallback
 
+    from harnessrl.train.trl_compat import metrics_sink
+
     class LoraMetrics(TrainerCallback):
         trainer: Any = None
 
@@ -162,7 +164,7 @@ def metrics_callback(lora: LoraSettings) -> Any:
             if self.trainer is None or model is None:
                 return
             train, total = trainable(model)
-            metrics = self.trainer._metrics["train"]
+            metrics = metrics_sink(self.trainer)
             metrics["lora/merged_sync"].append(1.0 if SYNC == "merged" else 0.0)
             metrics["lora/rank"].append(float(lora.rank))
             metrics["lora/trainable_params"].append(float(train))

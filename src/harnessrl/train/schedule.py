@@ -238,11 +238,9 @@ def scheduled(cls: type, schedule: Schedule) -> type:
     complete: accelerate's dispatcher fetches the next batch before it yields the current
     one, so a step would begin only once the sampler had filled the step after it too."""
 
-    class Scheduled(cls):  # type: ignore[valid-type,misc]
-        def _sync_weight(self) -> None:
-            schedule.syncing()
-            super()._sync_weight()
+    from harnessrl.train.trl_compat import with_sync_hook
 
+    class Scheduled(with_sync_hook(cls, schedule.syncing)):  # type: ignore[valid-type,misc]
         def get_train_dataloader(self) -> Any:
             loader = super().get_train_dataloader()
             if schedule.colocated and self.accelerator.num_processes == 1:
