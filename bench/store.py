@@ -52,7 +52,7 @@ from harnessrl.proxy import layout
 from harnessrl.proxy.layout import Prepared, Staged
 from harnessrl.proxy.rows import INSERT_TURN, turn_row
 from harnessrl.proxy.store import TraceReader, TraceStore
-from harnessrl.train.samples import iter_samples
+from harnessrl.train.rows.samples import iter_samples
 from harnessrl.types import (
     ChatRequest,
     Completion,

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from harnessrl.train import checkpoint as ckpt
 from harnessrl.train.config import TrainConfig, load_config
+from harnessrl.train.runs import checkpoint as ckpt
 from harnessrl.types import Outcome, Rollout
 
 
@@ -163,7 +163,7 @@ def test_eval_model_flag_takes_only_a_whole_checkpoint(tmp_path, capsys):
 
 # ------------------------------------------------------------------ order and split
 def test_task_order_is_seeded_per_epoch_and_a_pure_function_of_the_cursor():
-    from harnessrl.train.order import TaskOrder, split
+    from harnessrl.train.runs.order import TaskOrder, split
 
     tasks = [f"t{i}" for i in range(7)]
     order = TaskOrder(tasks, seed=3)
@@ -184,7 +184,7 @@ def test_task_order_is_seeded_per_epoch_and_a_pure_function_of_the_cursor():
 # ------------------------------------------------------------------ the resume's store work
 def test_interrupted_rollouts_are_marked_once_and_never_planned_again(tmp_path):
     from harnessrl.proxy.store import TraceReader, TraceStore
-    from harnessrl.train.resume import interrupted, mark_interrupted, newest_version
+    from harnessrl.train.runs.resume import interrupted, mark_interrupted, newest_version
     from tests.helpers import make_turn
 
     def meta(sample: int, attempt: int = 1, **more):
@@ -226,7 +226,7 @@ def test_interrupted_rollouts_are_marked_once_and_never_planned_again(tmp_path):
 
 
 def test_metrics_rewind_to_the_checkpoint_step(tmp_path):
-    from harnessrl.train.resume import UNDONE_FILE, rewind_metrics
+    from harnessrl.train.runs.resume import UNDONE_FILE, rewind_metrics
 
     metrics = tmp_path / "metrics.jsonl"
     lines = [{"step": 1}, {"step": 2}, {"step": 2, "eval": {}}, {"step": 3}]
@@ -239,8 +239,8 @@ def test_metrics_rewind_to_the_checkpoint_step(tmp_path):
 # ------------------------------------------------------------------ figures
 @pytest.mark.slow  # imports TRL's async trainer, which imports vLLM
 def test_group_metrics_carry_per_harness_outcomes_for_report_to():
-    from harnessrl.train.async_grpo import group_metrics, score_group
-    from harnessrl.train.async_loop import step_line
+    from harnessrl.train.async_grpo.loop import step_line
+    from harnessrl.train.async_grpo.worker import group_metrics, score_group
     from tests.helpers import make_turn
 
     def outcome(h: str, sample: int, status: str = "done", verifier: float = 0.0):
@@ -271,7 +271,7 @@ def test_group_metrics_carry_per_harness_outcomes_for_report_to():
 
 def test_an_eval_pass_line_and_report_to_keys_and_plot(tmp_path):
     from harnessrl.rollout.evaluate import evaluate
-    from harnessrl.train.eval_during import EvalPass, eval_lines, plot
+    from harnessrl.train.runs.eval_during import EvalPass, eval_lines, plot
 
     def outcome(h: str, task: str, solved: bool, status: str = "done"):
         return Outcome(harness=h, harness_version="1", task=task, sample=0, rollout="k",

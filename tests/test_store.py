@@ -24,7 +24,7 @@ import pytest
 from harnessrl.proxy.engines.vllm_server import free_port
 from harnessrl.proxy.rows import pack, unpack
 from harnessrl.proxy.store import TraceReader, TraceStore, WriterLock
-from harnessrl.train.export import export
+from harnessrl.train.export.rollouts import export
 from harnessrl.types import Rollout
 from tests.helpers import make_turn
 
@@ -342,7 +342,7 @@ def _mkdir(path: Path) -> Path:
 
 
 def export_rows(reader: TraceReader):
-    from harnessrl.train.export import turn_row
+    from harnessrl.train.export.rollouts import turn_row
 
     return (turn_row(t) for t in reader.iter_turns())
 

@@ -2,8 +2,8 @@
 torchrun, the trainer built as `harnessrl train` builds it (tests/ddp_child.py; its rows
 come from a scripted rollout worker, named as such). After a step the parameters are
 equal on both ranks, differ from before, and are what the transfer received on the main
-process. What cannot work with several processes is refused before anything starts. And
-TRL's async trainer is found where a newer TRL keeps it (issue 38, item 5)."""
+process. What cannot work with several processes is refused before anything starts.
+(Where a newer TRL keeps the async trainer: tests/test_trl_compat.py.)"""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from harnessrl.train.async_grpo.processes import check_processes
 from harnessrl.train.config import GRPOSettings, TrainConfig
-from harnessrl.train.processes import check_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""What both trainers (the synchronous `loop` and the asynchronous `async_loop`) share, so
+"""What both trainers (the synchronous `loop` and the asynchronous `async_grpo.loop`) share, so
 that neither imports the other for it."""
 
 from __future__ import annotations

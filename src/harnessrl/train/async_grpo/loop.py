@@ -6,7 +6,7 @@ own numbers and the worker's, which reach TRL's `report_to` backends the same wa
 rows per rollout, sampled tokens trained / captured with all chains and with the main
 chain only (overall and per harness), rows dropped as stale (here and in TRL's queue),
 staleness at enqueue, the trainer's idle share (time waiting for rows / step time), the
-version vLLM serves, and the schedule's figures (train.schedule; cumulative): seconds per
+version vLLM serves, and the schedule's figures (train.async_grpo.schedule; cumulative): seconds per
 phase, rollouts sampled and trained, the trainer's tokens/s in its step.
 """
 
@@ -22,23 +22,23 @@ from rich.console import Console
 from harnessrl.train.common import quiet, sampling_of
 from harnessrl.train.config import TrainConfig
 from harnessrl.train.engines import PolicyEngines
-from harnessrl.train.long_run import LongRun, is_eval_log
+from harnessrl.train.runs.long_run import LongRun, is_eval_log
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
 
     from harnessrl.harnesses.base import Harness
     from harnessrl.rollout.tasks import Task
-    from harnessrl.train.async_grpo import HarnessRolloutWorker
-    from harnessrl.train.async_weights import VersionedTransfer
-    from harnessrl.train.grpo import RowSettings
-    from harnessrl.train.importance import Importance
-    from harnessrl.train.schedule import Schedule
+    from harnessrl.train.async_grpo.schedule import Schedule
+    from harnessrl.train.async_grpo.transfer import VersionedTransfer
+    from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
+    from harnessrl.train.rows.grpo import RowSettings
+    from harnessrl.train.rows.importance import Importance
     from harnessrl.train.weights import VLLMWeightSync
 
 METRICS_FILE = "metrics.jsonl"
 _SHARES = ("rows_per_rollout", "tokens_trained_share", "tokens_main_chain_share")
-# per harness, also through report_to: the worker's rates (train.async_grpo.OUTCOME_RATES)
+# per harness, also through report_to: the worker's rates (train.async_grpo.worker.OUTCOME_RATES)
 _PER_HARNESS = (*_SHARES, "reward", "pass_rate", "tool_calls", "turns", "completion_tokens",
                 "agent_timeouts", "infra_errors_total")
 
@@ -60,7 +60,7 @@ def check_config(config: TrainConfig) -> None:
 
 
 def check_whole_groups(trl: dict[str, Any]) -> None:
-    """A step is `tasks_per_step` whole groups in one micro-batch (train.group_batches):
+    """A step is `tasks_per_step` whole groups in one micro-batch (train.async_grpo.batches):
     TRL's settings that would batch rows otherwise are refused."""
     if trl.get("gradient_accumulation_steps", 1) != 1:
         raise ValueError("grpo.trl.gradient_accumulation_steps: a step is tasks_per_step "
@@ -89,8 +89,8 @@ def async_config(config: TrainConfig, run_dir: Path, vllm_url: str) -> Any:
     """TRL's `AsyncGRPOConfig` from ours."""
     import torch
 
+    from harnessrl.train.async_grpo.processes import processes
     from harnessrl.train.config import trainer_dtype
-    from harnessrl.train.processes import processes
     from harnessrl.train.trl_compat import async_trl
 
     check_config(config)
@@ -105,14 +105,14 @@ def async_config(config: TrainConfig, run_dir: Path, vllm_url: str) -> Any:
         bf16=trainer_dtype(config) == "bfloat16", dtype=trainer_dtype(config),
         report_to=g.report_to or "none", logging_steps=1,
         token_budget=0, vllm_server_base_url=vllm_url, disable_tqdm=True,
-        # checkpoints are harnessrl's (train.checkpoint), at TRL's save points
+        # checkpoints are harnessrl's (train.runs.checkpoint), at TRL's save points
         **_saving(config.checkpoint.every_steps), **_colocated_queue(config))
     return async_trl().config(**{**values, **g.trl})
 
 
 def row_settings(config: TrainConfig) -> RowSettings:
     """How the worker turns rollouts into rows, from `[grpo]`."""
-    from harnessrl.train.grpo import RowSettings
+    from harnessrl.train.rows.grpo import RowSettings
 
     g = config.grpo
     return RowSettings(scale_rewards=g.scale_rewards, rejected_turns=g.rejected_turns,
@@ -124,7 +124,7 @@ def importance_of(config: TrainConfig) -> Importance | None:
     """The importance-sampling correction `[grpo]` asks for; "auto" turns it on unless
     both sides compute in float32."""
     from harnessrl.train.config import trainer_dtype
-    from harnessrl.train.importance import Importance
+    from harnessrl.train.rows.importance import Importance
 
     g = config.grpo
     dtypes = {trainer_dtype(config), str(g.trl.get("dtype", trainer_dtype(config)))}
@@ -135,9 +135,9 @@ def importance_of(config: TrainConfig) -> Importance | None:
 
 
 def _colocated_queue(config: TrainConfig) -> dict[str, Any]:
-    """Colocated (train.schedule), the sampler runs one step's groups ahead, no more
+    """Colocated (train.async_grpo.schedule), the sampler runs one step's groups ahead, no more
     (the worker's queue holds whole groups)."""
-    from harnessrl.train.schedule import is_colocated
+    from harnessrl.train.async_grpo.schedule import is_colocated
 
     if not is_colocated(config.schedule, config.engine.roots, config.cluster is not None):
         return {}
@@ -229,7 +229,7 @@ def _callback(path: Path, sync: VLLMWeightSync, console: Console, steps: list[di
               schedule: Schedule, worker: HarnessRolloutWorker) -> TrainerCallback:
     from transformers import TrainerCallback
 
-    from harnessrl.train.schedule import figures
+    from harnessrl.train.async_grpo.schedule import figures
 
     class AsyncStepLog(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any,
@@ -257,13 +257,13 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
                 long: LongRun | None = None, callbacks: Sequence[Any] = (),
                 on_phase: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """The main process: vLLM, the proxy (or the cluster's shards), the rollout worker and
-    rank 0 of the trainer. `long`: its checkpoints, resume and eval (train.long_run)."""
-    from harnessrl.train.async_grpo import HarnessRolloutWorker
-    from harnessrl.train.async_weights import FileWeightTransfer, VersionedTransfer
+    rank 0 of the trainer. `long`: its checkpoints, resume and eval (train.runs.long_run)."""
+    from harnessrl.train.async_grpo.schedule import callback as schedule_callback
+    from harnessrl.train.async_grpo.schedule import scheduled
+    from harnessrl.train.async_grpo.schedule import summary as schedule_summary
+    from harnessrl.train.async_grpo.transfer import FileWeightTransfer, VersionedTransfer
+    from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
     from harnessrl.train.engines import node_engines
-    from harnessrl.train.schedule import callback as schedule_callback
-    from harnessrl.train.schedule import scheduled
-    from harnessrl.train.schedule import summary as schedule_summary
     from harnessrl.train.trl import HarnessRollouts
 
     tokenizer = _prepare(model_dir)
@@ -330,7 +330,7 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
 def _schedule(config: TrainConfig, engines: PolicyEngines, args: Any, status: Any,
               on_phase: Callable[[str], None] | None) -> Schedule:
     """The run's schedule; its phase shown on the status line and given to `on_phase`."""
-    from harnessrl.train.schedule import for_run
+    from harnessrl.train.async_grpo.schedule import for_run
 
     def shown(phase: str) -> None:
         status.update(f"async GRPO: {phase}")
@@ -360,7 +360,7 @@ def _prepare(model_dir: Path) -> Any:
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from harnessrl.train.async_weights import install_cpu_support
+    from harnessrl.train.async_grpo.transfer import install_cpu_support
 
     hf_logging.disable_progress_bar()
     _quiet_second_interval_callback()
@@ -376,7 +376,7 @@ def _trainer(config: TrainConfig, tasks: list[Task], model_dir: Path, args: Any,
     Any: the class is looked up where the installed TRL keeps it (`trl_compat`)."""
     from datasets import Dataset
 
-    from harnessrl.train.group_batches import group_trainer
+    from harnessrl.train.async_grpo.batches import group_trainer
     from harnessrl.train.lora import trainer_kwargs
     from harnessrl.train.trl_compat import async_trl
 

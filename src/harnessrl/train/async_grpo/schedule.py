@@ -258,7 +258,7 @@ def for_run(settings: ScheduleSettings, *, engine_roots: Sequence[str], clustere
     (empty: started here), `served` every server's root (for sleep mode)."""
     import torch
 
-    from harnessrl.train.sleep import VLLMSleep
+    from harnessrl.train.async_grpo.sleep import VLLMSleep
 
     colocated = is_colocated(settings, engine_roots, clustered)
     sleeper = (VLLMSleep(list(served)) if sleeps(settings, colocated, torch.cuda.is_available())

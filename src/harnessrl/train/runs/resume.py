@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from harnessrl.proxy.store import TraceReader, TraceStore
-from harnessrl.train.async_weights import version_number
+from harnessrl.train.async_grpo.transfer import version_number
 from harnessrl.types import Outcome, Rollout
 
 if TYPE_CHECKING:
-    from harnessrl.train.async_grpo import HarnessRolloutWorker
+    from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
 
 INTERRUPTED = "interrupted"
 UNDONE_FILE = "metrics.undone.jsonl"

@@ -1,6 +1,6 @@
 """What a long async run adds around `train_async`: checkpoints, the resume, the trained
 model directory and eval while training, as a few hooks into the trainer and the worker
-(train.checkpoint, train.resume, train.eval_during hold the parts).
+(train.runs.checkpoint, train.runs.resume, train.runs.eval_during hold the parts).
 
 `LongRun` is built before the trainer; it says which trainer class to build (one whose
 checkpoints are atomic), what the worker starts from (the task cursor; the resume's
@@ -19,18 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from harnessrl.train import checkpoint as ckpt
 from harnessrl.train.config import TrainConfig
-from harnessrl.train.eval_during import PLOT_FILE, EvalDuringTraining, EvalPass, plot
-from harnessrl.train.order import TaskOrder
-from harnessrl.train.resume import first_version, mark_interrupted, resumed_state
+from harnessrl.train.runs import checkpoint as ckpt
+from harnessrl.train.runs.eval_during import PLOT_FILE, EvalDuringTraining, EvalPass, plot
+from harnessrl.train.runs.order import TaskOrder
+from harnessrl.train.runs.resume import first_version, mark_interrupted, resumed_state
 from harnessrl.train.trl_compat import with_checkpoint_saver
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
 
     from harnessrl.rollout.tasks import Task
-    from harnessrl.train.async_grpo import HarnessRolloutWorker
+    from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
     from harnessrl.train.trl import HarnessRollouts
 
 
@@ -176,7 +176,7 @@ def long_run(config: TrainConfig, tasks: Sequence[Task], console: Console,
              resume: str | None) -> LongRun:
     """The run's training tasks (the eval split held out), its checked resume and its eval;
     refuses, before anything starts, a checkpoint that cannot be resumed (named)."""
-    from harnessrl.train.resume import rewind_metrics
+    from harnessrl.train.runs.resume import rewind_metrics
 
     run_dir = Path(config.run_dir)
     train_tasks, eval_tasks = _split(config, list(tasks), run_dir)
@@ -198,7 +198,7 @@ def _split(config: TrainConfig, tasks: list[Task], run_dir: Path
     """(training tasks, eval tasks): a second task set, or a seeded split recorded in
     RUN_DIR/split.json."""
     from harnessrl.rollout.tasks import load_tasks
-    from harnessrl.train.order import split
+    from harnessrl.train.runs.order import split
 
     e = config.eval
     if not e.every_steps:

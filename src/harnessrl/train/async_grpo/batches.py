@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from harnessrl.train.grpo import Scale, batch_divisor
-from harnessrl.train.importance import STATS, Importance, correct, measure, metrics
+from harnessrl.train.rows.grpo import Scale, batch_divisor
+from harnessrl.train.rows.importance import STATS, Importance, correct, measure, metrics
 
 POLL_SECONDS = 5.0  # TRL's poll of its rollout queue; the health check runs between polls
 
