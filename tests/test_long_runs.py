@@ -292,3 +292,48 @@ def test_an_eval_pass_line_and_report_to_keys_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
     png = plot(metrics, tmp_path / "eval.png")
     assert png is not None and png.read_bytes()[:4] == b"\x89PNG"
+
+
+# ------------------------------------------------------------------ the async trainer's parts
+class StandInAsyncTrainer:
+    """Takes what TRL's `AsyncGRPOTrainer` takes and, given no transfer, builds its own as
+    TRL builds its NCCL client from the model (named as such: a string here)."""
+
+    def __init__(self, *, rollout_worker: object = None, weight_transfer: object = None,
+                 **_: object) -> None:
+        self.rollout_worker = rollout_worker
+        self.weight_transfer = weight_transfer or "TRL's own NCCL client"
+        self.model_version = 0
+
+
+@pytest.mark.parametrize("weight_transfer", ["file", "trl"])
+def test_the_async_trainers_parts_are_built_by_their_constructors(tmp_path, weight_transfer):
+    """A resumed run's first version reaches the transfer, the worker and the trainer as
+    each is built, and the trainer's transfer is the versioned one (around TRL's own
+    client when TRL builds it); the run holds the trainer it built."""
+    from rich.console import Console
+
+    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.train.async_grpo.loop import _transfer, versioned
+    from harnessrl.train.async_grpo.transfer import FileMover
+    from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
+    from harnessrl.train.runs.long_run import LongRun
+
+    config = load_config(_config(tmp_path))
+    config = msgspec.structs.replace(config, grpo=msgspec.structs.replace(
+        config.grpo, weight_transfer=weight_transfer))
+    long = LongRun(config, tmp_path / "run", load_tasks(config.rollout.tasks), Console(),
+                   tmp_path / "metrics.jsonl")
+    sync = SimpleNamespace()  # stand-in: nothing is synced here
+    transfer = _transfer(config, sync, tmp_path, version=7)  # type: ignore[arg-type]
+    worker = HarnessRolloutWorker(SimpleNamespace(), num_generations=2,  # type: ignore[arg-type]
+                                  max_inflight=1, max_staleness=1, transfer=transfer,
+                                  first_version=7)
+    trainer = long.trainer_class(versioned(StandInAsyncTrainer, transfer, 7))(
+        rollout_worker=worker, weight_transfer=transfer)
+    assert trainer.weight_transfer is transfer and worker.transfer is transfer
+    assert isinstance(transfer.inner, FileMover) == (weight_transfer == "file")
+    if weight_transfer == "trl":
+        assert transfer.inner == "TRL's own NCCL client"
+    assert trainer.model_version == transfer.version == worker._version == 7
+    assert long.trainer is trainer and hasattr(trainer, "_save_checkpoint")

@@ -257,49 +257,34 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
                 long: LongRun | None = None, callbacks: Sequence[Any] = (),
                 on_phase: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """The main process: vLLM, the proxy (or the cluster's shards), the rollout worker and
-    rank 0 of the trainer. `long`: its checkpoints, resume and eval (train.runs.long_run)."""
+    rank 0 of the trainer. `long`: its checkpoints, resume and eval (train.runs.long_run).
+    Each part is built whole by its constructor from the ones before it: the weight sync,
+    the transfer, the worker, the trainer."""
     from harnessrl.train.async_grpo.schedule import callback as schedule_callback
     from harnessrl.train.async_grpo.schedule import scheduled
     from harnessrl.train.async_grpo.schedule import summary as schedule_summary
-    from harnessrl.train.async_grpo.transfer import FileWeightTransfer, VersionedTransfer
-    from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
-    from harnessrl.train.engines import node_engines
-    from harnessrl.train.trl import HarnessRollouts
 
     tokenizer = _prepare(model_dir)
     args = async_config(config, run_dir, engines.url)  # refuses bad keys before any start
     # every server reloads (the proxies' gates held) before the new version is released
     sync = engines.weight_sync(run_dir / "weights", allow_tied=config.model.allow_tied)
-    rollouts = HarnessRollouts(
-        tasks=tasks, harnesses=harnesses, engine=engines.engine, run_dir=run_dir,
-        pad_token_id=tokenizer.pad_token_id, sampling=sampling_of(config),
-        shaping=config.shaping, mix=config.rollout.mix, settings=config.rollout,
-        train_retried=config.grpo.train_retried,
-        cluster=config.cluster, engine_factory=node_engines(config, engines))
-    g = config.grpo
     long = long or LongRun(config, run_dir, tasks, console, run_dir / METRICS_FILE)
+    # a resumed run's versions go on above every one used before its crash
+    version = long.first_version(_served(sync))
+    transfer = _transfer(config, sync, model_dir, version)
     status = console.status("async GRPO: rollouts in flight while the trainer steps")
     schedule = _schedule(config, engines, args, status, on_phase)
-    worker = HarnessRolloutWorker(rollouts, num_generations=g.num_generations,
-                                  max_inflight=g.max_inflight, max_staleness=g.max_staleness,
-                                  settings=row_settings(config),
-                                  drop_uniform=g.drop_uniform_groups,
-                                  # TRL's own queue bound (grpo.trl), here in whole
-                                  # groups: the sampler runs at most that far ahead
-                                  queue_maxsize=args.queue_maxsize,
-                                  call_kinds=tuple(g.call_kinds),
-                                  order=long.order, first_group=long.first_group,
-                                  on_start=long.on_worker_start, schedule=schedule)
+    worker = _worker(config, tasks, harnesses, engines, run_dir, tokenizer, args, long,
+                     schedule, transfer, version)
     if config.cluster is not None:
         with console.status("placing the rollout nodes on Ray"):
             worker.open()  # a cluster that can run no rollout is refused here
-    file = g.weight_transfer == "file"
     steps: list[dict[str, Any]] = []
-    trainer = _trainer(config, tasks, model_dir, args, tokenizer, worker,
-                       FileWeightTransfer(sync, model_dir) if file else None,
+    trainer = _trainer(config, tasks, model_dir, args, tokenizer, worker, transfer,
                        [_callback(run_dir / METRICS_FILE, sync, console, steps, on_step,
                                   schedule, worker), long.callback(), *callbacks],
-                       lambda cls: scheduled(long.trainer_class(cls), schedule))
+                       lambda cls: scheduled(long.trainer_class(
+                           versioned(cls, transfer, version)), schedule))
     # after TRL's own callbacks: its step end (the weight sync) comes first
     trainer.add_callback(schedule_callback(schedule))
     if config.lora is not None:  # what trains, and that the sync sends merged weights
@@ -307,13 +292,6 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
 
         console.print(describe(config.lora, trainer.model))
         attach_metrics(trainer, config.lora)
-    if not file:  # TRL built its own transfer: every swap still names a version
-        trainer.weight_transfer = VersionedTransfer(trainer.weight_transfer, sync)
-    worker.transfer = trainer.weight_transfer
-    # a resumed run's versions go on above every one used before its crash
-    version = long.first_version(_served(sync))
-    trainer.weight_transfer.version = version
-    long.attach(trainer, worker, version)
     try:
         with status:
             trainer.train(resume_from_checkpoint=long.resume_from)
@@ -325,6 +303,63 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
     console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'} · "
                   f"model: {model}")
     return steps
+
+
+def _transfer(config: TrainConfig, sync: VLLMWeightSync, model_dir: Path,
+              version: int) -> VersionedTransfer:
+    """How the weights reach vLLM, every swap named `v<n>` above `version`: by file, or by
+    TRL's NCCL client, which the trainer builds and hands to it (`versioned`)."""
+    from harnessrl.train.async_grpo.transfer import FileWeightTransfer, VersionedTransfer
+
+    if config.grpo.weight_transfer == "file":
+        return FileWeightTransfer(sync, model_dir, version=version)
+    return VersionedTransfer(None, sync, version=version)
+
+
+def versioned(base: type, transfer: VersionedTransfer, version: int) -> type:
+    """`base` (TRL's async trainer) built with `transfer` as its weight transfer and its
+    version counter at `version`. A `transfer` with no inner one takes the client TRL builds
+    itself from the model (its NCCL `WeightTransferClient`): TRL names no version, so
+    without the wrapper every row would be untagged."""
+
+    class Versioned(base):  # type: ignore[valid-type, misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            own = transfer.inner is None  # TRL builds the transfer
+            super().__init__(*args, **{**kwargs, "weight_transfer": None if own else transfer})
+            if own:
+                transfer.inner, self.weight_transfer = self.weight_transfer, transfer
+            self.model_version = version
+
+    return Versioned
+
+
+def _worker(config: TrainConfig, tasks: list[Task], harnesses: list[Harness],
+            engines: PolicyEngines, run_dir: Path, tokenizer: Any, args: Any, long: LongRun,
+            schedule: Schedule, transfer: VersionedTransfer, version: int
+            ) -> HarnessRolloutWorker:
+    """The rollout worker over the run's proxy (or cluster), from the task cursor and
+    weight version a resumed run goes on from."""
+    from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
+    from harnessrl.train.engines import node_engines
+    from harnessrl.train.trl import HarnessRollouts
+
+    rollouts = HarnessRollouts(
+        tasks=tasks, harnesses=harnesses, engine=engines.engine, run_dir=run_dir,
+        pad_token_id=tokenizer.pad_token_id, sampling=sampling_of(config),
+        shaping=config.shaping, mix=config.rollout.mix, settings=config.rollout,
+        train_retried=config.grpo.train_retried,
+        cluster=config.cluster, engine_factory=node_engines(config, engines))
+    g = config.grpo
+    return HarnessRolloutWorker(rollouts, num_generations=g.num_generations,
+                                max_inflight=g.max_inflight, max_staleness=g.max_staleness,
+                                transfer=transfer, settings=row_settings(config),
+                                drop_uniform=g.drop_uniform_groups,
+                                # TRL's own queue bound (grpo.trl), here in whole groups:
+                                # the sampler runs at most that far ahead
+                                queue_maxsize=args.queue_maxsize,
+                                call_kinds=tuple(g.call_kinds), order=long.order,
+                                first_group=long.first_group, first_version=version,
+                                on_start=long.on_worker_start, schedule=schedule)
 
 
 def _schedule(config: TrainConfig, engines: PolicyEngines, args: Any, status: Any,

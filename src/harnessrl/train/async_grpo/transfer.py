@@ -166,7 +166,7 @@ class VersionedTransfer:
     A server that fails any of it is taken out of routing; none left ends the run.
     """
 
-    inner: Any
+    inner: Any  # None until the trainer that builds TRL's own hands it over
     sync: VLLMWeightSync
     # held during each swap: added by the rollout worker (its proxy's gate, a cluster's
     # shards' gates, or a RemoteGate to a proxy in another process)

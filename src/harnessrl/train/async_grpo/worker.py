@@ -325,6 +325,7 @@ class HarnessRolloutWorker:
     # number, a resumed run's cursor (train.runs.order, train.runs.checkpoint).
     order: TaskOrder | None = None
     first_group: int = 0
+    first_version: int = 0  # the trainer's version counter at the start (train.runs.resume)
     # Runs once the store is open, before the first rollout (a resume marks the rollouts
     # its crash interrupted).
     on_start: Callable[[HarnessRollouts], None] | None = None
@@ -348,7 +349,7 @@ class HarnessRolloutWorker:
         self._origin: dict[int, list[str]] = {}  # id(queued group) -> its rows' rollouts
         self.trained_rollouts: set[str] = set()  # rollouts with a row the trainer took
         self.metrics_queue = queue.Queue()
-        self._version = 0
+        self._version = self.first_version
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
