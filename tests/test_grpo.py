@@ -388,7 +388,7 @@ def test_batch_scale_divides_by_the_std_of_the_steps_rewards():
 def test_the_optimizer_does_not_step_on_a_batch_with_no_gradient():
     import torch
 
-    from harnessrl.train.async_grpo.batches import guard_optimizer, has_gradient
+    from harnessrl.train.common import guard_optimizer, has_gradient
 
     def run(guarded: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
         torch.manual_seed(0)

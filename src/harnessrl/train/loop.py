@@ -250,7 +250,7 @@ def _train(config: TrainConfig, tasks: list[Task], harnesses: list[Harness], mod
     from transformers.utils import logging as hf_logging
     from trl import GRPOTrainer
 
-    from harnessrl.train.async_grpo.batches import guarded_trainer
+    from harnessrl.train.common import guarded_trainer
     from harnessrl.train.trl import HarnessRollouts, harness_reward
 
     hf_logging.disable_progress_bar()  # loading and saving bars would tear the live view

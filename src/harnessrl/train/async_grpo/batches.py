@@ -19,7 +19,6 @@ zero, and a stale tail can be dropped apart from its head. Here the worker queue
 
 from __future__ import annotations
 
-import functools
 import queue
 import time
 from collections.abc import Callable, Iterator
@@ -145,27 +144,6 @@ def step_rows(batch: list[GroupItem], scale: Scale, metrics: Any) -> list[list[d
     return [[as_row(s, divisor) for s in g.samples] for g in batch]
 
 
-# ------------------------------------------------------------------ the optimizer's guard
-def guard_optimizer(optimizer: Any, has_gradient: Callable[[], bool],
-                    on_skip: Callable[[], None]) -> None:
-    """The optimizer steps only when `has_gradient()`; otherwise `on_skip()` and nothing
-    moves. (The LR scheduler still counts the step: its schedule is in steps taken by the
-    trainer, skipped or not.)"""
-    if getattr(optimizer, "_harnessrl_guarded", False):
-        return  # create_optimizer may hand back the optimizer it made before
-    step = optimizer.step
-
-    @functools.wraps(step)
-    def guarded(*args: Any, **kwargs: Any) -> Any:
-        if has_gradient():
-            return step(*args, **kwargs)
-        on_skip()
-        return None
-
-    optimizer.step = guarded
-    optimizer._harnessrl_guarded = True
-
-
 class _Corrected:
     """The model as TRL's loss calls it, its log-probs corrected (`importance.correct`)
     and measured on the way out."""
@@ -204,6 +182,7 @@ def group_trainer(base: type, *, groups_per_step: int, scale: Scale,
     """`base` (TRL's `AsyncGRPOTrainer`) reading whole groups, its optimizer guarded,
     its log-probs corrected against the engine's when `importance` is given."""
     from harnessrl.train import trl_compat as compat
+    from harnessrl.train.common import guard_optimizer
 
     class GroupGRPOTrainer(base):  # type: ignore[valid-type, misc]
         _live_tokens = 0.0
@@ -261,25 +240,3 @@ def group_trainer(base: type, *, groups_per_step: int, scale: Scale,
 
     return GroupGRPOTrainer
 
-
-def has_gradient(model: Any) -> bool:
-    """Whether any parameter has a non-zero gradient."""
-    return any(p.grad is not None and bool(p.grad.any()) for p in model.parameters())
-
-
-def guarded_trainer(base: type) -> type:
-    """`base` (TRL's sync `GRPOTrainer`) whose optimizer does not step when every
-    gradient is zero (every rollout's advantage 0, or every reply masked)."""
-
-    from harnessrl.train.trl_compat import metrics_sink
-
-    class GuardedTrainer(base):  # type: ignore[valid-type, misc]
-        def create_optimizer(self, model: Any = None) -> Any:
-            optimizer = super().create_optimizer(model)
-            guard_optimizer(optimizer, lambda: has_gradient(self.model), self._skipped)
-            return optimizer
-
-        def _skipped(self) -> None:
-            metrics_sink(self)["harnessrl/steps_without_gradient"].append(1.0)
-
-    return GuardedTrainer
