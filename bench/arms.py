@@ -98,7 +98,7 @@ def rl(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str,
        name: str) -> dict[str, Any]:
     import yaml
 
-    from harnessrl.train.checkpoint import complete
+    from harnessrl.train.runs.checkpoint import complete
 
     run_dir = state.work(name)
     config = run_dir.with_name(run_dir.name + ".yaml")
@@ -113,7 +113,7 @@ def rl(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str,
         code = run_child(command, log)
     if code != 0 or not (run_dir / "model").is_dir():
         raise RuntimeError(f"harnessrl train exited {code} (log: {state.log(name)})")
-    from harnessrl.train.eval_during import eval_lines
+    from harnessrl.train.runs.eval_during import eval_lines
 
     evals = [{"step": line["step"], "eval": {h: {"passed": e["passed"], "rollouts": e["rollouts"]}
                                              for h, e in line["eval"].items()}}
@@ -243,7 +243,7 @@ def sft_rows(runs: dict[str, Any], tokenizer: Any, work: Path) -> tuple[list[dic
     re-tokenized, since the teacher sampled no student ids."""
     from datasets import Dataset
 
-    from harnessrl.train.sft import export_sft, tokenized_messages
+    from harnessrl.train.export.sft import export_sft, tokenized_messages
 
     rows, per_harness = [], {}
     for harness, run in runs.items():

@@ -37,7 +37,7 @@ import msgspec
 from rich.console import Console
 
 from harnessrl.store.reader import TraceReader
-from harnessrl.train.async_grpo import captured_tokens, main_chain_tokens, rows_of
+from harnessrl.train.async_grpo.worker import captured_tokens, main_chain_tokens, rows_of
 from harnessrl.train.config import TrainConfig
 from harnessrl.train.loop import resolve_model, train
 
@@ -163,7 +163,7 @@ def swap_holds(model: Path, urls: list[str], swaps: int, root: Path
     from transformers import AutoModelForCausalLM
 
     from harnessrl.proxy.gate import WeightGate
-    from harnessrl.train.async_weights import FileWeightTransfer
+    from harnessrl.train.async_grpo.transfer import FileWeightTransfer
     from harnessrl.train.weights import VLLMWeightSync
 
     weights = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)

@@ -40,7 +40,7 @@ TASKS = [{"id": f"t{i}", "instruction": f"Finish job {i}", "verify": ["test -f d
 
 def _timed_saves(records: list[dict[str, Any]]) -> Any:
     """Times every checkpoint of the run into `records`; returns the untimed `save`."""
-    from harnessrl.train import checkpoint
+    from harnessrl.train.runs import checkpoint
 
     real = checkpoint.save
 
@@ -106,7 +106,7 @@ harnesses = ["agent-chat", "agent-fresh"]
         try:
             train(load_config(config), console=Console(file=open(os.devnull, "w")))  # noqa: SIM115
         finally:
-            from harnessrl.train import checkpoint
+            from harnessrl.train.runs import checkpoint
 
             checkpoint.save = real_save  # part 2 times its own save
     lines = [json.loads(x) for x in (work / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -122,7 +122,7 @@ def smollm2(work: Path) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
     from harnessrl.models.smollm2 import prepare_smollm2
-    from harnessrl.train import checkpoint
+    from harnessrl.train.runs import checkpoint
 
     work.mkdir(parents=True, exist_ok=True)
     path = prepare_smollm2()

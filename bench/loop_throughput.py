@@ -40,9 +40,9 @@ import msgspec
 from rich.console import Console
 
 from harnessrl.demo import demo_config
-from harnessrl.train.async_grpo import HarnessRolloutWorker
+from harnessrl.train.async_grpo.schedule import ScheduleSettings, cores
+from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
 from harnessrl.train.loop import resolve_model, train
-from harnessrl.train.schedule import ScheduleSettings, cores
 
 TAKEN: dict[str, list[Any]] = {}  # per arm, the rows its trainer took, in order
 ARMS = {
@@ -103,8 +103,8 @@ def trainer_alone_trl(rows: list[Any], steps: int, root: Path, console: Console,
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from harnessrl.train.async_loop import _prepare, async_config
-    from harnessrl.train.trl_async import async_trl
+    from harnessrl.train.async_grpo.loop import _prepare, async_config
+    from harnessrl.train.trl_compat import async_trl
 
     torch.set_num_threads(cores())
     config = demo_config(root / "alone", model, steps)

@@ -79,9 +79,9 @@ def one_run(name: str, lora: str, model: Path, url: str, steps: int, work: Path
             ) -> dict[str, Any]:
     from rich.console import Console
 
-    from harnessrl.train import checkpoint
     from harnessrl.train.config import load_config
     from harnessrl.train.loop import train
+    from harnessrl.train.runs import checkpoint
 
     work.mkdir(parents=True)
     saves: list[float] = []

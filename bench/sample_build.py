@@ -9,7 +9,7 @@ store and in the same run:
 
   baseline  read and decode every turn (`TraceStore.iter_turns`): the floor any consumer
             of the store pays
-  samples   `harnessrl.train.samples.iter_samples`: the same read plus chain linking and
+  samples   `harnessrl.train.rows.samples.iter_samples`: the same read plus chain linking and
             sample assembly (ids, masks, logprobs)
 
 Each is timed `--repeat` times after one untimed pass (so the file is in the page cache
@@ -35,7 +35,7 @@ import msgspec
 from table import Row, figure_table
 
 from harnessrl.store.writer import TraceStore
-from harnessrl.train.samples import iter_samples
+from harnessrl.train.rows.samples import iter_samples
 from harnessrl.types import (
     ChatRequest,
     Completion,
@@ -111,7 +111,7 @@ def measure(turns: int, per: int, repeat: int, seed: int = 0) -> list[Row]:
         shutil.rmtree(root, ignore_errors=True)
     assert read_n == made
     return [
-        Row("samples built per second (train.samples.iter_samples)",
+        Row("samples built per second (train.rows.samples.iter_samples)",
             f"{samples / build_s:,.0f} samples/s = {made / build_s:,.0f} turns/s "
             f"({build_s:.2f} s, {build_s / read_s:.2f}x the read)",
             f"reading and decoding the turns only: {made / read_s:,.0f} turns/s "

@@ -53,7 +53,7 @@ from harnessrl.store.layout import Prepared, Staged
 from harnessrl.store.reader import TraceReader
 from harnessrl.store.rows import INSERT_TURN, turn_row
 from harnessrl.store.writer import TraceStore
-from harnessrl.train.samples import iter_samples
+from harnessrl.train.rows.samples import iter_samples
 from harnessrl.types import (
     ChatRequest,
     Completion,

@@ -2,8 +2,8 @@
 `torchrun` from tests/test_train_ddp.py: `python -m torch.distributed.run --nproc_per_node 2
 tests/ddp_child.py MODEL_DIR OUT_DIR`.
 
-The trainer is built exactly as `harnessrl train` builds it (`async_loop.async_config`,
-`async_loop._trainer`); the main process gets a *scripted rollout worker* (named as such:
+The trainer is built exactly as `harnessrl train` builds it (`async_grpo.loop.async_config`,
+`async_grpo.loop._trainer`); the main process gets a *scripted rollout worker* (named as such:
 it queues fixed groups of rows with fixed advantages instead of running harnesses) and a transfer
 that records the weights it is sent. Each process saves its parameters before and after
 training; the main process also saves what the transfer received last."""
@@ -31,8 +31,8 @@ class ScriptedRolloutWorker:
     def start(self) -> None:
         import numpy as np
 
-        from harnessrl.train.group_batches import GroupItem
-        from harnessrl.train.trl_async import async_trl
+        from harnessrl.train.async_grpo.batches import GroupItem
+        from harnessrl.train.trl_compat import async_trl
 
         sample = async_trl().rollout_sample
         rows = []
@@ -86,9 +86,9 @@ def main(model_dir: Path, out: Path) -> None:
     import torch
 
     from harnessrl.rollout.tasks import Task
-    from harnessrl.train.async_loop import _prepare, _trainer, async_config
+    from harnessrl.train.async_grpo.loop import _prepare, _trainer, async_config
+    from harnessrl.train.async_grpo.processes import check_processes, process_state
     from harnessrl.train.config import GRPOSettings, ModelConfig, TrainConfig
-    from harnessrl.train.processes import check_processes, process_state
 
     config = TrainConfig(run_dir=str(out), model=ModelConfig(path=str(model_dir)),
                          grpo=GRPOSettings(steps=1, num_generations=2, tasks_per_step=2,

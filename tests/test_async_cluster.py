@@ -78,9 +78,9 @@ def _trainer(model: Path, url: str, out: Path, worker: Any, transfer: Any, steps
              tasks: list[Any]) -> Any:
     from datasets import Dataset
 
-    from harnessrl.train.async_weights import install_cpu_support
-    from harnessrl.train.group_batches import group_trainer
-    from harnessrl.train.trl_async import async_trl
+    from harnessrl.train.async_grpo.batches import group_trainer
+    from harnessrl.train.async_grpo.transfer import install_cpu_support
+    from harnessrl.train.trl_compat import async_trl
 
     trl = async_trl()
     install_cpu_support()
@@ -163,8 +163,8 @@ def test_a_transfer_that_names_no_version_still_gets_its_rows_tagged_and_trained
     from harnessrl.proxy.engines.build import make
     from harnessrl.proxy.engines.routed import routed
     from harnessrl.rollout.runner import RolloutSettings
-    from harnessrl.train.async_grpo import HarnessRolloutWorker
-    from harnessrl.train.async_weights import VersionedTransfer, version_number
+    from harnessrl.train.async_grpo.transfer import VersionedTransfer, version_number
+    from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
     from harnessrl.train.trl import HarnessRollouts, on_policy_sampling
     from harnessrl.train.weights import VLLMWeightSync
 
@@ -292,8 +292,8 @@ def test_async_grpo_on_a_ray_cluster_with_two_vllm_servers(ray_cluster, two_vllm
     from harnessrl.rollout.cluster_run import engines_from
     from harnessrl.rollout.runner import RolloutSettings
     from harnessrl.store.reader import TraceReader
-    from harnessrl.train.async_grpo import HarnessRolloutWorker
-    from harnessrl.train.async_weights import FileWeightTransfer, version_number
+    from harnessrl.train.async_grpo.transfer import FileWeightTransfer, version_number
+    from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
     from harnessrl.train.trl import HarnessRollouts, on_policy_sampling
     from harnessrl.train.weights import VLLMWeightSync
 

@@ -17,8 +17,8 @@ import pytest
 
 from harnessrl.harnesses.base import Harness
 from harnessrl.rollout.chains import link
-from harnessrl.train.async_grpo import advantages, rows_of, score_group
-from harnessrl.train.grpo import RowSettings
+from harnessrl.train.async_grpo.worker import advantages, rows_of, score_group
+from harnessrl.train.rows.grpo import RowSettings
 from harnessrl.types import Outcome
 from tests.helpers import CACHE, make_turn
 
@@ -78,8 +78,8 @@ def test_a_full_group_queue_holds_the_worker_and_keeps_its_heartbeat_fresh():
     import threading
     import time
 
-    from harnessrl.train.async_grpo import POLL_SECONDS, HarnessRolloutWorker
-    from harnessrl.train.group_batches import GroupItem
+    from harnessrl.train.async_grpo.batches import GroupItem
+    from harnessrl.train.async_grpo.worker import POLL_SECONDS, HarnessRolloutWorker
 
     worker = HarnessRolloutWorker(None, num_generations=1, max_inflight=1,  # type: ignore[arg-type]
                                   max_staleness=0, queue_maxsize=1)
@@ -198,16 +198,18 @@ def test_async_grpo_trains_every_chain_with_weight_swaps_and_drops_stale_rows(
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
-    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
     from harnessrl.proxy.engines.vllm import VLLMEngine
     from harnessrl.rollout.runner import RolloutSettings
     from harnessrl.rollout.tasks import load_tasks
-    from harnessrl.train.async_grpo import HarnessRolloutWorker
-    from harnessrl.train.async_weights import FileWeightTransfer, install_cpu_support
-    from harnessrl.train.group_batches import group_trainer
+    from harnessrl.train.async_grpo.batches import group_trainer
+    from harnessrl.train.async_grpo.transfer import FileWeightTransfer, install_cpu_support
+    from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
     from harnessrl.train.trl import HarnessRollouts, on_policy_sampling
+    from harnessrl.train.trl_compat import async_trl
     from harnessrl.train.weights import VLLMWeightSync
+
+    AsyncGRPOConfig, AsyncGRPOTrainer = async_trl().config, async_trl().trainer
 
     script = tmp_path / "agent.py"
     script.write_text(AGENT)

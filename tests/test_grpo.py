@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from harnessrl.rollout.chains import dropped_replies, link
-from harnessrl.train.grpo import (
+from harnessrl.train.rows.grpo import (
     RowSettings,
     flagged_turns,
     group_advantages,
@@ -134,7 +134,7 @@ def test_a_dropped_reply_is_found_and_a_rerendered_one_is_not():
 
 
 def _mask_by_turn(turns: list[Turn], settings: RowSettings) -> list[tuple[Any, ...]]:
-    from harnessrl.train.async_grpo import score_group
+    from harnessrl.train.async_grpo.worker import score_group
 
     report, rows = score_group(0, "t", [(outcome("r", 1.0), turns),
                                         (outcome("s", 0.0), agent_turns("s"))], settings)
@@ -144,7 +144,7 @@ def _mask_by_turn(turns: list[Turn], settings: RowSettings) -> list[tuple[Any, .
 
 def test_rejected_and_truncated_replies_get_no_loss_by_default_row_by_row():
     from harnessrl.rollout.chains import chains
-    from harnessrl.train.samples import turn_spans
+    from harnessrl.train.rows.samples import turn_spans
 
     turns = agent_turns("r", rejected=True, truncated=True)
     assert flagged_turns(turns) == {1: "rejected", 2: "truncated"}
@@ -254,14 +254,14 @@ class ScriptedRollouts:
 def sample_stand_in(monkeypatch):
     """TRL's `RolloutSample` is a plain record of the fields the worker sets; importing
     it imports vLLM (20-50 s here), so the worker tests take a stand-in of the same name."""
-    import harnessrl.train.trl_async as trl_async
+    import harnessrl.train.trl_compat as trl_compat
 
-    monkeypatch.setattr(trl_async, "async_trl",
+    monkeypatch.setattr(trl_compat, "async_trl",
                         lambda: SimpleNamespace(rollout_sample=SimpleNamespace))
 
 
 def _worker(groups: int, **kw: Any) -> tuple[Any, list[Any]]:
-    from harnessrl.train.async_grpo import HarnessRolloutWorker
+    from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
 
     worker = HarnessRolloutWorker(ScriptedRollouts(), num_generations=4,  # type: ignore[arg-type]
                                   max_inflight=4, max_staleness=1, **kw)
@@ -318,7 +318,7 @@ class PackedRowStandIn:
 
 
 def _item(group: int, version: int, rewards: list[float], rows_per_rollout: int = 3) -> Any:
-    from harnessrl.train.group_batches import GroupItem
+    from harnessrl.train.async_grpo.batches import GroupItem
 
     adv = group_advantages(rewards, "none")
     samples = [SimpleNamespace(input_ids=np.arange(5 + r), completion_mask=np.ones(5 + r),
@@ -332,7 +332,7 @@ def _batches(items: list[Any], version: int, steps: int, *, scale: str = "none",
              processes: int = 1, max_staleness: int = 1) -> tuple[list[Any], dict]:
     from collections import defaultdict
 
-    from harnessrl.train.group_batches import GroupBatcher, GroupQueue
+    from harnessrl.train.async_grpo.batches import GroupBatcher, GroupQueue
 
     source: queue.Queue = queue.Queue()
     for item in items:
@@ -388,7 +388,7 @@ def test_batch_scale_divides_by_the_std_of_the_steps_rewards():
 def test_the_optimizer_does_not_step_on_a_batch_with_no_gradient():
     import torch
 
-    from harnessrl.train.group_batches import guard_optimizer, has_gradient
+    from harnessrl.train.common import guard_optimizer, has_gradient
 
     def run(guarded: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
         torch.manual_seed(0)
@@ -435,8 +435,8 @@ class ScriptedGroupWorker:
         self.engine_logprob = engine_logprob
 
     def start(self) -> None:
-        from harnessrl.train.group_batches import GroupItem
-        from harnessrl.train.trl_async import async_trl
+        from harnessrl.train.async_grpo.batches import GroupItem
+        from harnessrl.train.trl_compat import async_trl
 
         sample = async_trl().rollout_sample
         for g, advantages in enumerate(self.groups):
@@ -484,10 +484,10 @@ def test_the_trainer_takes_whole_groups_and_does_not_step_without_a_gradient(
     import torch
     from datasets import Dataset
 
-    from harnessrl.train.async_weights import install_cpu_support
-    from harnessrl.train.group_batches import group_trainer
-    from harnessrl.train.importance import Importance
-    from harnessrl.train.trl_async import async_trl
+    from harnessrl.train.async_grpo.batches import group_trainer
+    from harnessrl.train.async_grpo.transfer import install_cpu_support
+    from harnessrl.train.rows.importance import Importance
+    from harnessrl.train.trl_compat import async_trl
 
     trl = async_trl()
     install_cpu_support()
@@ -558,7 +558,7 @@ def test_importance_sampling_follows_perturbed_engine_logprobs():
 
     import torch
 
-    from harnessrl.train.importance import STATS, Importance, correct, measure, metrics
+    from harnessrl.train.rows.importance import STATS, Importance, correct, measure, metrics
 
     settings = Importance(cap=2.0, band=(0.125, 8.0))
     trainer = torch.log(torch.tensor([0.5, 0.4, 0.3, 0.2, 0.1, 0.25]))
@@ -605,7 +605,7 @@ def plain_grad_checked(engine: Any, adv: Any, trainer: Any) -> bool:
 
 
 def test_importance_is_on_by_default_only_where_the_sides_are_not_both_float32():
-    from harnessrl.train.async_loop import importance_of
+    from harnessrl.train.async_grpo.loop import importance_of
     from harnessrl.train.config import EngineConfig, GRPOSettings, TrainConfig
 
     cpu = TrainConfig(engine=EngineConfig(dtype="float32"))
@@ -623,7 +623,7 @@ def test_importance_is_on_by_default_only_where_the_sides_are_not_both_float32()
 
 
 def test_a_long_run_of_uniform_groups_is_reported(capsys):
-    from harnessrl.train.async_grpo import UNIFORM_WARN, HarnessRolloutWorker
+    from harnessrl.train.async_grpo.worker import UNIFORM_WARN, HarnessRolloutWorker
 
     worker = HarnessRolloutWorker(None, num_generations=2, max_inflight=1,  # type: ignore[arg-type]
                                   max_staleness=0)
@@ -639,7 +639,7 @@ def test_a_long_run_of_uniform_groups_is_reported(capsys):
 @pytest.mark.parametrize(("trl", "says"), [({"gradient_accumulation_steps": 2}, "tasks_per_step"),
                                            ({"token_budget": 4096}, "whole groups")])
 def test_trl_settings_that_would_split_a_steps_groups_are_refused(trl, says):
-    from harnessrl.train.async_loop import check_whole_groups
+    from harnessrl.train.async_grpo.loop import check_whole_groups
 
     with pytest.raises(ValueError, match=says):
         check_whole_groups(trl)

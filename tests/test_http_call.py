@@ -20,7 +20,7 @@ from harnessrl.http.call import call, fetch, refused
 from harnessrl.http.client import TransportError
 from harnessrl.proxy.engines.vllm_server import VLLMServer, free_port
 from harnessrl.rollout.cluster_node import _unreachable
-from harnessrl.train.async_weights import RemoteGate
+from harnessrl.train.async_grpo.transfer import RemoteGate
 from harnessrl.train.weights import VLLMWeightSync, WeightSyncError
 
 

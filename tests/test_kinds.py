@@ -13,8 +13,8 @@ import pytest
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
 from harnessrl.rollout.chains import link
 from harnessrl.rollout.kinds import CALL_KINDS, HINTS, label
-from harnessrl.train.async_grpo import score_group
-from harnessrl.train.samples import samples_for_rollout
+from harnessrl.train.async_grpo.worker import score_group
+from harnessrl.train.rows.samples import samples_for_rollout
 from harnessrl.types import Outcome
 from tests.helpers import RECORDED, ServedProxy, make_proxy, unredacted
 

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from harnessrl.train import checkpoint as ckpt
 from harnessrl.train.config import TrainConfig, load_config
+from harnessrl.train.runs import checkpoint as ckpt
 from harnessrl.types import Outcome, Rollout
 
 
@@ -163,7 +163,7 @@ def test_eval_model_flag_takes_only_a_whole_checkpoint(tmp_path, capsys):
 
 # ------------------------------------------------------------------ order and split
 def test_task_order_is_seeded_per_epoch_and_a_pure_function_of_the_cursor():
-    from harnessrl.train.order import TaskOrder, split
+    from harnessrl.train.runs.order import TaskOrder, split
 
     tasks = [f"t{i}" for i in range(7)]
     order = TaskOrder(tasks, seed=3)
@@ -185,7 +185,7 @@ def test_task_order_is_seeded_per_epoch_and_a_pure_function_of_the_cursor():
 def test_interrupted_rollouts_are_marked_once_and_never_planned_again(tmp_path):
     from harnessrl.store.reader import TraceReader
     from harnessrl.store.writer import TraceStore
-    from harnessrl.train.resume import interrupted, mark_interrupted, newest_version
+    from harnessrl.train.runs.resume import interrupted, mark_interrupted, newest_version
     from tests.helpers import make_turn
 
     def meta(sample: int, attempt: int = 1, **more):
@@ -227,7 +227,7 @@ def test_interrupted_rollouts_are_marked_once_and_never_planned_again(tmp_path):
 
 
 def test_metrics_rewind_to_the_checkpoint_step(tmp_path):
-    from harnessrl.train.resume import UNDONE_FILE, rewind_metrics
+    from harnessrl.train.runs.resume import UNDONE_FILE, rewind_metrics
 
     metrics = tmp_path / "metrics.jsonl"
     lines = [{"step": 1}, {"step": 2}, {"step": 2, "eval": {}}, {"step": 3}]
@@ -240,8 +240,8 @@ def test_metrics_rewind_to_the_checkpoint_step(tmp_path):
 # ------------------------------------------------------------------ figures
 @pytest.mark.slow  # imports TRL's async trainer, which imports vLLM
 def test_group_metrics_carry_per_harness_outcomes_for_report_to():
-    from harnessrl.train.async_grpo import group_metrics, score_group
-    from harnessrl.train.async_loop import step_line
+    from harnessrl.train.async_grpo.loop import step_line
+    from harnessrl.train.async_grpo.worker import group_metrics, score_group
     from tests.helpers import make_turn
 
     def outcome(h: str, sample: int, status: str = "done", verifier: float = 0.0):
@@ -259,7 +259,9 @@ def test_group_metrics_carry_per_harness_outcomes_for_report_to():
     assert m["harnessrl/a/pass_rate"] == (1.0, 2) and m["harnessrl/a/tool_calls"] == (2.0, 2)
     assert m["harnessrl/a/completion_tokens"] == (30.0, 2) and m["harnessrl/a/turns"] == (6, 2)
     assert m["harnessrl/b/infra_errors_total"] == 1.0 and "harnessrl/b/pass_rate" not in m
-    from trl.experimental.async_grpo.async_grpo_trainer import _reduce_metric
+    from harnessrl.train.trl_compat import async_trl
+
+    _reduce_metric = async_trl().trainer_module._reduce_metric  # how TRL logs a step
 
     logs = {k: _reduce_metric(k, [v]) for k, v in m.items()}
     line = step_line(1, logs, "v2")
@@ -270,7 +272,7 @@ def test_group_metrics_carry_per_harness_outcomes_for_report_to():
 
 def test_an_eval_pass_line_and_report_to_keys_and_plot(tmp_path):
     from harnessrl.rollout.evaluate import evaluate
-    from harnessrl.train.eval_during import EvalPass, eval_lines, plot
+    from harnessrl.train.runs.eval_during import EvalPass, eval_lines, plot
 
     def outcome(h: str, task: str, solved: bool, status: str = "done"):
         return Outcome(harness=h, harness_version="1", task=task, sample=0, rollout="k",
@@ -291,3 +293,48 @@ def test_an_eval_pass_line_and_report_to_keys_and_plot(tmp_path):
     pytest.importorskip("matplotlib")
     png = plot(metrics, tmp_path / "eval.png")
     assert png is not None and png.read_bytes()[:4] == b"\x89PNG"
+
+
+# ------------------------------------------------------------------ the async trainer's parts
+class StandInAsyncTrainer:
+    """Takes what TRL's `AsyncGRPOTrainer` takes and, given no transfer, builds its own as
+    TRL builds its NCCL client from the model (named as such: a string here)."""
+
+    def __init__(self, *, rollout_worker: object = None, weight_transfer: object = None,
+                 **_: object) -> None:
+        self.rollout_worker = rollout_worker
+        self.weight_transfer = weight_transfer or "TRL's own NCCL client"
+        self.model_version = 0
+
+
+@pytest.mark.parametrize("weight_transfer", ["file", "trl"])
+def test_the_async_trainers_parts_are_built_by_their_constructors(tmp_path, weight_transfer):
+    """A resumed run's first version reaches the transfer, the worker and the trainer as
+    each is built, and the trainer's transfer is the versioned one (around TRL's own
+    client when TRL builds it); the run holds the trainer it built."""
+    from rich.console import Console
+
+    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.train.async_grpo.loop import _transfer, versioned
+    from harnessrl.train.async_grpo.transfer import FileMover
+    from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
+    from harnessrl.train.runs.long_run import LongRun
+
+    config = load_config(_config(tmp_path))
+    config = msgspec.structs.replace(config, grpo=msgspec.structs.replace(
+        config.grpo, weight_transfer=weight_transfer))
+    long = LongRun(config, tmp_path / "run", load_tasks(config.rollout.tasks), Console(),
+                   tmp_path / "metrics.jsonl")
+    sync = SimpleNamespace()  # stand-in: nothing is synced here
+    transfer = _transfer(config, sync, tmp_path, version=7)  # type: ignore[arg-type]
+    worker = HarnessRolloutWorker(SimpleNamespace(), num_generations=2,  # type: ignore[arg-type]
+                                  max_inflight=1, max_staleness=1, transfer=transfer,
+                                  first_version=7)
+    trainer = long.trainer_class(versioned(StandInAsyncTrainer, transfer, 7))(
+        rollout_worker=worker, weight_transfer=transfer)
+    assert trainer.weight_transfer is transfer and worker.transfer is transfer
+    assert isinstance(transfer.inner, FileMover) == (weight_transfer == "file")
+    if weight_transfer == "trl":
+        assert transfer.inner == "TRL's own NCCL client"
+    assert trainer.model_version == transfer.version == worker._version == 7
+    assert long.trainer is trainer and hasattr(trainer, "_save_checkpoint")

@@ -157,7 +157,7 @@ def _tensorboard(root: Path) -> dict[str, list[int]]:
 def test_kill_after_step_two_then_resume_finishes_with_eval_and_a_servable_model(
         vllm_tiny, tiny_model, tmp_path, monkeypatch):
     from harnessrl.store.reader import TraceReader
-    from harnessrl.train import async_grpo
+    from harnessrl.train.async_grpo import worker as async_grpo
     from harnessrl.train.config import load_config
     from harnessrl.train.loop import train
 

@@ -46,7 +46,7 @@ def test_bad_lora_settings_are_refused_naming_the_field(raw, named):
 
 
 def test_fingerprint_names_the_lora_settings_only_for_a_lora_run():
-    from harnessrl.train.checkpoint import differences, fingerprint
+    from harnessrl.train.runs.checkpoint import differences, fingerprint
 
     full = fingerprint(_config({}), ["t1"])
     assert "lora" not in full  # a full fine-tuning checkpoint of before resumes as it did
@@ -98,7 +98,7 @@ def test_merged_model_is_the_adapted_model_and_the_adapter_stays_unmerged(
 
 
 def test_a_lora_checkpoint_is_refused_as_a_model_naming_the_merged_one(tmp_path: Path):
-    from harnessrl.train.checkpoint import CheckpointError, model_dir_of
+    from harnessrl.train.runs.checkpoint import CheckpointError, model_dir_of
 
     adapter = tmp_path / "adapter"
     adapter.mkdir()

@@ -27,7 +27,7 @@ from harnessrl.rollout.chains import (
     link,
     report,
 )
-from harnessrl.train.samples import iter_samples, sample, samples_for_rollout
+from harnessrl.train.rows.samples import iter_samples, sample, samples_for_rollout
 from harnessrl.types import (
     BreakReason,
     ChainBreak,

@@ -1,4 +1,5 @@
-"""The colocated schedule (train/schedule.py) and vLLM's sleep mode (train/sleep.py).
+"""The colocated schedule (train/async_grpo/schedule.py) and vLLM's sleep mode
+(train/async_grpo/sleep.py).
 
 The sleep mode is tested against a fake vLLM HTTP server (named as such) that answers the
 contract `VLLMSleep` is written for: `POST /sleep?level=1`, `POST /wake_up`,
@@ -14,14 +15,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from harnessrl.train.schedule import (
+from harnessrl.train.async_grpo.schedule import (
     Schedule,
     ScheduleSettings,
     is_colocated,
     sleeps,
     trainer_threads,
 )
-from harnessrl.train.sleep import VLLMSleep, VLLMSleepError
+from harnessrl.train.async_grpo.sleep import VLLMSleep, VLLMSleepError
 
 
 class FakeVLLM:
@@ -251,7 +252,7 @@ def test_trainer_threads_per_phase_and_the_override():
 def test_figures_for_the_metrics_line_and_the_summary():
     from collections import Counter
 
-    from harnessrl.train.schedule import figures, summary
+    from harnessrl.train.async_grpo.schedule import figures, summary
 
     clock = Clock()
     schedule = Schedule(colocated=True, step_groups=4, steps=2, clock=clock)

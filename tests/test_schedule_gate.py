@@ -15,7 +15,7 @@ import openai
 from openai.types.chat import ChatCompletion
 
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
-from harnessrl.train.schedule import Schedule
+from harnessrl.train.async_grpo.schedule import Schedule
 from tests.helpers import ServedProxy, make_proxy
 
 

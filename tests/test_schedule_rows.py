@@ -22,8 +22,8 @@ from harnessrl.proxy.engines.scripted import ScriptedEngine
 from harnessrl.rollout.run import oracle_policy
 from harnessrl.rollout.runner import RolloutSettings
 from harnessrl.rollout.tasks import load_tasks
-from harnessrl.train.async_grpo import HarnessRolloutWorker
-from harnessrl.train.schedule import Schedule
+from harnessrl.train.async_grpo.schedule import Schedule
+from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
 from harnessrl.train.trl import HarnessRollouts
 from tests.test_train import AGENT, agent
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from harnessrl.train.sft import message_rows, tokenized_messages
+from harnessrl.train.export.sft import message_rows, tokenized_messages
 from harnessrl.types import (
     ChatRequest,
     Completion,

@@ -25,7 +25,7 @@ from harnessrl.proxy.engines.vllm_server import free_port
 from harnessrl.store.reader import TraceReader
 from harnessrl.store.rows import pack, unpack
 from harnessrl.store.writer import TraceStore, WriterLock
-from harnessrl.train.export import export
+from harnessrl.train.export.rollouts import export
 from harnessrl.types import Rollout
 from tests.helpers import make_turn
 
@@ -343,7 +343,7 @@ def _mkdir(path: Path) -> Path:
 
 
 def export_rows(reader: TraceReader):
-    from harnessrl.train.export import turn_row
+    from harnessrl.train.export.rollouts import turn_row
 
     return (turn_row(t) for t in reader.iter_turns())
 

@@ -396,7 +396,7 @@ def test_sft_token_export_is_exact_and_sfttrainer_takes_it(setting, tmp_path, to
     from trl import SFTConfig, SFTTrainer
 
     from harnessrl.store.reader import TraceReader
-    from harnessrl.train.sft import export_sft
+    from harnessrl.train.export.sft import export_sft
 
     run = _collect(setting, tmp_path)
     result = export_sft(run, tmp_path / "sft.parquet")
@@ -430,7 +430,7 @@ def test_sft_messages_export_from_a_teacher_without_token_ids(setting, tmp_path,
     from trl import SFTConfig, SFTTrainer
 
     from harnessrl.cli import main
-    from harnessrl.train.sft import RETOKENIZED_NOTE, export_sft
+    from harnessrl.train.export.sft import RETOKENIZED_NOTE, export_sft
 
     _tasks, scripted, _h = setting
     run = _collect(setting, tmp_path, TextOnly(scripted))

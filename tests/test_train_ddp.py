@@ -2,8 +2,8 @@
 torchrun, the trainer built as `harnessrl train` builds it (tests/ddp_child.py; its rows
 come from a scripted rollout worker, named as such). After a step the parameters are
 equal on both ranks, differ from before, and are what the transfer received on the main
-process. What cannot work with several processes is refused before anything starts. And
-TRL's async trainer is found where a newer TRL keeps it (issue 38, item 5)."""
+process. What cannot work with several processes is refused before anything starts.
+(Where a newer TRL keeps the async trainer: tests/test_trl_compat.py.)"""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from harnessrl.train.async_grpo.processes import check_processes
 from harnessrl.train.config import GRPOSettings, TrainConfig
-from harnessrl.train.processes import check_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,29 +87,3 @@ def _free_port() -> int:
 
     return free_port()
 
-
-def test_trls_async_trainer_is_found_where_a_newer_trl_keeps_it(monkeypatch) -> None:
-    """TRL 1.18 exports the async trainer from `trl` itself, its modules elsewhere: a
-    stand-in `trl` of that layout (named as such) is found without the experimental one."""
-    import types
-
-    from harnessrl.train import trl_async
-
-    package = types.ModuleType("newtrl")
-    trainer_module = types.ModuleType("newtrl.async_grpo_trainer")
-    packing = types.ModuleType("newtrl.packing")
-
-    class AsyncGRPOTrainer:
-        __module__ = "newtrl.async_grpo_trainer"
-
-    trainer_module.RolloutSample = object  # type: ignore[attr-defined]
-    stand_in = types.ModuleType("trl")
-    stand_in.AsyncGRPOTrainer = AsyncGRPOTrainer  # type: ignore[attr-defined]
-    stand_in.AsyncGRPOConfig = dict  # type: ignore[attr-defined]
-    for name, module in [("newtrl", package), ("newtrl.async_grpo_trainer", trainer_module),
-                         ("newtrl.packing", packing), ("trl", stand_in)]:
-        monkeypatch.setitem(sys.modules, name, module)
-    found = trl_async.async_trl.__wrapped__()
-    assert found.trainer is AsyncGRPOTrainer and found.config is dict
-    assert found.trainer_module is trainer_module and found.packing is packing
-    assert found.rollout_sample is object

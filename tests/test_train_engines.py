@@ -182,7 +182,7 @@ def test_sync_trainer_takes_a_server_that_fails_its_reload_out_of_routing(tmp_pa
 
 
 def _transfer(engines: PolicyEngines, tmp_path: Path, gate: WeightGate):
-    from harnessrl.train.async_weights import FileWeightTransfer
+    from harnessrl.train.async_grpo.transfer import FileWeightTransfer
 
     sync = engines.weight_sync(tmp_path / "weights")
     sync.engines.append(engines.engine)  # as HarnessRolloutWorker.start does

@@ -89,7 +89,7 @@ from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from trl.experimental.async_grpo.openenv_harness import HarnessRolloutWorker
 from harnessrl.openenv import HarnessSessionFactory
 from harnessrl.rollout.runner import RolloutSettings
-from harnessrl.train.async_weights import FileWeightTransfer, RemoteGate, install_cpu_support
+from harnessrl.train.async_grpo.transfer import FileWeightTransfer, RemoteGate, install_cpu_support
 from harnessrl.train.weights import VLLMWeightSync
 
 install_cpu_support()

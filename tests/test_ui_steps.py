@@ -1,5 +1,5 @@
 """The viewer's per-step curves over a recorded training run: its metrics.jsonl written by
-the trainer's own line builders (`async_loop.step_line` from TRL-shaped logs, an eval
+the trainer's own line builders (`async_grpo.loop.step_line` from TRL-shaped logs, an eval
 pass's `EvalPass.line`), read back by the API and drawn by the page (Playwright on
 Debian's chromium)."""
 
@@ -16,8 +16,8 @@ from starlette.testclient import TestClient
 
 from harnessrl.rollout.evaluate import HarnessEval
 from harnessrl.store.writer import TraceStore
-from harnessrl.train.async_loop import step_line
-from harnessrl.train.eval_during import EvalPass
+from harnessrl.train.async_grpo.loop import step_line
+from harnessrl.train.runs.eval_during import EvalPass
 from harnessrl.ui.app import build_app
 
 ROOT = Path(__file__).resolve().parents[1]

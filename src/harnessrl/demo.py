@@ -7,7 +7,7 @@ takes two GRPO steps on the exact captured tokens with the weights reloaded into
 after each, and shows what happened: rollouts and rewards, turns and tokens captured,
 chain statistics, which weight version sampled each turn, and one turn chosen for what it
 shows. While it trains, a progress line every 15 seconds (`train/live.py`) naming the
-phase: vLLM runs here, so the run is colocated (`train/schedule.py`): sampling pauses
+phase: vLLM runs here, so the run is colocated (`train/async_grpo/schedule.py`): sampling pauses
 while the trainer steps.
 """
 

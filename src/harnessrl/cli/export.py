@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from harnessrl.train.export import export
+    from harnessrl.train.export.rollouts import export
 
     if args.sft:
         return _export_sft(args)
@@ -35,7 +35,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def _export_sft(args: argparse.Namespace) -> int:
-    from harnessrl.train.sft import RETOKENIZED_NOTE, export_sft
+    from harnessrl.train.export.sft import RETOKENIZED_NOTE, export_sft
 
     result = export_sft(args.run_dir, args.out, kind=args.sft, min_reward=args.min_reward,
                         chains=args.chains)

@@ -40,8 +40,8 @@ def run_train(args: argparse.Namespace) -> int:
     if args.steps is not None:
         config = msgspec.structs.replace(
             config, grpo=msgspec.structs.replace(config.grpo, steps=args.steps))
-    from harnessrl.train.checkpoint import CheckpointError
     from harnessrl.train.loop import train
+    from harnessrl.train.runs.checkpoint import CheckpointError
 
     try:
         with _progress(Path(config.run_dir)) as live:

@@ -126,7 +126,7 @@ class Proxy:
         self.store = sessions.store
         self.config = config or ProxyConfig()
         self.served: list[str] = []
-        self.gate = WeightGate()  # held by a weight swap (train/async_grpo.py)
+        self.gate = WeightGate()  # held by a weight swap (train/async_grpo/worker.py)
 
     # ---------------------------------------------------------------- lifecycle
     async def startup(self) -> None:

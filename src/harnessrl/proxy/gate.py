@@ -9,7 +9,7 @@ the proxy's event loop (`admit`, `leave`). The state is a few integers under a
 `POLL_SECONDS`: holds are rare (one per optimizer step) and short, so a poll is cheaper
 than an event loop handoff per call.
 
-The colocated schedule (train/schedule.py) also `close`s the gate while the trainer takes
+The colocated schedule (train/async_grpo/schedule.py) also `close`s the gate while the trainer takes
 its optimizer step on the same hardware: new calls wait as during a swap, but the calls
 already streaming are not waited for (they finish on their own); `open` lets the held
 ones go. A closed gate and a held one are independent: a swap inside a step releases its

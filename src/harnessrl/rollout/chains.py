@@ -3,7 +3,7 @@
 A turn *extends* a chain when its prompt ids start with the ids of the chain's last turn,
 prompt and completion: the harness sent its history back exactly as the model saw and
 produced it, plus new tokens (tool results, user text, template tokens). Training makes
-one sequence of each chain (`harnessrl.train.samples`); the viewer and the reports show
+one sequence of each chain (`harnessrl.train.rows.samples`); the viewer and the reports show
 them.
 
 Several chains can be open at once, because harnesses interleave side calls (titles,

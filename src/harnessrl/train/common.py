@@ -1,8 +1,11 @@
-"""What both trainers (the synchronous `loop` and the asynchronous `async_loop`) share, so
-that neither imports the other for it."""
+"""What both trainers (the synchronous `loop` and the asynchronous `async_grpo.loop`) share,
+so that neither imports the other for it: the sampling, a quiet trainer log, and an
+optimizer that does not step without a gradient."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from harnessrl.train.config import TrainConfig
@@ -25,3 +28,46 @@ def quiet(trainer: Any) -> None:
 
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
+
+
+# ------------------------------------------------------------------ the optimizer's guard
+def guard_optimizer(optimizer: Any, has_gradient: Callable[[], bool],
+                    on_skip: Callable[[], None]) -> None:
+    """The optimizer steps only when `has_gradient()`; otherwise `on_skip()` and nothing
+    moves. (The LR scheduler still counts the step: its schedule is in steps taken by the
+    trainer, skipped or not.)"""
+    if getattr(optimizer, "_harnessrl_guarded", False):
+        return  # create_optimizer may hand back the optimizer it made before
+    step = optimizer.step
+
+    @functools.wraps(step)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        if has_gradient():
+            return step(*args, **kwargs)
+        on_skip()
+        return None
+
+    optimizer.step = guarded
+    optimizer._harnessrl_guarded = True
+
+
+def has_gradient(model: Any) -> bool:
+    """Whether any parameter has a non-zero gradient."""
+    return any(p.grad is not None and bool(p.grad.any()) for p in model.parameters())
+
+
+def guarded_trainer(base: type) -> type:
+    """`base` (TRL's sync `GRPOTrainer`) whose optimizer does not step when every
+    gradient is zero (every rollout's advantage 0, or every reply masked)."""
+    from harnessrl.train.trl_compat import metrics_sink
+
+    class GuardedTrainer(base):  # type: ignore[valid-type, misc]
+        def create_optimizer(self, model: Any = None) -> Any:
+            optimizer = super().create_optimizer(model)
+            guard_optimizer(optimizer, lambda: has_gradient(self.model), self._skipped)
+            return optimizer
+
+        def _skipped(self) -> None:
+            metrics_sink(self)["harnessrl/steps_without_gradient"].append(1.0)
+
+    return GuardedTrainer

@@ -13,8 +13,8 @@ import msgspec
 from harnessrl.rollout.cluster import ClusterSettings
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.runner import RolloutSettings
+from harnessrl.train.async_grpo.schedule import ScheduleSettings
 from harnessrl.train.lora import LoraSettings, check_lora
-from harnessrl.train.schedule import ScheduleSettings
 from harnessrl.types import CallKind
 
 
@@ -115,7 +115,7 @@ class RolloutConfig(RolloutSettings, frozen=True):
 
 class GRPOSettings(_Section):
     # async: TRL's AsyncGRPOTrainer, rollouts always in flight, every chain trained
-    # (train/async_grpo.py); sync: GRPOTrainer with a rollout_func, one chain per rollout
+    # (train/async_grpo/worker.py); sync: GRPOTrainer with a rollout_func, one chain per rollout
     trainer: Literal["async", "sync"] = "async"
     steps: Annotated[int, msgspec.Meta(ge=1)] = 2  # optimizer steps
     num_generations: Annotated[int, msgspec.Meta(ge=1)] = 2  # rollouts per GRPO group
@@ -147,7 +147,7 @@ class GRPOSettings(_Section):
     # every kind by default (sync trains one chain per rollout, the main one)
     call_kinds: list[CallKind] = msgspec.field(
         default_factory=lambda: ["main", "side", "subagent", "compaction"])
-    # --- how rollouts become a loss (train/grpo.py; docs/guides/async-grpo.md) ---
+    # --- how rollouts become a loss (train/rows/grpo.py; docs/guides/async-grpo.md) ---
     # The group advantage's scale, as TRL's GRPOConfig.scale_rewards (its default in 1.16):
     # group: (r - group mean) / group std; batch: / the std of the step's rewards; none:
     # r - group mean (a small shaping spread stays small instead of becoming +-1).
@@ -167,7 +167,7 @@ class GRPOSettings(_Section):
     # group's scored rollouts (seeded by grpo.seed and the group), so the update has the
     # same size but no relation to what the rollouts did.
     advantage_control: Literal["none", "shuffle"] = "none"
-    # async: importance sampling against the engine's logprobs (train/importance.py). auto:
+    # async: importance sampling against the engine's logprobs (train/rows/importance.py). auto:
     # on unless the trainer and vLLM both compute in float32 (a CPU run), where their
     # logprobs agree to ~1e-5 and there is nothing to correct. A token whose ratio
     # pi_trainer / pi_engine leaves the band is masked out of the loss (MIS; None: none);
@@ -224,7 +224,7 @@ class TrainConfig(_Section):
     # [lora]: train a LoRA adapter (train/lora.py); absent: every weight trains
     lora: LoraSettings | None = None
     # [schedule]: colocated (the trainer gets the hardware while it steps) or overlapped;
-    # threads (train/schedule.py, docs/guides/async-grpo.md)
+    # threads (train/async_grpo/schedule.py, docs/guides/async-grpo.md)
     schedule: ScheduleSettings = msgspec.field(default_factory=ScheduleSettings)
 
     def __post_init__(self) -> None:

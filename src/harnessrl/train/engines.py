@@ -23,8 +23,8 @@ from typing import Any
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.build import EngineSpec, Status, make, server_for
 from harnessrl.proxy.engines.vllm_server import free_port
+from harnessrl.train.async_grpo.sleep import SLEEP_FLAG
 from harnessrl.train.config import TrainConfig, trainer_dtype
-from harnessrl.train.sleep import SLEEP_FLAG
 from harnessrl.train.weights import VLLMWeightSync
 
 
@@ -76,7 +76,7 @@ def vllm_args(config: TrainConfig) -> list[str]:
 def _sleeps(config: TrainConfig) -> bool:
     import torch
 
-    from harnessrl.train.schedule import is_colocated, sleeps
+    from harnessrl.train.async_grpo.schedule import is_colocated, sleeps
 
     colocated = is_colocated(config.schedule, config.engine.roots, config.cluster is not None)
     return (config.grpo.trainer == "async"

@@ -71,7 +71,7 @@ class Live:
     every: float = 15.0
     clock: Callable[[], float] = time.monotonic
     done_steps: int = 0
-    phase: str | None = None  # what the run does now (train.schedule): "sampling", ...
+    phase: str | None = None  # what the run does now (train.async_grpo.schedule): "sampling", ...
     _seen: dict[str, _Seen] = field(default_factory=dict)
     _reader: TraceReader | None = None
     _stop: threading.Event = field(default_factory=threading.Event)

@@ -25,12 +25,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from harnessrl.rollout.chains import ChainStats
-from harnessrl.train.async_loop import check_config, row_settings, train_async, train_async_rank
+from harnessrl.train.async_grpo.loop import (
+    check_config,
+    row_settings,
+    train_async,
+    train_async_rank,
+)
+from harnessrl.train.async_grpo.processes import check_processes, process_state
 from harnessrl.train.common import quiet, sampling_of
 from harnessrl.train.config import TrainConfig, trainer_dtype
 from harnessrl.train.engines import PolicyEngines, node_engines, policy_engines
-from harnessrl.train.long_run import long_run
-from harnessrl.train.processes import check_processes, process_state
+from harnessrl.train.runs.long_run import long_run
 from harnessrl.train.trl import Batch, RolloutRecord
 
 if TYPE_CHECKING:
@@ -90,7 +95,7 @@ def _spread_share(records: list[RolloutRecord]) -> float | None:
     whose scored rewards differ."""
     from itertools import groupby
 
-    from harnessrl.train.grpo import has_spread
+    from harnessrl.train.rows.grpo import has_spread
 
     groups = [[r.outcome.reward if r.outcome.status == "done" else None for r in group]
               for _, group in groupby(records, key=lambda r: r.outcome.task)]
@@ -245,7 +250,7 @@ def _train(config: TrainConfig, tasks: list[Task], harnesses: list[Harness], mod
     from transformers.utils import logging as hf_logging
     from trl import GRPOTrainer
 
-    from harnessrl.train.group_batches import guarded_trainer
+    from harnessrl.train.common import guarded_trainer
     from harnessrl.train.trl import HarnessRollouts, harness_reward
 
     hf_logging.disable_progress_bar()  # loading and saving bars would tear the live view
@@ -272,7 +277,7 @@ def _train(config: TrainConfig, tasks: list[Task], harnesses: list[Harness], mod
             callbacks=[rollouts.callback(), _callback(log), *callbacks])
         quiet(trainer)
         trainer.train()
-    from harnessrl.train.checkpoint import save_final_model
+    from harnessrl.train.runs.checkpoint import save_final_model
 
     model = save_final_model(trainer, run_dir)
     console.print(summary_table(log.steps))

@@ -6,7 +6,7 @@ optimizer state and a checkpoint hold the adapter's tensors alone.
 
 **Weight sync: merged weights.** TRL's `AsyncGRPOTrainer` folds the adapter into the base
 weights (`merge_adapter`) before every sync and unfolds it after, and harnessrl's file
-transfer (`async_weights.FileMover`) hands vLLM the merged model to reload, the same path
+transfer (`async_grpo.transfer.FileMover`) hands vLLM the merged model to reload, the same path
 as full fine-tuning. That is what every vLLM harnessrl drives supports (dev mode's
 `reload_weights`). The other way, vLLM's own LoRA loading (`--enable-lora`,
 `/v1/load_lora_adapter` with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`), moves ~1% of the bytes
@@ -154,6 +154,8 @@ def metrics_callback(lora: LoraSettings) -> Any:
     `report_to` beside TRL's own `perf/weight_sync_s`."""
     from transformers import TrainerCallback
 
+    from harnessrl.train.trl_compat import metrics_sink
+
     class LoraMetrics(TrainerCallback):
         trainer: Any = None
 
@@ -162,7 +164,7 @@ def metrics_callback(lora: LoraSettings) -> Any:
             if self.trainer is None or model is None:
                 return
             train, total = trainable(model)
-            metrics = self.trainer._metrics["train"]
+            metrics = metrics_sink(self.trainer)
             metrics["lora/merged_sync"].append(1.0 if SYNC == "merged" else 0.0)
             metrics["lora/rank"].append(float(lora.rank))
             metrics["lora/trainable_params"].append(float(train))

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import ModelUnavailable
-from harnessrl.train.checkpoint import MODEL_DIR, CheckpointError, model_dir_of
+from harnessrl.train.runs.checkpoint import MODEL_DIR, CheckpointError, model_dir_of
 
 Status = Callable[[str], contextlib.AbstractContextManager[Any]]
 TINY_DIR = Path("~/.cache/harnessrl/models/tiny-qwen2")

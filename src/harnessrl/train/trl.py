@@ -60,8 +60,8 @@ from harnessrl.rollout.runner import Planned, RolloutSettings, RunConfig, Runner
 from harnessrl.rollout.serving import serving
 from harnessrl.rollout.tasks import Task
 from harnessrl.store.writer import TraceStore
-from harnessrl.train.grpo import RowSettings, flagged_turns, masked_chain
-from harnessrl.train.samples import sample
+from harnessrl.train.rows.grpo import RowSettings, flagged_turns, masked_chain
+from harnessrl.train.rows.samples import sample
 from harnessrl.train.weights import Gate, Versioned, VLLMWeightSync, version_name
 from harnessrl.types import Outcome, Sample, Sampling, Turn
 

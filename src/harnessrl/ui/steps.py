@@ -1,6 +1,6 @@
 """A training run's per-step curves for the viewer, from its `metrics.jsonl` (one line per
-optimizer step, and one per eval pass: `train.async_loop.step_line`, `train.loop.StepLog`,
-`train.eval_during.EvalPass.line`).
+optimizer step, and one per eval pass: `train.async_grpo.loop.step_line`, `train.loop.StepLog`,
+`train.runs.eval_during.EvalPass.line`).
 
 Only the file's last `TAIL_BYTES` are read, so a long run costs one bounded read per poll.
 A value a line does not have is absent from its series, never a made-up 0.

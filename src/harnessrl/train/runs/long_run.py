@@ -1,11 +1,11 @@
 """What a long async run adds around `train_async`: checkpoints, the resume, the trained
 model directory and eval while training, as a few hooks into the trainer and the worker
-(train.checkpoint, train.resume, train.eval_during hold the parts).
+(train.runs.checkpoint, train.runs.resume, train.runs.eval_during hold the parts).
 
 `LongRun` is built before the trainer; it says which trainer class to build (one whose
-checkpoints are atomic), what the worker starts from (the task cursor; the resume's
-marking of interrupted rollouts), sets the version counter after the trainer is built,
-and gives the callbacks that start eval passes and log them.
+checkpoints are atomic), what the worker and the version counter start from (the task
+cursor, the resume's marking of interrupted rollouts, the first version), and gives the
+callbacks that start eval passes and log them.
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from harnessrl.train import checkpoint as ckpt
 from harnessrl.train.config import TrainConfig
-from harnessrl.train.eval_during import PLOT_FILE, EvalDuringTraining, EvalPass, plot
-from harnessrl.train.order import TaskOrder
-from harnessrl.train.resume import first_version, mark_interrupted, resumed_state
+from harnessrl.train.runs import checkpoint as ckpt
+from harnessrl.train.runs.eval_during import PLOT_FILE, EvalDuringTraining, EvalPass, plot
+from harnessrl.train.runs.order import TaskOrder
+from harnessrl.train.runs.resume import first_version, mark_interrupted, resumed_state
+from harnessrl.train.trl_compat import with_checkpoint_saver
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
 
     from harnessrl.rollout.tasks import Task
-    from harnessrl.train.async_grpo import HarnessRolloutWorker
     from harnessrl.train.trl import HarnessRollouts
 
 
@@ -43,8 +43,7 @@ class LongRun:
     resume: ckpt.Resume | None = None
     evaluation: EvalDuringTraining | None = None
     checkpoints: list[dict[str, Any]] = field(default_factory=list)  # per save: seconds, bytes
-    trainer: Any = None
-    worker: HarnessRolloutWorker | None = None
+    trainer: Any = None  # the trainer of `trainer_class`, once built (it logs the evals)
 
     def __post_init__(self) -> None:
         self.fingerprint = ckpt.fingerprint(self.config, [t.id for t in self.tasks])
@@ -61,9 +60,18 @@ class LongRun:
         return None if self.resume is None else str(self.resume.path)
 
     def trainer_class(self, base: type) -> type:
+        """`base` (TRL's async trainer) built for this run: its checkpoints are this run's
+        (atomic, with harnessrl's state) and its eval passes are logged through it."""
+        run = self
+
+        class LongRunTrainer(base):  # type: ignore[valid-type, misc]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                run.trainer = self
+
         if not self.config.checkpoint.every_steps:
-            return base
-        return ckpt.with_checkpoints(base, self._save)
+            return LongRunTrainer
+        return with_checkpoint_saver(LongRunTrainer, self._save)
 
     def first_version(self, served: str | None) -> int:
         """The version counter to start from: 0, or above every version used before."""
@@ -85,18 +93,14 @@ class LongRun:
             rollouts.add_tasks(self.evaluation.tasks)
             self.evaluation.rollouts = rollouts
 
-    def attach(self, trainer: Any, worker: HarnessRolloutWorker, version: int) -> None:
-        self.trainer, self.worker = trainer, worker
-        trainer.model_version = version
-        worker.update_model_version(version)
-
     # ---------------------------------------------------------------- checkpoints
     def _save(self, trainer: Any) -> None:
         started = time.monotonic()
         c = self.config.checkpoint
-        if self.worker is None:
-            raise RuntimeError("a checkpoint before the worker is attached (LongRun.attach)")
-        state = resumed_state(self.worker, trainer, self.fingerprint)
+        worker = trainer.rollout_worker  # TRL's, given to the trainer's constructor
+        if worker is None:
+            raise RuntimeError("a checkpoint of a trainer without a rollout worker")
+        state = resumed_state(worker, trainer, self.fingerprint)
         path = ckpt.save(trainer, ckpt.checkpoint_root(self.config), state, c.keep)
         ckpt.publish_checkpoint(trainer, path, self.run_dir)
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
@@ -175,7 +179,7 @@ def long_run(config: TrainConfig, tasks: Sequence[Task], console: Console,
              resume: str | None) -> LongRun:
     """The run's training tasks (the eval split held out), its checked resume and its eval;
     refuses, before anything starts, a checkpoint that cannot be resumed (named)."""
-    from harnessrl.train.resume import rewind_metrics
+    from harnessrl.train.runs.resume import rewind_metrics
 
     run_dir = Path(config.run_dir)
     train_tasks, eval_tasks = _split(config, list(tasks), run_dir)
@@ -197,7 +201,7 @@ def _split(config: TrainConfig, tasks: list[Task], run_dir: Path
     """(training tasks, eval tasks): a second task set, or a seeded split recorded in
     RUN_DIR/split.json."""
     from harnessrl.rollout.tasks import load_tasks
-    from harnessrl.train.order import split
+    from harnessrl.train.runs.order import split
 
     e = config.eval
     if not e.every_steps:

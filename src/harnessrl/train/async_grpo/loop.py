@@ -6,7 +6,7 @@ own numbers and the worker's, which reach TRL's `report_to` backends the same wa
 rows per rollout, sampled tokens trained / captured with all chains and with the main
 chain only (overall and per harness), rows dropped as stale (here and in TRL's queue),
 staleness at enqueue, the trainer's idle share (time waiting for rows / step time), the
-version vLLM serves, and the schedule's figures (train.schedule; cumulative): seconds per
+version vLLM serves, and the schedule's figures (train.async_grpo.schedule; cumulative): seconds per
 phase, rollouts sampled and trained, the trainer's tokens/s in its step.
 """
 
@@ -22,23 +22,23 @@ from rich.console import Console
 from harnessrl.train.common import quiet, sampling_of
 from harnessrl.train.config import TrainConfig
 from harnessrl.train.engines import PolicyEngines
-from harnessrl.train.long_run import LongRun, is_eval_log
+from harnessrl.train.runs.long_run import LongRun, is_eval_log
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
 
     from harnessrl.harnesses.base import Harness
     from harnessrl.rollout.tasks import Task
-    from harnessrl.train.async_grpo import HarnessRolloutWorker
-    from harnessrl.train.async_weights import VersionedTransfer
-    from harnessrl.train.grpo import RowSettings
-    from harnessrl.train.importance import Importance
-    from harnessrl.train.schedule import Schedule
+    from harnessrl.train.async_grpo.schedule import Schedule
+    from harnessrl.train.async_grpo.transfer import VersionedTransfer
+    from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
+    from harnessrl.train.rows.grpo import RowSettings
+    from harnessrl.train.rows.importance import Importance
     from harnessrl.train.weights import VLLMWeightSync
 
 METRICS_FILE = "metrics.jsonl"
 _SHARES = ("rows_per_rollout", "tokens_trained_share", "tokens_main_chain_share")
-# per harness, also through report_to: the worker's rates (train.async_grpo.OUTCOME_RATES)
+# per harness, also through report_to: the worker's rates (train.async_grpo.worker.OUTCOME_RATES)
 _PER_HARNESS = (*_SHARES, "reward", "pass_rate", "tool_calls", "turns", "completion_tokens",
                 "agent_timeouts", "infra_errors_total")
 
@@ -50,7 +50,7 @@ def check_config(config: TrainConfig) -> None:
     check_transfer(config)
     import dataclasses
 
-    from harnessrl.train.trl_async import async_trl
+    from harnessrl.train.trl_compat import async_trl
 
     known = {f.name for f in dataclasses.fields(async_trl().config)}
     if unknown := sorted(set(config.grpo.trl) - known):
@@ -60,7 +60,7 @@ def check_config(config: TrainConfig) -> None:
 
 
 def check_whole_groups(trl: dict[str, Any]) -> None:
-    """A step is `tasks_per_step` whole groups in one micro-batch (train.group_batches):
+    """A step is `tasks_per_step` whole groups in one micro-batch (train.async_grpo.batches):
     TRL's settings that would batch rows otherwise are refused."""
     if trl.get("gradient_accumulation_steps", 1) != 1:
         raise ValueError("grpo.trl.gradient_accumulation_steps: a step is tasks_per_step "
@@ -89,9 +89,9 @@ def async_config(config: TrainConfig, run_dir: Path, vllm_url: str) -> Any:
     """TRL's `AsyncGRPOConfig` from ours."""
     import torch
 
+    from harnessrl.train.async_grpo.processes import processes
     from harnessrl.train.config import trainer_dtype
-    from harnessrl.train.processes import processes
-    from harnessrl.train.trl_async import async_trl
+    from harnessrl.train.trl_compat import async_trl
 
     check_config(config)
     g = config.grpo
@@ -105,14 +105,14 @@ def async_config(config: TrainConfig, run_dir: Path, vllm_url: str) -> Any:
         bf16=trainer_dtype(config) == "bfloat16", dtype=trainer_dtype(config),
         report_to=g.report_to or "none", logging_steps=1,
         token_budget=0, vllm_server_base_url=vllm_url, disable_tqdm=True,
-        # checkpoints are harnessrl's (train.checkpoint), at TRL's save points
+        # checkpoints are harnessrl's (train.runs.checkpoint), at TRL's save points
         **_saving(config.checkpoint.every_steps), **_colocated_queue(config))
     return async_trl().config(**{**values, **g.trl})
 
 
 def row_settings(config: TrainConfig) -> RowSettings:
     """How the worker turns rollouts into rows, from `[grpo]`."""
-    from harnessrl.train.grpo import RowSettings
+    from harnessrl.train.rows.grpo import RowSettings
 
     g = config.grpo
     return RowSettings(scale_rewards=g.scale_rewards, rejected_turns=g.rejected_turns,
@@ -124,7 +124,7 @@ def importance_of(config: TrainConfig) -> Importance | None:
     """The importance-sampling correction `[grpo]` asks for; "auto" turns it on unless
     both sides compute in float32."""
     from harnessrl.train.config import trainer_dtype
-    from harnessrl.train.importance import Importance
+    from harnessrl.train.rows.importance import Importance
 
     g = config.grpo
     dtypes = {trainer_dtype(config), str(g.trl.get("dtype", trainer_dtype(config)))}
@@ -135,9 +135,9 @@ def importance_of(config: TrainConfig) -> Importance | None:
 
 
 def _colocated_queue(config: TrainConfig) -> dict[str, Any]:
-    """Colocated (train.schedule), the sampler runs one step's groups ahead, no more
+    """Colocated (train.async_grpo.schedule), the sampler runs one step's groups ahead, no more
     (the worker's queue holds whole groups)."""
-    from harnessrl.train.schedule import is_colocated
+    from harnessrl.train.async_grpo.schedule import is_colocated
 
     if not is_colocated(config.schedule, config.engine.roots, config.cluster is not None):
         return {}
@@ -229,7 +229,7 @@ def _callback(path: Path, sync: VLLMWeightSync, console: Console, steps: list[di
               schedule: Schedule, worker: HarnessRolloutWorker) -> TrainerCallback:
     from transformers import TrainerCallback
 
-    from harnessrl.train.schedule import figures
+    from harnessrl.train.async_grpo.schedule import figures
 
     class AsyncStepLog(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any,
@@ -257,49 +257,34 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
                 long: LongRun | None = None, callbacks: Sequence[Any] = (),
                 on_phase: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """The main process: vLLM, the proxy (or the cluster's shards), the rollout worker and
-    rank 0 of the trainer. `long`: its checkpoints, resume and eval (train.long_run)."""
-    from harnessrl.train.async_grpo import HarnessRolloutWorker
-    from harnessrl.train.async_weights import FileWeightTransfer, VersionedTransfer
-    from harnessrl.train.engines import node_engines
-    from harnessrl.train.schedule import callback as schedule_callback
-    from harnessrl.train.schedule import scheduled
-    from harnessrl.train.schedule import summary as schedule_summary
-    from harnessrl.train.trl import HarnessRollouts
+    rank 0 of the trainer. `long`: its checkpoints, resume and eval (train.runs.long_run).
+    Each part is built whole by its constructor from the ones before it: the weight sync,
+    the transfer, the worker, the trainer."""
+    from harnessrl.train.async_grpo.schedule import callback as schedule_callback
+    from harnessrl.train.async_grpo.schedule import scheduled
+    from harnessrl.train.async_grpo.schedule import summary as schedule_summary
 
     tokenizer = _prepare(model_dir)
     args = async_config(config, run_dir, engines.url)  # refuses bad keys before any start
     # every server reloads (the proxies' gates held) before the new version is released
     sync = engines.weight_sync(run_dir / "weights", allow_tied=config.model.allow_tied)
-    rollouts = HarnessRollouts(
-        tasks=tasks, harnesses=harnesses, engine=engines.engine, run_dir=run_dir,
-        pad_token_id=tokenizer.pad_token_id, sampling=sampling_of(config),
-        shaping=config.shaping, mix=config.rollout.mix, settings=config.rollout,
-        train_retried=config.grpo.train_retried,
-        cluster=config.cluster, engine_factory=node_engines(config, engines))
-    g = config.grpo
     long = long or LongRun(config, run_dir, tasks, console, run_dir / METRICS_FILE)
+    # a resumed run's versions go on above every one used before its crash
+    version = long.first_version(_served(sync))
+    transfer = _transfer(config, sync, model_dir, version)
     status = console.status("async GRPO: rollouts in flight while the trainer steps")
     schedule = _schedule(config, engines, args, status, on_phase)
-    worker = HarnessRolloutWorker(rollouts, num_generations=g.num_generations,
-                                  max_inflight=g.max_inflight, max_staleness=g.max_staleness,
-                                  settings=row_settings(config),
-                                  drop_uniform=g.drop_uniform_groups,
-                                  # TRL's own queue bound (grpo.trl), here in whole
-                                  # groups: the sampler runs at most that far ahead
-                                  queue_maxsize=args.queue_maxsize,
-                                  call_kinds=tuple(g.call_kinds),
-                                  order=long.order, first_group=long.first_group,
-                                  on_start=long.on_worker_start, schedule=schedule)
+    worker = _worker(config, tasks, harnesses, engines, run_dir, tokenizer, args, long,
+                     schedule, transfer, version)
     if config.cluster is not None:
         with console.status("placing the rollout nodes on Ray"):
             worker.open()  # a cluster that can run no rollout is refused here
-    file = g.weight_transfer == "file"
     steps: list[dict[str, Any]] = []
-    trainer = _trainer(config, tasks, model_dir, args, tokenizer, worker,
-                       FileWeightTransfer(sync, model_dir) if file else None,
+    trainer = _trainer(config, tasks, model_dir, args, tokenizer, worker, transfer,
                        [_callback(run_dir / METRICS_FILE, sync, console, steps, on_step,
                                   schedule, worker), long.callback(), *callbacks],
-                       lambda cls: scheduled(long.trainer_class(cls), schedule))
+                       lambda cls: scheduled(long.trainer_class(
+                           versioned(cls, transfer, version)), schedule))
     # after TRL's own callbacks: its step end (the weight sync) comes first
     trainer.add_callback(schedule_callback(schedule))
     if config.lora is not None:  # what trains, and that the sync sends merged weights
@@ -307,13 +292,6 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
 
         console.print(describe(config.lora, trainer.model))
         attach_metrics(trainer, config.lora)
-    if not file:  # TRL built its own transfer: every swap still names a version
-        trainer.weight_transfer = VersionedTransfer(trainer.weight_transfer, sync)
-    worker.transfer = trainer.weight_transfer
-    # a resumed run's versions go on above every one used before its crash
-    version = long.first_version(_served(sync))
-    trainer.weight_transfer.version = version
-    long.attach(trainer, worker, version)
     try:
         with status:
             trainer.train(resume_from_checkpoint=long.resume_from)
@@ -327,10 +305,67 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
     return steps
 
 
+def _transfer(config: TrainConfig, sync: VLLMWeightSync, model_dir: Path,
+              version: int) -> VersionedTransfer:
+    """How the weights reach vLLM, every swap named `v<n>` above `version`: by file, or by
+    TRL's NCCL client, which the trainer builds and hands to it (`versioned`)."""
+    from harnessrl.train.async_grpo.transfer import FileWeightTransfer, VersionedTransfer
+
+    if config.grpo.weight_transfer == "file":
+        return FileWeightTransfer(sync, model_dir, version=version)
+    return VersionedTransfer(None, sync, version=version)
+
+
+def versioned(base: type, transfer: VersionedTransfer, version: int) -> type:
+    """`base` (TRL's async trainer) built with `transfer` as its weight transfer and its
+    version counter at `version`. A `transfer` with no inner one takes the client TRL builds
+    itself from the model (its NCCL `WeightTransferClient`): TRL names no version, so
+    without the wrapper every row would be untagged."""
+
+    class Versioned(base):  # type: ignore[valid-type, misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            own = transfer.inner is None  # TRL builds the transfer
+            super().__init__(*args, **{**kwargs, "weight_transfer": None if own else transfer})
+            if own:
+                transfer.inner, self.weight_transfer = self.weight_transfer, transfer
+            self.model_version = version
+
+    return Versioned
+
+
+def _worker(config: TrainConfig, tasks: list[Task], harnesses: list[Harness],
+            engines: PolicyEngines, run_dir: Path, tokenizer: Any, args: Any, long: LongRun,
+            schedule: Schedule, transfer: VersionedTransfer, version: int
+            ) -> HarnessRolloutWorker:
+    """The rollout worker over the run's proxy (or cluster), from the task cursor and
+    weight version a resumed run goes on from."""
+    from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
+    from harnessrl.train.engines import node_engines
+    from harnessrl.train.trl import HarnessRollouts
+
+    rollouts = HarnessRollouts(
+        tasks=tasks, harnesses=harnesses, engine=engines.engine, run_dir=run_dir,
+        pad_token_id=tokenizer.pad_token_id, sampling=sampling_of(config),
+        shaping=config.shaping, mix=config.rollout.mix, settings=config.rollout,
+        train_retried=config.grpo.train_retried,
+        cluster=config.cluster, engine_factory=node_engines(config, engines))
+    g = config.grpo
+    return HarnessRolloutWorker(rollouts, num_generations=g.num_generations,
+                                max_inflight=g.max_inflight, max_staleness=g.max_staleness,
+                                transfer=transfer, settings=row_settings(config),
+                                drop_uniform=g.drop_uniform_groups,
+                                # TRL's own queue bound (grpo.trl), here in whole groups:
+                                # the sampler runs at most that far ahead
+                                queue_maxsize=args.queue_maxsize,
+                                call_kinds=tuple(g.call_kinds), order=long.order,
+                                first_group=long.first_group, first_version=version,
+                                on_start=long.on_worker_start, schedule=schedule)
+
+
 def _schedule(config: TrainConfig, engines: PolicyEngines, args: Any, status: Any,
               on_phase: Callable[[str], None] | None) -> Schedule:
     """The run's schedule; its phase shown on the status line and given to `on_phase`."""
-    from harnessrl.train.schedule import for_run
+    from harnessrl.train.async_grpo.schedule import for_run
 
     def shown(phase: str) -> None:
         status.update(f"async GRPO: {phase}")
@@ -360,7 +395,7 @@ def _prepare(model_dir: Path) -> Any:
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from harnessrl.train.async_weights import install_cpu_support
+    from harnessrl.train.async_grpo.transfer import install_cpu_support
 
     hf_logging.disable_progress_bar()
     _quiet_second_interval_callback()
@@ -373,12 +408,12 @@ def _trainer(config: TrainConfig, tasks: list[Task], model_dir: Path, args: Any,
              transfer: VersionedTransfer | None, callbacks: list[Any],
              wrap: Callable[[type], type] = lambda cls: cls) -> Any:
     """TRL's trainer, or `wrap`'s subclass of it (one whose checkpoints are harnessrl's);
-    Any: the class is looked up where the installed TRL keeps it (`trl_async`)."""
+    Any: the class is looked up where the installed TRL keeps it (`trl_compat`)."""
     from datasets import Dataset
 
-    from harnessrl.train.group_batches import group_trainer
+    from harnessrl.train.async_grpo.batches import group_trainer
     from harnessrl.train.lora import trainer_kwargs
-    from harnessrl.train.trl_async import async_trl
+    from harnessrl.train.trl_compat import async_trl
 
     trainer = wrap(group_trainer(async_trl().trainer, groups_per_step=config.grpo.tasks_per_step,
                                  scale=config.grpo.scale_rewards,

@@ -25,7 +25,7 @@ from typing import Literal
 import msgspec
 
 from harnessrl.rollout.chains import Chain, dropped_replies, link, tokens
-from harnessrl.train.samples import sample, turn_spans
+from harnessrl.train.rows.samples import sample, turn_spans
 from harnessrl.types import CallKind, Sample, Turn
 
 Scale = Literal["group", "batch", "none"]

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from harnessrl.proxy.engines import openai_wire
 from harnessrl.rollout.chains import link
 from harnessrl.store.reader import TraceReader
-from harnessrl.train.samples import sample
+from harnessrl.train.rows.samples import sample
 from harnessrl.train.trl import main_chain
 from harnessrl.types import ChatRequest, Message, Outcome, Turn
 

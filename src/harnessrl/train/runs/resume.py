@@ -24,11 +24,11 @@ import msgspec
 
 from harnessrl.store.reader import TraceReader
 from harnessrl.store.writer import TraceStore
-from harnessrl.train.async_weights import version_number
+from harnessrl.train.async_grpo.transfer import version_number
 from harnessrl.types import Outcome, Rollout
 
 if TYPE_CHECKING:
-    from harnessrl.train.async_grpo import HarnessRolloutWorker
+    from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
 
 INTERRUPTED = "interrupted"
 UNDONE_FILE = "metrics.undone.jsonl"

@@ -26,14 +26,14 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from harnessrl.train import lora
+from harnessrl.train import lora, trl_compat
 from harnessrl.train.config import TrainConfig
 
 PREFIX = "checkpoint-"
@@ -203,11 +203,7 @@ def save(trainer: Any, root: Path, state: dict[str, Any], keep: int) -> Path:
     shutil.rmtree(staged, ignore_errors=True)
     staged.mkdir()
     out = str(staged)
-    trainer.store_flos()
-    trainer.save_model(out, _internal_call=True)  # model, config, tokenizer, chat template
-    trainer._save_optimizer_and_scheduler(out)
-    trainer._save_scaler(out)
-    trainer._save_rng_state(out)
+    trl_compat.save_trainer_files(trainer, out)  # model, tokenizer, optimizer, RNG states
     trainer.state.save_to_json(str(staged / "trainer_state.json"))
     (staged / STATE).write_text(json.dumps({**state, "step": step}, indent=1))
     _seal(staged)
@@ -261,7 +257,7 @@ def save_final_model(trainer: Any, run_dir: Path) -> Path:
     if lora.is_lora(trainer.accelerator.unwrap_model(trainer.model)):
         lora.save_merged(trainer, staged)
     else:
-        trainer.save_model(str(staged), _internal_call=True)
+        trl_compat.save_model(trainer, str(staged))
     try:
         return publish_model(staged, run_dir)
     finally:
@@ -281,13 +277,3 @@ def model_dir_of(path: Path) -> Path:
                               "checkpoint")
     return path
 
-
-def with_checkpoints(base: type, saver: Callable[[Any], None]) -> type:
-    """A subclass of TRL's trainer `base` whose checkpoints are `saver(trainer)`'s (atomic,
-    with harnessrl's state) instead of the base Trainer's in-place ones."""
-
-    class CheckpointingTrainer(base):  # type: ignore[misc, valid-type]
-        def _save_checkpoint(self, model: Any, trial: Any) -> None:
-            saver(self)
-
-    return CheckpointingTrainer

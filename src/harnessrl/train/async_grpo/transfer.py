@@ -166,7 +166,7 @@ class VersionedTransfer:
     A server that fails any of it is taken out of routing; none left ends the run.
     """
 
-    inner: Any
+    inner: Any  # None until the trainer that builds TRL's own hands it over
     sync: VLLMWeightSync
     # held during each swap: added by the rollout worker (its proxy's gate, a cluster's
     # shards' gates, or a RemoteGate to a proxy in another process)
@@ -280,21 +280,13 @@ def _varlen_attention(q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: A
     return out
 
 
-class _CPUFlashAttention:
-    flash_attn_varlen_func = staticmethod(_varlen_attention)
-
-
 def install_cpu_support() -> None:
     """Let `AsyncGRPOTrainer` train without CUDA (see the module docstring). Does nothing
     where CUDA is available."""
     import torch
 
-    from harnessrl.train.trl_async import async_trl
+    from harnessrl.train.trl_compat import install_cpu_kernels
 
     if torch.cuda.is_available():
         return
-    trl = async_trl()
-    # Both are looked up as module globals when called, so replacing them is enough.
-    setattr(trl.packing, "_flash_attn", lambda: _CPUFlashAttention)  # noqa: B010
-    setattr(trl.trainer_module, "get_peak_flops_per_device",  # noqa: B010
-            lambda _accelerator, _dtype: None)  # MFU is not reported on CPU
+    install_cpu_kernels(_varlen_attention)  # and MFU is not reported on CPU

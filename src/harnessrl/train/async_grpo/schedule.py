@@ -238,11 +238,9 @@ def scheduled(cls: type, schedule: Schedule) -> type:
     complete: accelerate's dispatcher fetches the next batch before it yields the current
     one, so a step would begin only once the sampler had filled the step after it too."""
 
-    class Scheduled(cls):  # type: ignore[valid-type,misc]
-        def _sync_weight(self) -> None:
-            schedule.syncing()
-            super()._sync_weight()
+    from harnessrl.train.trl_compat import with_sync_hook
 
+    class Scheduled(with_sync_hook(cls, schedule.syncing)):  # type: ignore[valid-type,misc]
         def get_train_dataloader(self) -> Any:
             loader = super().get_train_dataloader()
             if schedule.colocated and self.accelerator.num_processes == 1:
@@ -260,7 +258,7 @@ def for_run(settings: ScheduleSettings, *, engine_roots: Sequence[str], clustere
     (empty: started here), `served` every server's root (for sleep mode)."""
     import torch
 
-    from harnessrl.train.sleep import VLLMSleep
+    from harnessrl.train.async_grpo.sleep import VLLMSleep
 
     colocated = is_colocated(settings, engine_roots, clustered)
     sleeper = (VLLMSleep(list(served)) if sleeps(settings, colocated, torch.cuda.is_available())

@@ -10,16 +10,16 @@ last rollout ends, the group is scored and pushed to TRL's rollout queue:
 - **Every chain of every rollout** with a sampled token becomes a row (`RolloutSample`),
   not only the main chain: a harness that rewrites its history (compaction, dropped
   replies) starts a new chain at each rewrite, and those tokens are trained too. A row is
-  the chain as the engine saw and produced it (`train.samples.sample`), never
+  the chain as the engine saw and produced it (`train.rows.samples.sample`), never
   re-tokenized: mask 1 on sampled tokens with the engine's logprobs, 0 elsewhere.
-- **The group's advantage** (`train.grpo`): (r - mean) / (std + 1e-8) over the group's
+- **The group's advantage** (`train.rows.grpo`): (r - mean) / (std + 1e-8) over the group's
   scored rollouts by default (`grpo.scale_rewards`), shared by all rows of a rollout;
   permuted within the group for a control arm (`grpo.advantage_control`). An
   infrastructure failure has no reward: it is left out of the mean and the std and gives
   no row. Replies the harness dropped from its history, and replies cut by max_tokens,
   are masked out of their row by default (`grpo.rejected_turns`, `truncated_turns`).
 - **Whole groups.** A group is queued as one `GroupItem` (every row of every rollout),
-  and the trainer takes `tasks_per_step` of them per step (`train.group_batches`). A
+  and the trainer takes `tasks_per_step` of them per step (`train.async_grpo.batches`). A
   group whose rewards are all equal is not queued (`grpo.drop_uniform_groups`), so the
   worker's next groups fill the step.
 - **Weight versions.** Each row carries the oldest version that sampled one of its turns
@@ -49,9 +49,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from harnessrl.rollout.chains import link
-from harnessrl.train.async_weights import VersionedTransfer, version_number
-from harnessrl.train.group_batches import GroupItem
-from harnessrl.train.grpo import (
+from harnessrl.train.async_grpo.batches import GroupItem
+from harnessrl.train.async_grpo.transfer import VersionedTransfer, version_number
+from harnessrl.train.rows.grpo import (
     ChainRow,
     RowSettings,
     chain_rows,
@@ -60,16 +60,16 @@ from harnessrl.train.grpo import (
     has_spread,
     shuffled,
 )
-from harnessrl.train.order import TaskOrder
-from harnessrl.train.samples import kinded_chains, samples_for_rollout
-from harnessrl.train.samples import sample as chain_sample
+from harnessrl.train.rows.samples import kinded_chains, samples_for_rollout
+from harnessrl.train.rows.samples import sample as chain_sample
+from harnessrl.train.runs.order import TaskOrder
 from harnessrl.train.trl import HarnessRollouts, main_chain
 from harnessrl.types import CallKind, Outcome, Sample, Turn
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue as MPQueue
 
-    from harnessrl.train.schedule import Schedule
+    from harnessrl.train.async_grpo.schedule import Schedule
 
 POLL_SECONDS = 0.2
 UNIFORM_WARN = 20  # uniform groups in a row between two warnings
@@ -193,7 +193,7 @@ def rollout_sample(s: Sample, advantage: float, version: int, group: int,
     prompt and on inserted tokens, which no loss term reads)."""
     import numpy as np
 
-    from harnessrl.train.trl_async import async_trl
+    from harnessrl.train.trl_compat import async_trl
 
     RolloutSample = async_trl().rollout_sample  # TRL's class
     prompt = len(s.prompt_ids)
@@ -322,17 +322,18 @@ class HarnessRolloutWorker:
     queue_maxsize: int = 0
     call_kinds: tuple[CallKind, ...] | None = None  # the kinds that become rows; None: all
     # The order tasks are drawn in (None: the task list as given) and the first group's
-    # number, a resumed run's cursor (train.order, train.checkpoint).
+    # number, a resumed run's cursor (train.runs.order, train.runs.checkpoint).
     order: TaskOrder | None = None
     first_group: int = 0
+    first_version: int = 0  # the trainer's version counter at the start (train.runs.resume)
     # Runs once the store is open, before the first rollout (a resume marks the rollouts
     # its crash interrupted).
     on_start: Callable[[HarnessRollouts], None] | None = None
     # how rollouts become rows (advantage scale, flagged replies, the control arm)
     settings: RowSettings = field(default_factory=RowSettings)
     drop_uniform: bool = True  # a group with no reward spread is not queued
-    # The run's phases (train.schedule): colocated, a group is planned only while the next
-    # step needs rows, and no rollout starts during a step.
+    # The run's phases (train.async_grpo.schedule): colocated, a group is planned only
+    # while the next step needs rows, and no rollout starts during a step.
     schedule: Schedule | None = None
     # typed as TRL's protocol has them; these are in-process queues
     rollout_buffer: queue.Queue | MPQueue = field(init=False)
@@ -348,7 +349,7 @@ class HarnessRolloutWorker:
         self._origin: dict[int, list[str]] = {}  # id(queued group) -> its rows' rollouts
         self.trained_rollouts: set[str] = set()  # rollouts with a row the trainer took
         self.metrics_queue = queue.Queue()
-        self._version = 0
+        self._version = self.first_version
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -456,8 +457,9 @@ class HarnessRolloutWorker:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     def _may_start(self, pending: deque[Any], groups: dict[int, list[Any]]) -> bool:
-        """Whether a rollout may start now (train.schedule): the rest of a group under way
-        whenever the sampler samples; a new group only while the next step wants groups."""
+        """Whether a rollout may start now (train.async_grpo.schedule): the rest of a group
+        under way whenever the sampler samples; a new group only while the next step wants
+        groups."""
         s = self.schedule
         if s is None or not s.colocated:
             return True

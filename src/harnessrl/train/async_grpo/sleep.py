@@ -1,4 +1,4 @@
-"""vLLM's sleep mode, for the colocated schedule on a GPU (train/schedule.py).
+"""vLLM's sleep mode, for the colocated schedule on a GPU (train/async_grpo/schedule.py).
 
 A vLLM server started with `--enable-sleep-mode` and `VLLM_SERVER_DEV_MODE=1` answers:
 

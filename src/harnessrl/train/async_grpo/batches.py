@@ -19,15 +19,14 @@ zero, and a stale tail can be dropped apart from its head. Here the worker queue
 
 from __future__ import annotations
 
-import functools
 import queue
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from harnessrl.train.grpo import Scale, batch_divisor
-from harnessrl.train.importance import STATS, Importance, correct, measure, metrics
+from harnessrl.train.rows.grpo import Scale, batch_divisor
+from harnessrl.train.rows.importance import STATS, Importance, correct, measure, metrics
 
 POLL_SECONDS = 5.0  # TRL's poll of its rollout queue; the health check runs between polls
 
@@ -145,27 +144,6 @@ def step_rows(batch: list[GroupItem], scale: Scale, metrics: Any) -> list[list[d
     return [[as_row(s, divisor) for s in g.samples] for g in batch]
 
 
-# ------------------------------------------------------------------ the optimizer's guard
-def guard_optimizer(optimizer: Any, has_gradient: Callable[[], bool],
-                    on_skip: Callable[[], None]) -> None:
-    """The optimizer steps only when `has_gradient()`; otherwise `on_skip()` and nothing
-    moves. (The LR scheduler still counts the step: its schedule is in steps taken by the
-    trainer, skipped or not.)"""
-    if getattr(optimizer, "_harnessrl_guarded", False):
-        return  # create_optimizer may hand back the optimizer it made before
-    step = optimizer.step
-
-    @functools.wraps(step)
-    def guarded(*args: Any, **kwargs: Any) -> Any:
-        if has_gradient():
-            return step(*args, **kwargs)
-        on_skip()
-        return None
-
-    optimizer.step = guarded
-    optimizer._harnessrl_guarded = True
-
-
 class _Corrected:
     """The model as TRL's loss calls it, its log-probs corrected (`importance.correct`)
     and measured on the way out."""
@@ -203,9 +181,8 @@ def group_trainer(base: type, *, groups_per_step: int, scale: Scale,
                   importance: Importance | None = None) -> type:
     """`base` (TRL's `AsyncGRPOTrainer`) reading whole groups, its optimizer guarded,
     its log-probs corrected against the engine's when `importance` is given."""
-    from harnessrl.train.trl_async import async_trl
-
-    trl = async_trl()
+    from harnessrl.train import trl_compat as compat
+    from harnessrl.train.common import guard_optimizer
 
     class GroupGRPOTrainer(base):  # type: ignore[valid-type, misc]
         _live_tokens = 0.0
@@ -216,17 +193,14 @@ def group_trainer(base: type, *, groups_per_step: int, scale: Scale,
             from torch.utils.data import DataLoader
 
             n = self.accelerator.num_processes
-            sink = self._metrics["train"]
+            sink = compat.metrics_sink(self)
             groups = GroupQueue(self.rollout_queue, lambda: self.model_version,
                                 self.rollout_worker.check_health,
                                 self.args.heartbeat_stale_after_s, sink,
                                 self.args.max_staleness)
-            self._rollout_dataset = groups  # TRL's step metrics read its wait
-            batches = GroupBatcher(groups, n, groups_per_step, scale, sink,
-                                   trl.packing.TreeRow)
-            collate = trl.trainer_module.DataCollatorForRollout(
-                self.processing_class.pad_token_id, n, groups_trained=self._trained_groups,
-                metrics=sink, token_budget=0)
+            compat.set_rollout_dataset(self, groups)  # TRL's step metrics read its wait
+            batches = GroupBatcher(groups, n, groups_per_step, scale, sink, compat.tree_row)
+            collate = compat.rollout_collator(self, n, sink)
             return self.accelerator.prepare(DataLoader(batches, batch_size=1,
                                                        collate_fn=collate, num_workers=0))
 
@@ -248,8 +222,9 @@ def group_trainer(base: type, *, groups_per_step: int, scale: Scale,
             ratio_max = float(self.accelerator.gather(ratio_max.reshape(1).float()).max())
             named = dict(zip(STATS, sums, strict=True))
             self._live_tokens += named["live"]
+            sink = compat.metrics_sink(self)
             for key, value in metrics(named, ratio_max).items():
-                self._metrics["train"][key].append(value)
+                sink[key].append(value)
 
         def create_optimizer(self, model: Any = None) -> Any:
             optimizer = super().create_optimizer(model)
@@ -261,27 +236,7 @@ def group_trainer(base: type, *, groups_per_step: int, scale: Scale,
             return live > 0
 
         def _skipped(self) -> None:
-            self._metrics["train"]["harnessrl/steps_without_gradient_total"].append(1.0)
+            compat.metrics_sink(self)["harnessrl/steps_without_gradient_total"].append(1.0)
 
     return GroupGRPOTrainer
 
-
-def has_gradient(model: Any) -> bool:
-    """Whether any parameter has a non-zero gradient."""
-    return any(p.grad is not None and bool(p.grad.any()) for p in model.parameters())
-
-
-def guarded_trainer(base: type) -> type:
-    """`base` (TRL's sync `GRPOTrainer`) whose optimizer does not step when every
-    gradient is zero (every rollout's advantage 0, or every reply masked)."""
-
-    class GuardedTrainer(base):  # type: ignore[valid-type, misc]
-        def create_optimizer(self, model: Any = None) -> Any:
-            optimizer = super().create_optimizer(model)
-            guard_optimizer(optimizer, lambda: has_gradient(self.model), self._skipped)
-            return optimizer
-
-        def _skipped(self) -> None:
-            self._metrics["train"]["harnessrl/steps_without_gradient"].append(1.0)
-
-    return GuardedTrainer

@@ -1,0 +1,2 @@
+"""A run's store written out for other tools: turns or rollouts as JSONL or Parquet
+(`rollouts`, `harnessrl export`), SFT datasets (`sft`)."""
