@@ -105,13 +105,13 @@ def engine_events(engine, request, *, stream: bool) -> list:
 
 def make_proxy(engine, run_dir: Path, **config):
     from harnessrl.proxy.app import Proxy
-    from harnessrl.proxy.config import ProxyConfig
+    from harnessrl.proxy.config import ProxySettings
     from harnessrl.proxy.sessions import Sessions
     from harnessrl.proxy.store import TraceStore
 
     sessions_options = {k: config.pop(k) for k in ("sampling", "unset_sampling") if k in config}
     sessions = Sessions(TraceStore(run_dir), **sessions_options)
-    return Proxy(engine, sessions, ProxyConfig(**config))
+    return Proxy(engine, sessions, ProxySettings(**config))
 
 
 # ------------------------------------------------------------------ a stored turn

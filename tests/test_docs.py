@@ -19,7 +19,7 @@ import pytest
 
 from harnessrl import docgen
 from harnessrl.harnesses import MODULES
-from harnessrl.train.config import TrainConfig
+from harnessrl.train.config import TrainSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("HARNESSRL_ARTIFACTS", ROOT / "tests" / "artifacts"))
@@ -109,11 +109,11 @@ def test_the_cli_check_fails_on_a_command_the_page_lacks(site: Path):
 
 def test_config_reference_names_every_field(site: Path):
     page = _page(site, "reference/config")
-    fields = config_paths(TrainConfig)
+    fields = config_paths(TrainSettings)
     assert {"engine.max_tokens", "grpo.max_staleness", "rollout.agent_timeout",
             "cluster.address", "run_dir"} <= set(fields)
     assert [f for f in fields if f"<code>{f}</code>" not in page] == []
-    assert docgen.config_fields(TrainConfig) == fields
+    assert docgen.config_fields(TrainSettings) == fields
 
 
 def test_config_reference_carries_defaults_and_comments():
@@ -122,9 +122,9 @@ def test_config_reference_carries_defaults_and_comments():
     rows = {line.split("`")[1]: line for line in docgen.config_page().splitlines()
             if line.startswith("| `")}
     defaults = {f"{prefix}{f.name}": docgen.default_of(f)
-                for prefix, section in docgen.config_sections(TrainConfig)
+                for prefix, section in docgen.config_sections(TrainSettings)
                 for f in msgspec.structs.fields(section)}
-    for name in config_paths(TrainConfig):
+    for name in config_paths(TrainSettings):
         assert f"`{docgen.toml_value(defaults[name])}`" in rows[name], rows[name]
     assert [name for name in rows if rows[name].rstrip().endswith("|  |")] == []
     assert "staleness" in rows["grpo.max_staleness"]
@@ -133,10 +133,10 @@ def test_config_reference_carries_defaults_and_comments():
 def test_the_config_reference_defaults_file_loads_as_the_defaults():
     import tomllib
 
-    example = docgen.defaults_toml(TrainConfig)
-    loaded = msgspec.convert(tomllib.loads(example), type=TrainConfig)
+    example = docgen.defaults_toml(TrainSettings)
+    loaded = msgspec.convert(tomllib.loads(example), type=TrainSettings)
     # [cluster] and [lora] given: their defaults
-    assert loaded == TrainConfig(cluster=loaded.cluster, lora=loaded.lora)
+    assert loaded == TrainSettings(cluster=loaded.cluster, lora=loaded.lora)
 
 
 def test_http_reference_names_every_route_and_error(site: Path):
@@ -268,7 +268,7 @@ def test_every_train_config_in_the_docs_is_valid():
     """Each TOML block in the README and the pages is a valid (partial) train config."""
     import tomllib
 
-    from harnessrl.train.config import TrainConfig
+    from harnessrl.train.config import TrainSettings
 
     blocks = [(path.relative_to(ROOT), block)
               for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -276,6 +276,6 @@ def test_every_train_config_in_the_docs_is_valid():
     assert len(blocks) >= 3
     for where, block in blocks:
         try:
-            msgspec.convert(tomllib.loads(block), type=TrainConfig)
+            msgspec.convert(tomllib.loads(block), type=TrainSettings)
         except (tomllib.TOMLDecodeError, msgspec.ValidationError, ValueError) as exc:
             pytest.fail(f"{where}: {exc}\n{block}")

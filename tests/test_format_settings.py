@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from harnessrl.errors import InvalidRequest
-from harnessrl.proxy.engines.build import EngineSpec, make, server_for
+from harnessrl.proxy.engines.build import EngineSettings, make, server_for
 from harnessrl.proxy.engines.token.engine import TokenEngine
 from harnessrl.proxy.serve import in_thread, running
 from harnessrl.types import ChatRequest, Message, Text
@@ -26,7 +26,7 @@ TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 def test_chat_mode_sends_the_configured_template_and_kwargs_with_every_call(tmp_path) -> None:
     fake = FakeVLLM()
     with in_thread(fake.app()) as (url, _):
-        spec = EngineSpec(kind="chat", url=url, chat_template=TEMPLATE,
+        spec = EngineSettings(kind="chat", url=url, chat_template=TEMPLATE,
                           chat_template_kwargs={"enable_thinking": False})
         with running(make(spec), tmp_path / "run") as served:
             key = httpx.post(f"{served.url}/rollouts", json={}).json()["key"]
@@ -43,7 +43,7 @@ def test_chat_mode_sends_the_configured_template_and_kwargs_with_every_call(tmp_
     assert first["reasoning_effort"] == "low" and "reasoning_effort" not in second
     plain = FakeVLLM()
     with in_thread(plain.app()) as (url, _), \
-            running(make(EngineSpec(kind="chat", url=url)), tmp_path / "plain") as served:
+            running(make(EngineSettings(kind="chat", url=url)), tmp_path / "plain") as served:
         key = httpx.post(f"{served.url}/rollouts", json={}).json()["key"]
         openai.OpenAI(base_url=f"{served.url}/r/{key}/v1", api_key=key).chat.completions.create(
             model="fake", messages=[{"role": "user", "content": "hi"}])
@@ -52,7 +52,7 @@ def test_chat_mode_sends_the_configured_template_and_kwargs_with_every_call(tmp_
 
 def test_a_vllm_started_here_trusts_the_template_it_is_sent() -> None:
     def command(**spec) -> list[str]:
-        server = server_for(EngineSpec(model="m", **spec))
+        server = server_for(EngineSettings(model="m", **spec))
         server.port = 8000
         return server.command()
 
@@ -112,7 +112,7 @@ def test_a_calls_reasoning_effort_reaches_a_family_renderer(tiny_model) -> None:
 def test_post_rollouts_naming_an_engine_setting_is_told_where_it_is_set(tmp_path) -> None:
     fake = FakeVLLM()
     with in_thread(fake.app()) as (url, _), \
-            running(make(EngineSpec(kind="chat", url=url)), tmp_path / "run") as served:
+            running(make(EngineSettings(kind="chat", url=url)), tmp_path / "run") as served:
         for name, flag in (("tool_call_parser", "--tool-call-parser"),
                            ("chat_template_kwargs", "--chat-template-kwargs")):
             resp = httpx.post(f"{served.url}/rollouts", json={name: "x"})

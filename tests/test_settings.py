@@ -9,15 +9,15 @@ from typing import Annotated
 import pytest
 
 from harnessrl.cli import build_parser
-from harnessrl.proxy.config import ProxyConfig
-from harnessrl.proxy.engines.build import EngineSpec
+from harnessrl.proxy.config import ProxySettings
+from harnessrl.proxy.engines.build import EngineSettings
 from harnessrl.rollout.cluster import ClusterSettings
 from harnessrl.rollout.rewards import Shaping
-from harnessrl.rollout.runner import RolloutSettings, RunConfig
+from harnessrl.rollout.runner import RolloutSettings, RunSettings
 from harnessrl.settings import Field, add_flags, flag, flagged, from_flags
 from harnessrl.types import Sampling
 
-SETTINGS = (RolloutSettings, RunConfig, Shaping, Sampling, EngineSpec, ProxyConfig,
+SETTINGS = (RolloutSettings, RunSettings, Shaping, Sampling, EngineSettings, ProxySettings,
             ClusterSettings)
 # The least each command needs to parse.
 REQUIRED = {
@@ -69,8 +69,8 @@ def test_run_flags_build_the_settings_types_defaults(command: str) -> None:
 
 def test_serve_flags_build_the_settings_types_defaults() -> None:
     args = build_parser().parse_args(["serve", *REQUIRED["serve"]])
-    assert from_flags(ProxyConfig, args) == ProxyConfig()
-    assert from_flags(EngineSpec, args) == EngineSpec(url="http://127.0.0.1:9")
+    assert from_flags(ProxySettings, args) == ProxySettings()
+    assert from_flags(EngineSettings, args) == EngineSettings(url="http://127.0.0.1:9")
     assert Sampling.from_flags(args) is None
 
 
@@ -101,8 +101,8 @@ def test_flags_and_settings_round_trip() -> None:
     serve = build_parser().parse_args(["serve", "--model", "m", "--max-body-mb", "0.5",
                                        "--stream-interval-ms", "20", "--vllm-arg", "a",
                                        "--vllm-arg", "b", "--engine-mode", "token"])
-    assert from_flags(ProxyConfig, serve).max_body_bytes == 512 * 1024
-    spec = from_flags(EngineSpec, serve)
+    assert from_flags(ProxySettings, serve).max_body_bytes == 512 * 1024
+    spec = from_flags(EngineSettings, serve)
     assert (spec.stream_interval, spec.vllm_args, spec.kind) == (0.02, ("a", "b"), "token")
 
 

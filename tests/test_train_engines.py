@@ -27,7 +27,7 @@ from starlette.routing import Route
 from harnessrl.proxy.engines.routed import RoutedEngine
 from harnessrl.proxy.gate import WeightGate
 from harnessrl.proxy.serve import in_thread
-from harnessrl.train.config import ConfigError, TrainConfig, load_config
+from harnessrl.train.config import ConfigError, TrainSettings, load_config
 from harnessrl.train.engines import PolicyEngines, policy_engines
 from harnessrl.train.weights import WeightSyncError
 
@@ -35,7 +35,7 @@ ROUTES = ("/collective_rpc", "/reset_prefix_cache", "/update_weight_version")
 
 
 # ------------------------------------------------------------------ the config
-def _load(tmp_path: Path, text: str) -> TrainConfig:
+def _load(tmp_path: Path, text: str) -> TrainSettings:
     path = tmp_path / "train.toml"
     path.write_text(text)
     return load_config(path)
@@ -112,7 +112,7 @@ def two_servers(tmp_path: Path, *, fail: str | None = None, gate: WeightGate | N
     a = ScriptedVLLM("a", log, stamped, gate)
     b = ScriptedVLLM("b", log, stamped, gate, fail=fail)
     with in_thread(a.app()) as (url_a, _), in_thread(b.app()) as (url_b, _):
-        config = TrainConfig(engine=msgspec_engine([f"{url_a}/v1", url_b]))
+        config = TrainSettings(engine=msgspec_engine([f"{url_a}/v1", url_b]))
         with policy_engines(config, tmp_path, tmp_path / "run") as engines:
             assert isinstance(engines.engine, RoutedEngine)
             engines.engine.weight_version = "v1"

@@ -229,7 +229,7 @@ def config_fields(cls: type) -> list[str]:
 
 
 def config_page() -> str:
-    from harnessrl.train.config import TrainConfig
+    from harnessrl.train.config import TrainSettings
 
     out = [GENERATED, "# Train config", "",
            "`harnessrl train --config FILE` reads one TOML or YAML file with these tables. "
@@ -237,7 +237,7 @@ def config_page() -> str:
            "default silently. Generated from the config types in `harnessrl.train.config` "
            "(types, defaults and the comments beside each field); `examples/train.toml` is "
            "a commented example.", ""]
-    for prefix, section in config_sections(TrainConfig):
+    for prefix, section in config_sections(TrainSettings):
         title = f"`[{prefix.rstrip('.')}]`" if prefix else "Top level"
         doc = first_paragraph(section.__doc__) if section.__doc__ != msgspec.Struct.__doc__ \
             else ""
@@ -248,7 +248,7 @@ def config_page() -> str:
         out += [f"## {title}", "", doc, "", table(["field", "type", "default", "meaning"], rows),
                 ""]
     out += ["## Every default, as one file", "", "What an empty config file means "
-            "(unset fields are commented out):", "", "```toml", defaults_toml(TrainConfig),
+            "(unset fields are commented out):", "", "```toml", defaults_toml(TrainSettings),
             "```", ""]
     return "\n".join(out)
 
@@ -387,7 +387,7 @@ def http_routes() -> list[list[str]]:
 
 
 def http_page() -> str:
-    from harnessrl.proxy.rollout_routes import RolloutOptions
+    from harnessrl.proxy.rollout_routes import RolloutRequest
     from harnessrl.proxy.weight_routes import Hold, Release
 
     return "\n".join([
@@ -404,8 +404,8 @@ def http_page() -> str:
         "weight routes need it as the bearer token (a rollout's own key also reads and "
         "closes that rollout).", "",
         table(["route", "what it does"], http_routes()), "",
-        "### `POST /rollouts` body", "", first_paragraph(RolloutOptions.__doc__), "",
-        table(["field", "type", "default", "meaning"], struct_rows(RolloutOptions)), "",
+        "### `POST /rollouts` body", "", first_paragraph(RolloutRequest.__doc__), "",
+        table(["field", "type", "default", "meaning"], struct_rows(RolloutRequest)), "",
         "### `POST /weights/hold` and `/weights/release` bodies", "",
         table(["field", "type", "default", "meaning"], struct_rows(Hold) + struct_rows(Release)),
         "", "## Errors", "",

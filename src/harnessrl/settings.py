@@ -1,7 +1,7 @@
 """The settings layer: a settings type's fields are also its command-line flags.
 
 Settings types (msgspec Structs and dataclasses: `RolloutSettings`, `Shaping`, `Sampling`,
-`EngineSpec`, `ProxyConfig`, `ClusterSettings`) are what config files decode into and what
+`EngineSettings`, `ProxySettings`, `ClusterSettings`) are what config files decode into and what
 components take. A field that is also a flag says so in its annotation,
 `concurrency: Annotated[int, flag("rollouts at once")] = 2`. `add_flags` declares such
 fields on an argparse parser with the field's own default (never restated) and help, and

