@@ -69,12 +69,16 @@ def missing_from_cli_page(parser: argparse.ArgumentParser, page: str) -> list[st
 
 
 def config_paths(cls: Any, prefix: str = "") -> list[str]:
+    """Every key a config file may set (a section's `file_fields`, else all its fields), as
+    the file spells it."""
     paths = []
-    for field in msgspec.structs.fields(cls):
+    fields = {f.name: f for f in msgspec.structs.fields(cls)}
+    for name in getattr(cls, "file_fields", fields):
+        field = fields[name]
         nested = [t for t in (field.type, *getattr(field.type, "__args__", ()))
                   if isinstance(t, type) and issubclass(t, msgspec.Struct)]
-        paths += config_paths(nested[0], f"{prefix}{field.name}.") if nested \
-            else [f"{prefix}{field.name}"]
+        paths += config_paths(nested[0], f"{prefix}{field.encode_name}.") if nested \
+            else [f"{prefix}{field.encode_name}"]
     return paths
 
 
@@ -121,7 +125,7 @@ def test_config_reference_carries_defaults_and_comments():
     beside the fields reach the page: every field says what it is for."""
     rows = {line.split("`")[1]: line for line in docgen.config_page().splitlines()
             if line.startswith("| `")}
-    defaults = {f"{prefix}{f.name}": docgen.default_of(f)
+    defaults = {f"{prefix}{f.encode_name}": docgen.default_of(f)
                 for prefix, section in docgen.config_sections(TrainSettings)
                 for f in msgspec.structs.fields(section)}
     for name in config_paths(TrainSettings):

@@ -25,9 +25,11 @@ TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 def test_chat_mode_sends_the_configured_template_and_kwargs_with_every_call(tmp_path) -> None:
     fake = FakeVLLM()
+    template = tmp_path / "template.jinja"
+    template.write_text(TEMPLATE)
     with in_thread(fake.app()) as (url, _):
-        spec = EngineSettings(kind="chat", url=url, chat_template=TEMPLATE,
-                          chat_template_kwargs={"enable_thinking": False})
+        spec = EngineSettings(kind="chat", url=url, chat_template=str(template),
+                              chat_template_kwargs={"enable_thinking": False})
         with running(make(spec), tmp_path / "run") as served:
             key = httpx.post(f"{served.url}/rollouts", json={}).json()["key"]
             client = openai.OpenAI(base_url=f"{served.url}/r/{key}/v1", api_key=key,
@@ -56,11 +58,11 @@ def test_a_vllm_started_here_trusts_the_template_it_is_sent() -> None:
         server.port = 8000
         return server.command()
 
-    assert "--trust-request-chat-template" in command(chat_template=TEMPLATE)
+    assert "--trust-request-chat-template" in command(chat_template="template.jinja")
     assert "--trust-request-chat-template" not in command()
     # token mode: the proxy renders, vLLM only samples from ids
     assert "--trust-request-chat-template" not in command(kind="token",
-                                                          chat_template=TEMPLATE)
+                                                          chat_template="template.jinja")
 
 
 def test_chat_template_is_a_file_flag_in_serve_run_and_eval(tmp_path) -> None:
@@ -71,11 +73,11 @@ def test_chat_template_is_a_file_flag_in_serve_run_and_eval(tmp_path) -> None:
     path = tmp_path / "template.jinja"
     path.write_text(TEMPLATE)
     url = ["--engine-url", "http://127.0.0.1:9", "--chat-template", str(path)]
-    assert engine_spec(build_parser().parse_args(["serve", *url])).chat_template == TEMPLATE
+    assert engine_spec(build_parser().parse_args(["serve", *url])).template_text() == TEMPLATE
     for command in ("run", "eval"):
         args = build_parser().parse_args([command, "--harness", "pi", "--tasks", "bundled",
                                           "--run-dir", str(tmp_path / command), *url])
-        assert _run_engine_spec(args).chat_template == TEMPLATE
+        assert _run_engine_spec(args).template_text() == TEMPLATE
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", *url[:2], "--chat-template",
                                    str(tmp_path / "missing.jinja")])

@@ -605,20 +605,21 @@ def plain_grad_checked(engine: Any, adv: Any, trainer: Any) -> bool:
 
 
 def test_importance_is_on_by_default_only_where_the_sides_are_not_both_float32():
+    from harnessrl.proxy.engines.build import EngineSettings
     from harnessrl.train.async_loop import importance_of
-    from harnessrl.train.config import EngineConfig, GRPOSettings, TrainSettings
+    from harnessrl.train.config import GRPOSettings, TrainSettings
 
-    cpu = TrainSettings(engine=EngineConfig(dtype="float32"))
-    gpu = TrainSettings(engine=EngineConfig(dtype="bfloat16"))
+    cpu = TrainSettings(engine=EngineSettings(dtype="float32"))
+    gpu = TrainSettings(engine=EngineSettings(dtype="bfloat16"))
     assert importance_of(cpu) is None
     on = importance_of(gpu)
     assert on is not None and on.cap == 2.0
-    mixed = TrainSettings(engine=EngineConfig(dtype="bfloat16"),
+    mixed = TrainSettings(engine=EngineSettings(dtype="bfloat16"),
                         grpo=GRPOSettings(trl={"dtype": "float32"}))
     assert importance_of(mixed) is not None
-    assert importance_of(TrainSettings(engine=EngineConfig(dtype="float32"),
+    assert importance_of(TrainSettings(engine=EngineSettings(dtype="float32"),
                                      grpo=GRPOSettings(importance="on"))) is not None
-    assert importance_of(TrainSettings(engine=EngineConfig(dtype="bfloat16"),
+    assert importance_of(TrainSettings(engine=EngineSettings(dtype="bfloat16"),
                                      grpo=GRPOSettings(importance="off"))) is None
 
 

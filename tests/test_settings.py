@@ -103,7 +103,7 @@ def test_flags_and_settings_round_trip() -> None:
                                        "--vllm-arg", "b", "--engine-mode", "token"])
     assert from_flags(ProxySettings, serve).max_body_bytes == 512 * 1024
     spec = from_flags(EngineSettings, serve)
-    assert (spec.stream_interval, spec.vllm_args, spec.kind) == (0.02, ("a", "b"), "token")
+    assert (spec.stream_interval, spec.vllm_args, spec.kind) == (0.02, ["a", "b"], "token")
 
 
 def test_a_flag_takes_its_default_and_help_from_the_field(capsys) -> None:

@@ -24,11 +24,11 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
+from harnessrl.proxy.engines.build import EngineSettings
 from harnessrl.proxy.store import TraceReader
 from harnessrl.rollout.rewards import Shaping, TraceStats
 from harnessrl.rollout.tasks import Verdict
 from harnessrl.train.config import (
-    EngineConfig,
     GRPOSettings,
     ModelSettings,
     TrainRolloutSettings,
@@ -56,7 +56,7 @@ def demo_config(run_dir: Path, model: str | None, steps: int = 2) -> TrainSettin
         model=ModelSettings(path=model or "smollm2"),
         # token mode: the proxy renders the prompt itself and reuses the sampled ids, so
         # every turn a harness sends back unchanged extends the last one exactly
-        engine=EngineConfig(mode="token", max_model_len=8192, max_tokens=160),
+        engine=EngineSettings(kind="token", max_model_len=8192, max_tokens=160),
         rollout=TrainRolloutSettings(harnesses=["mini-swe-agent"], tasks=DEMO_TASKS, concurrency=4,
                               agent_timeout=120),
         grpo=GRPOSettings(steps=steps, num_generations=2, tasks_per_step=2,

@@ -21,6 +21,8 @@ from typing import Any
 
 import msgspec
 
+from harnessrl.settings import file_fields
+
 GENERATED = "<!-- generated from the code by harnessrl.docgen at build time: edit the code -->"
 
 
@@ -217,15 +219,15 @@ def _struct_of(kind: Any) -> type | None:
 def config_sections(cls: type, prefix: str = "") -> Iterator[tuple[str, type]]:
     """(dotted name, section type) for `cls` and every section under it."""
     yield prefix, cls
-    for field in msgspec.structs.fields(cls):
+    for field in file_fields(cls):
         if (section := _struct_of(field.type)) is not None:
-            yield from config_sections(section, f"{prefix}{field.name}.")
+            yield from config_sections(section, f"{prefix}{field.encode_name}.")
 
 
 def config_fields(cls: type) -> list[str]:
     """Every dotted field name of the config, sections excluded."""
-    return [f"{prefix}{f.name}" for prefix, section in config_sections(cls)
-            for f in msgspec.structs.fields(section) if _struct_of(f.type) is None]
+    return [f"{prefix}{f.encode_name}" for prefix, section in config_sections(cls)
+            for f in file_fields(section) if _struct_of(f.type) is None]
 
 
 def config_page() -> str:
@@ -242,9 +244,9 @@ def config_page() -> str:
         doc = first_paragraph(section.__doc__) if section.__doc__ != msgspec.Struct.__doc__ \
             else ""
         comments = field_comments(section)
-        rows = [[f"`{prefix}{f.name}`", type_name(f.type), f"`{toml_value(default_of(f))}`",
-                 meaning(f, comments)]
-                for f in msgspec.structs.fields(section) if _struct_of(f.type) is None]
+        rows = [[f"`{prefix}{f.encode_name}`", type_name(f.type),
+                 f"`{toml_value(default_of(f))}`", meaning(f, comments)]
+                for f in file_fields(section) if _struct_of(f.type) is None]
         out += [f"## {title}", "", doc, "", table(["field", "type", "default", "meaning"], rows),
                 ""]
     out += ["## Every default, as one file", "", "What an empty config file means "
@@ -259,12 +261,12 @@ def defaults_toml(cls: type) -> str:
     for prefix, section in config_sections(cls):
         if prefix:
             lines += ["", f"[{prefix.rstrip('.')}]"]
-        for field in msgspec.structs.fields(section):
+        for field in file_fields(section):
             if _struct_of(field.type) is not None:
                 continue
             value = default_of(field)
             unset = value is None or value is msgspec.NODEFAULT
-            lines.append(f"{'# ' if unset else ''}{field.name} = "
+            lines.append(f"{'# ' if unset else ''}{field.encode_name} = "
                          f"{'...' if unset else toml_value(value)}")
     return "\n".join(lines).strip()
 

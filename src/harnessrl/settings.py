@@ -125,6 +125,42 @@ def from_flags(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
     return cls(**{**values, **given})
 
 
+def file_keys(cls: type, raw: Any, where: str = "$") -> None:
+    """Refuse a key `cls` (a settings struct) decodes but a config file may not set: a
+    struct's `file_fields` (all its fields if it names none), in msgspec's own words."""
+    if not isinstance(raw, dict):
+        return
+    fields = {f.encode_name: f for f in msgspec.structs.fields(cls)}
+    allowed = getattr(cls, "file_fields", None)
+    for key, value in raw.items():
+        field = fields.get(key)
+        if field is None:
+            continue  # msgspec refuses it
+        if allowed is not None and field.name not in allowed:
+            raise msgspec.ValidationError(f"Object contains unknown field `{key}` - at "
+                                          f"`{where}`")
+        if (section := section_of(field.type)) is not None:
+            file_keys(section, value, f"{where}.{key}")
+
+
+def section_of(kind: Any) -> type | None:
+    """The config section type a field holds (`cluster: ClusterSettings | None` too)."""
+    for candidate in (kind, *typing.get_args(kind)):
+        if isinstance(candidate, type) and issubclass(candidate, msgspec.Struct):
+            return candidate
+    return None
+
+
+def file_fields(cls: type) -> list[msgspec.structs.FieldInfo]:
+    """The fields of a config section a file may set (`file_fields`, else all)."""
+    allowed = getattr(cls, "file_fields", None)
+    fields = msgspec.structs.fields(cls)
+    if allowed is None:
+        return list(fields)
+    by_name = {f.name: f for f in fields}
+    return [by_name[name] for name in allowed]
+
+
 def at_least_one(text: str) -> int:
     try:
         value = int(text)
@@ -157,12 +193,14 @@ def json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def file_text(path: str) -> str:
-    """A flag that names a text file (a chat template) and stands for its contents."""
+def readable_file(path: str) -> str:
+    """A flag that names a text file (a chat template): refused at once if it cannot be
+    read; the setting keeps the path."""
     try:
-        return Path(path).read_text()
+        Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise argparse.ArgumentTypeError(f"cannot read {path}: {exc}") from None
+    return path
 
 
 def _argparse_options(field: Field) -> dict[str, Any]:

