@@ -50,7 +50,7 @@ def two_vllm(tiny_model: Path):
 
     spec = EngineSettings(kind="chat", model=str(tiny_model), tokenizer=str(tiny_model),
                       served_name="policy", dtype="float32", max_model_len=1024,
-                      vllm_args=("--seed", "0"), vllm_log=CACHE / "vllm-async-cluster.log")
+                      vllm_args=["--seed", "0"], vllm_log=CACHE / "vllm-async-cluster.log")
     servers: list[Any] = []
 
     def keep(one_spec: EngineSettings) -> Any:
@@ -172,9 +172,9 @@ def test_a_transfer_that_names_no_version_still_gets_its_rows_tagged_and_trained
     script = tmp_path / "agent.py"
     script.write_text(AGENT)
     tasks = _tasks(tmp_path)
-    import dataclasses
+    import msgspec
 
-    engine = routed([make(dataclasses.replace(spec, url=u)) for u in urls])
+    engine = routed([make(msgspec.structs.replace(spec, url=u)) for u in urls])
     sync = VLLMWeightSync(urls[0], tmp_path / "unused", more_urls=urls[1:])
     foreign = ForeignTransfer(urls, tiny_model, tmp_path / "foreign")
     transfer = VersionedTransfer(foreign, sync)
@@ -304,9 +304,9 @@ def test_async_grpo_on_a_ray_cluster_with_two_vllm_servers(ray_cluster, two_vllm
     script.write_text(AGENT)
     tasks = _tasks(tmp_path)
     run_dir = tmp_path / "run"
-    import dataclasses
+    import msgspec
 
-    specs = [dataclasses.replace(spec, url=u) for u in urls]
+    specs = [msgspec.structs.replace(spec, url=u) for u in urls]
     sync = VLLMWeightSync(urls[0], tmp_path / "weights", more_urls=urls[1:])
     transfer = FileWeightTransfer(sync, tiny_model)
     rollouts = HarnessRollouts(

@@ -122,3 +122,20 @@ def test_post_rollouts_naming_an_engine_setting_is_told_where_it_is_set(tmp_path
             assert resp.status_code == 400 and error["param"] == name, resp.text
             assert flag in error["message"] and "engine" in error["message"]
         assert httpx.post(f"{served.url}/rollouts", json={"nope": 1}).status_code == 400
+
+
+def test_the_template_is_read_from_its_file_once_and_travels_as_text(tmp_path) -> None:
+    """`chat_template` is a path in every setting; the text is read by `template_text`, and
+    a Ray node builds its engines from the driver's text, without the file."""
+    from harnessrl.rollout.cluster_run import engines_from
+
+    path = tmp_path / "template.jinja"
+    path.write_text(TEMPLATE)
+    spec = EngineSettings(kind="chat", url="http://127.0.0.1:9", chat_template=str(path))
+    assert make(spec).template["chat_template"] == TEMPLATE  # type: ignore[attr-defined]
+    text = spec.template_text()
+    path.unlink()  # as on a node that lacks the driver's file
+    [engine] = engines_from([spec], text)
+    assert engine.template["chat_template"] == TEMPLATE  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="chat_template: cannot read"):
+        make(spec)

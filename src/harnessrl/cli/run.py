@@ -96,7 +96,8 @@ def _execute_on_cluster(args: argparse.Namespace, config: RunSettings, sampling:
     """`--cluster ray`: each node builds its shard's engine(s) from specs (a vLLM started
     for --model runs here, on the driver's machine, and the nodes call it by URL)."""
     import functools
-    from dataclasses import replace
+
+    import msgspec
 
     from harnessrl.proxy.engines.build import built
     from harnessrl.rollout.cluster import ClusterSettings
@@ -110,8 +111,9 @@ def _execute_on_cluster(args: argparse.Namespace, config: RunSettings, sampling:
     spec = _run_engine_spec(args)
     with built(spec) as engine:
         urls = (engine.url or spec.url or "").split(",")
-        specs = [replace(spec, url=url, model=None if url else spec.model) for url in urls]
-        factory = functools.partial(engines_from, specs)
+        specs = [msgspec.structs.replace(spec, url=url, model=None if url else spec.model)
+                 for url in urls]
+        factory = functools.partial(engines_from, specs, spec.template_text())
         return execute_on_cluster(config, factory, args.run_dir, cluster, sampling=sampling)
 
 

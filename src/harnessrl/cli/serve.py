@@ -75,7 +75,7 @@ def serve(args: argparse.Namespace) -> int:
 def _serve_workers(args: argparse.Namespace) -> int:
     """`serve --workers N`: vLLM (if this command starts it) once, here; N proxy processes
     on the port, each with its own engine client (proxy/workers.py)."""
-    import dataclasses
+    import msgspec
 
     from harnessrl.proxy.engines.build import server_for
     from harnessrl.proxy.store import TraceReader
@@ -86,7 +86,7 @@ def _serve_workers(args: argparse.Namespace) -> int:
     try:
         if server is not None:
             print(f"starting vLLM for {spec.model} ...", file=sys.stderr)
-            spec = dataclasses.replace(spec, url=server.start())
+            spec = msgspec.structs.replace(spec, url=server.start())
         args.run_dir.mkdir(parents=True, exist_ok=True)
         TraceReader(args.run_dir).close()  # the schema brought up to date once, not N times
         plan = Plan.make(args.host, args.port, args.workers)

@@ -27,10 +27,12 @@ from harnessrl.rollout.runner import RunSettings
 from harnessrl.types import Outcome, Sampling
 
 
-def engines_from(specs: Sequence[EngineSettings]) -> list[Engine]:
+def engines_from(specs: Sequence[EngineSettings], template: str | None = None
+                 ) -> list[Engine]:
     """The engines of `specs`, built where this runs (on each node): pass
-    `functools.partial(engines_from, specs)` as a node's engine factory."""
-    return [make(spec) for spec in specs]
+    `functools.partial(engines_from, specs, spec.template_text())` as a node's engine
+    factory (the chat template's text travels with it: a node need not have the file)."""
+    return [make(spec, template=template) for spec in specs]
 
 
 class NodeProgress:

@@ -150,4 +150,4 @@ def node_engines(config: TrainSettings, engines: PolicyEngines) -> Callable[[], 
 
     from harnessrl.rollout.cluster_run import engines_from
 
-    return functools.partial(engines_from, engines.specs)
+    return functools.partial(engines_from, engines.specs, engines.specs[0].template_text())

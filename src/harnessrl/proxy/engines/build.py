@@ -213,10 +213,14 @@ def built(spec: EngineSettings, *, status: Status | None = None) -> Iterator[Bui
         server.stop()
 
 
-def make(spec: EngineSettings, url: str | None = None) -> Engine:
+def make(spec: EngineSettings, url: str | None = None, *, template: str | None = None
+         ) -> Engine:
     """The engine for `spec`, calling `url` (default: `spec.url`); several comma-separated
-    URLs: one engine for each behind a `RoutedEngine` (each rollout sticks to one)."""
+    URLs: one engine for each behind a `RoutedEngine` (each rollout sticks to one).
+    `template`: the chat template's text where it was read elsewhere (a Ray node builds
+    with the driver's); default: `spec.template_text()`."""
     url = url or spec.url
+    template = template if template is not None else spec.template_text()
     if spec.kind == "scripted":
         return _scripted(spec)
     if url is None:
@@ -224,17 +228,17 @@ def make(spec: EngineSettings, url: str | None = None) -> Engine:
     if len(urls := split_urls(url)) > 1:
         from harnessrl.proxy.engines.routed import RoutedEngine
 
-        return RoutedEngine([make(spec, one) for one in urls])
+        return RoutedEngine([make(spec, one, template=template) for one in urls])
     if spec.kind == "teacher":
         from harnessrl.proxy.engines.openai_compat import OpenAICompatEngine
 
         return OpenAICompatEngine(url, model=spec.teacher_model, api_key=spec.api_key,
                                   **_upstream(spec))
     if spec.kind == "token":
-        return _token(spec, url)
+        return _token(spec, url, template)
     from harnessrl.proxy.engines.vllm import VLLMEngine
 
-    return VLLMEngine(url, chat_template=spec.template_text(),
+    return VLLMEngine(url, chat_template=template,
                       chat_template_kwargs=dict(spec.chat_template_kwargs or {}),
                       **_upstream(spec))
 
@@ -256,7 +260,7 @@ def _upstream(spec: EngineSettings) -> _UpstreamArgs:
             "stream_interval": spec.stream_interval}
 
 
-def _token(spec: EngineSettings, url: str) -> Engine:
+def _token(spec: EngineSettings, url: str, template: str | None) -> Engine:
     from harnessrl.proxy.engines.token.engine import TokenEngine
 
     tokenizer = spec.tokenizer or spec.model
@@ -265,7 +269,7 @@ def _token(spec: EngineSettings, url: str) -> Engine:
     # No default parser: TokenEngine decides from the model or refuses, naming the flag.
     return TokenEngine(url, tokenizer, tool_parser=spec.tool_call_parser,
                        reasoning_parser=spec.reasoning_parser, renderer=spec.renderer,
-                       chat_template=spec.template_text(),
+                       chat_template=template,
                        chat_template_kwargs=dict(spec.chat_template_kwargs or {}),
                        **_upstream(spec))
 
