@@ -1,8 +1,9 @@
 """The settings layer: a settings type's fields are also its command-line flags.
 
-Settings types (msgspec Structs and dataclasses: `RolloutSettings`, `Shaping`, `Sampling`,
-`EngineSettings`, `ProxySettings`, `ClusterSettings`) are what config files decode into and what
-components take. A field that is also a flag says so in its annotation,
+Settings types (msgspec Structs and dataclasses: `RolloutSettings`, `Shaping`,
+`EngineSettings`, `ProxySettings`, `ClusterSettings`, ...) are what config files decode into
+and what components take. A field that is also a flag says so in its annotation
+(the wire's `Sampling` knows nothing of flags: its are declared in cli/common.py),
 `concurrency: Annotated[int, flag("rollouts at once")] = 2`. `add_flags` declares such
 fields on an argparse parser with the field's own default (never restated) and help, and
 `from_flags` builds the settings back from the parsed flags: one place per component.
@@ -14,7 +15,7 @@ import argparse
 import dataclasses
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
@@ -93,22 +94,26 @@ class Field:
         return str(value) if self.kind is str else value
 
 
-def flagged(cls: type) -> dict[str, Field]:
-    """`cls`'s fields that are flags, by name, in declaration order."""
+def flagged(cls: type, flags: Mapping[str, Flag] | None = None) -> dict[str, Field]:
+    """`cls`'s fields that are flags, by name, in declaration order: those whose annotation
+    says so, or those `flags` names (the flags of a type that knows nothing of the command
+    line, such as the wire's `Sampling`, are declared beside the commands)."""
     hints = typing.get_type_hints(cls, include_extras=True)
     found = {}
     for name, default in _defaults(cls).items():
-        kind, flags = _unwrap(hints[name])
-        if flags:
-            found[name] = Field(cls, name, kind, default, flags[0])
+        kind, annotated = _unwrap(hints[name])
+        chosen = annotated[:1] if flags is None else [flags[name]] if name in flags else []
+        if chosen:
+            found[name] = Field(cls, name, kind, default, chosen[0])
     return found
 
 
-def add_flags(parser: Any, cls: type, *names: str, helps: dict[str, str] | None = None
-              ) -> None:
+def add_flags(parser: Any, cls: type, *names: str, helps: dict[str, str] | None = None,
+              flags: Mapping[str, Flag] | None = None) -> None:
     """Declare `cls`'s flagged fields (all, or those named, in that order) on `parser`
-    (a parser or an argument group); `helps`: a command's own help for some of them."""
-    fields = flagged(cls)
+    (a parser or an argument group); `helps`: a command's own help for some of them;
+    `flags`: the fields' flags, for a type whose annotations declare none."""
+    fields = flagged(cls, flags)
     for name in names or tuple(fields):
         field = fields[name]
         options = _argparse_options(field)
@@ -118,10 +123,12 @@ def add_flags(parser: Any, cls: type, *names: str, helps: dict[str, str] | None 
         action.setting = field  # read by the test that flag and field defaults agree
 
 
-def from_flags(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
-    """`cls` from the parsed flags of its fields (those the parser declared), and `given`."""
+def from_flags(cls: type[T], args: argparse.Namespace, *,
+               flags: Mapping[str, Flag] | None = None, **given: Any) -> T:
+    """`cls` from the parsed flags of its fields (those the parser declared), and `given`;
+    `flags` as for `add_flags`."""
     values = {name: field.to_setting(getattr(args, field.dest))
-              for name, field in flagged(cls).items() if hasattr(args, field.dest)}
+              for name, field in flagged(cls, flags).items() if hasattr(args, field.dest)}
     return cls(**{**values, **given})
 
 

@@ -3,9 +3,13 @@ and the harness lookup by name."""
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from harnessrl.settings import flag, from_flags
+from harnessrl.types import Sampling
 
 if TYPE_CHECKING:
     from harnessrl.harnesses.base import Harness
@@ -27,6 +31,22 @@ def harnesses(names: list[str]) -> list[Harness]:
     from harnessrl.harnesses import all_harnesses, get
 
     return [get(n) for n in names] if names else all_harnesses()
+
+
+# The sampling policy's flags (serve, run, eval): `Sampling` is the wire's vocabulary
+# (types.py) and knows nothing of the command line.
+SAMPLING_FLAGS = {
+    "temperature": flag("override the harness's temperature"),
+    "top_p": flag(),
+    "top_k": flag(),
+    "max_tokens": flag("override the harness's max tokens per call"),
+}
+
+
+def sampling_from_flags(args: argparse.Namespace) -> Sampling | None:
+    """The sampling policy the command's flags set (None: none set)."""
+    sampling = from_flags(Sampling, args, flags=SAMPLING_FLAGS)
+    return None if sampling == Sampling() else sampling
 
 
 # How the model is rendered and its replies parsed (`proxy/engines/token/formats.py`), the

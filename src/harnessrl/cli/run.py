@@ -9,7 +9,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harnessrl.cli.common import DEFAULT_RUN_DIR, FORMAT, harnesses
+from harnessrl.cli.common import (
+    DEFAULT_RUN_DIR,
+    FORMAT,
+    SAMPLING_FLAGS,
+    harnesses,
+    sampling_from_flags,
+)
 from harnessrl.settings import add_flags, from_flags
 
 if TYPE_CHECKING:
@@ -58,7 +64,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
               "tool_call_budget")
     add_flags(p, RolloutSettings, "max_model_calls")
     add_flags(p, Shaping, "custom")
-    add_flags(p, Sampling, "temperature", "max_tokens")
+    add_flags(p, Sampling, "temperature", "max_tokens", flags=SAMPLING_FLAGS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,13 +79,12 @@ def execute_run(args: argparse.Namespace) -> list[Outcome]:
     from harnessrl.rollout.run import execute, oracle_engine
     from harnessrl.rollout.runner import RolloutSettings, RunSettings
     from harnessrl.rollout.tasks import load_tasks
-    from harnessrl.types import Sampling
 
     tasks = load_tasks(args.tasks)
     config = from_flags(RunSettings, args, harnesses=harnesses(args.harness.split(",")),
                         tasks=tasks, settings=from_flags(RolloutSettings, args),
                         shaping=from_flags(Shaping, args))
-    sampling = Sampling.from_flags(args)
+    sampling = sampling_from_flags(args)
     if args.cluster:
         return _execute_on_cluster(args, config, sampling)
     if args.oracle:

@@ -11,7 +11,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harnessrl.cli.common import DEFAULT_RUN_DIR, FORMAT, is_loopback
+from harnessrl.cli.common import (
+    DEFAULT_RUN_DIR,
+    FORMAT,
+    SAMPLING_FLAGS,
+    is_loopback,
+    sampling_from_flags,
+)
 from harnessrl.settings import add_flags, at_least_one, from_flags
 
 if TYPE_CHECKING:
@@ -40,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_flags(p, EngineSettings, "token_delay", "served_name", "kind", "tokenizer")
     add_flags(p, EngineSettings, *FORMAT, "max_model_len", "dtype", "vllm_args",
               "vllm_log", "read_timeout", "first_byte_timeout", "stream_interval")
-    add_flags(p, Sampling, "temperature", "top_p", "top_k", "max_tokens")
+    add_flags(p, Sampling, "temperature", "top_p", "top_k", "max_tokens", flags=SAMPLING_FLAGS)
     p.add_argument("--unset-sampling", nargs="*", default=[],
                    help="sampling fields to drop from harness requests (e.g. top_p)")
     add_flags(p, ProxySettings, "strict_model", "max_body_bytes", "admin_token")
@@ -116,9 +122,8 @@ def _announce(message: str) -> contextlib.AbstractContextManager[None]:
 def build_proxy(args: argparse.Namespace, engine: Engine) -> Proxy:
     from harnessrl.proxy.config import ProxySettings
     from harnessrl.proxy.serve import build
-    from harnessrl.types import Sampling
 
-    return build(engine, args.run_dir, sampling=Sampling.from_flags(args),
+    return build(engine, args.run_dir, sampling=sampling_from_flags(args),
                  unset_sampling=frozenset(args.unset_sampling),
                  config=from_flags(ProxySettings, args), max_model_calls=args.max_model_calls)
 
