@@ -206,12 +206,12 @@ def teacher(args: argparse.Namespace, state: State, train: Path, seed: int, harn
         from harnessrl.proxy.engines.scripted import ScriptedEngine
         from harnessrl.rollout.conformance import policy_tokenizer
         from harnessrl.rollout.run import execute
-        from harnessrl.rollout.runner import RolloutSettings, RunConfig
+        from harnessrl.rollout.runner import RolloutSettings, RunSettings
 
         tasks, chosen = teacher_tasks(args, train, seed), get(harness)
         run_dir = state.work(name)
         shutil.rmtree(run_dir, ignore_errors=True)
-        config = RunConfig(harnesses=[chosen], tasks=tasks, settings=RolloutSettings(
+        config = RunSettings(harnesses=[chosen], tasks=tasks, settings=RolloutSettings(
             concurrency=args.concurrency, retries=1, agent_timeout=args.agent_timeout,
             max_model_calls=args.max_model_calls))
         with heavy(args.lock, name), state.log(name).open("w") as log:

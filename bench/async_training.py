@@ -38,12 +38,12 @@ from rich.console import Console
 
 from harnessrl.store.reader import TraceReader
 from harnessrl.train.async_grpo.worker import captured_tokens, main_chain_tokens, rows_of
-from harnessrl.train.config import TrainConfig
+from harnessrl.train.config import TrainSettings
 from harnessrl.train.loop import resolve_model, train
 
 
 def config_for(run: str, args: argparse.Namespace, run_dir: Path, url: str,
-               cluster: str | None = None) -> TrainConfig:
+               cluster: str | None = None) -> TrainSettings:
     trainer = run.split("-")[0]
     raw: dict[str, object] = {
         "run_dir": str(run_dir), "model": {"path": args.model},
@@ -57,7 +57,7 @@ def config_for(run: str, args: argparse.Namespace, run_dir: Path, url: str,
     }
     if cluster is not None:
         raw["cluster"] = {"address": cluster, "cpus_per_rollout": 0.25}
-    return msgspec.convert(raw, type=TrainConfig)
+    return msgspec.convert(raw, type=TrainSettings)
 
 
 def store_figures(run_dir: Path) -> dict[str, dict[str, float]]:

@@ -59,6 +59,7 @@ def _timed_saves(records: list[dict[str, Any]]) -> Any:
 def real_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from rich.console import Console
     from tests import long_run_agent
+    from tests.helpers import train_toml
 
     import harnessrl.harnesses as registry
     from harnessrl.models.tiny import build_tiny_model
@@ -77,32 +78,14 @@ def real_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     with VLLMServer(model=str(model), served_name="tiny", dtype="float32",
                     max_model_len=4096, extra_args=["--seed", "0"],
                     log_path=work / "vllm.log") as server:
-        config = work / "train.toml"
-        config.write_text(f"""run_dir = "{work / 'run'}"
-[model]
-path = "{model}"
-[engine]
-url = "{server.url}/v1"
-max_tokens = 8
-[rollout]
-harnesses = ["agent-chat"]
-tasks = "{tasks}"
-retries = 0
-hide_host = false
-[grpo]
-steps = {args.steps}
-num_generations = 2
-tasks_per_step = 1
-max_inflight = 2
-max_staleness = 8
-learning_rate = 1e-3
-[checkpoint]
-every_steps = {args.every}
-[eval]
-every_steps = {args.eval_every}
-holdout = 0.34
-harnesses = ["agent-chat", "agent-fresh"]
-""")
+        config = train_toml(
+            work / "train.toml", run_dir=work / "run", model=model, url=f"{server.url}/v1",
+            max_tokens=8, harnesses=["agent-chat"], tasks=tasks,
+            grpo={"steps": args.steps, "num_generations": 2, "tasks_per_step": 1,
+                  "max_inflight": 2, "max_staleness": 8, "learning_rate": 1e-3},
+            checkpoint={"every_steps": args.every},
+            eval={"every_steps": args.eval_every, "holdout": 0.34,
+                  "harnesses": ["agent-chat", "agent-fresh"]})
         try:
             train(load_config(config), console=Console(file=open(os.devnull, "w")))  # noqa: SIM115
         finally:

@@ -39,43 +39,25 @@ TASKS = [{"id": f"t{i}", "instruction": f"Finish job {i}", "verify": ["test -f d
           "timeout": 300} for i in range(6)]
 
 
-def _config(work: Path, model: Path, url: str, steps: int, lora: str) -> Path:
+def _config(work: Path, model: Path, url: str, steps: int, lora: dict[str, Any] | None
+            ) -> Path:
+    from tests.helpers import train_toml
+
     tasks = work / "tasks.jsonl"
     tasks.write_text("\n".join(json.dumps(t) for t in TASKS))
-    config = work / "train.toml"
-    config.write_text(f"""run_dir = "{work / 'run'}"
-[model]
-path = "{model}"
-[engine]
-url = "{url}/v1"
-max_tokens = 16
-[rollout]
-harnesses = ["agent-chat"]
-tasks = "{tasks}"
-retries = 0
-hide_host = false
-concurrency = 4
-[grpo]
-steps = {steps}
-num_generations = 2
-tasks_per_step = 2
-max_inflight = 4
-max_staleness = 8
-learning_rate = 1e-4
-[grpo.trl]
-queue_maxsize = 4
-[checkpoint]
-every_steps = {steps}
-keep = 1
-{lora}""")
-    return config
+    return train_toml(
+        work / "train.toml", run_dir=work / "run", model=model, url=f"{url}/v1",
+        max_tokens=16, harnesses=["agent-chat"], tasks=tasks, rollout={"concurrency": 4},
+        grpo={"steps": steps, "num_generations": 2, "tasks_per_step": 2, "max_inflight": 4,
+              "max_staleness": 8, "learning_rate": 1e-4, "trl": {"queue_maxsize": 4}},
+        checkpoint={"every_steps": steps, "keep": 1}, lora=lora)
 
 
 def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def one_run(name: str, lora: str, model: Path, url: str, steps: int, work: Path
+def one_run(name: str, lora: dict[str, Any] | None, model: Path, url: str, steps: int, work: Path
             ) -> dict[str, Any]:
     from rich.console import Console
 
@@ -163,11 +145,11 @@ def run(argv: list[str] | None = None) -> str:
     long_run_agent.install()
     model = resolve_model(args.model, Console(stderr=True))
     params = _params(model)
-    lora = f"[lora]\nrank = {args.rank}\nalpha = {2 * args.rank}\n"
+    lora = {"rank": args.rank, "alpha": 2 * args.rank}
     with tempfile.TemporaryDirectory(prefix="harnessrl-lora-") as tmp, VLLMServer(
             model=str(model), served_name=args.model, dtype="float32", max_model_len=4096,
             extra_args=["--seed", "0"], log_path=Path(tmp) / "vllm.log") as server:
-        runs = [one_run("full fine-tuning", "", model, server.url, args.steps,
+        runs = [one_run("full fine-tuning", None, model, server.url, args.steps,
                         Path(tmp) / "full"),
                 one_run(f"LoRA rank {args.rank}, alpha {2 * args.rank}, 7 projections", lora,
                         model, server.url, args.steps, Path(tmp) / "lora")]

@@ -72,11 +72,11 @@ def overhead_local(rollouts: int, root: Path) -> list[float]:
     from rollout_overhead import INSTANT
 
     from harnessrl.proxy.serve import running
-    from harnessrl.rollout.runner import RolloutSettings, RunConfig, Runner
+    from harnessrl.rollout.runner import RolloutSettings, Runner, RunSettings
     from harnessrl.rollout.tasks import load_tasks
 
     tasks = load_tasks("bundled")
-    config = RunConfig(harnesses=[INSTANT], tasks=tasks, samples=max(1, rollouts // len(tasks)),
+    config = RunSettings(harnesses=[INSTANT], tasks=tasks, samples=max(1, rollouts // len(tasks)),
                        settings=RolloutSettings(concurrency=1, retries=0))
     stamps = [time.monotonic()]
     with running(scripted_engine(), root) as served:
@@ -92,7 +92,7 @@ def overhead_ray(rollouts: int, root: Path) -> list[float]:
     from rollout_overhead import INSTANT
 
     from harnessrl.rollout.cluster import ClusterRunner, ClusterSettings
-    from harnessrl.rollout.runner import RolloutSettings, RunConfig
+    from harnessrl.rollout.runner import RolloutSettings, RunSettings
     from harnessrl.rollout.tasks import load_tasks
     from harnessrl.store.writer import TraceStore
 
@@ -100,7 +100,7 @@ def overhead_ray(rollouts: int, root: Path) -> list[float]:
         ray.init(log_to_driver=False, include_dashboard=False, _node_ip_address="127.0.0.1",
                  runtime_env={"env_vars": {"PYTHONPATH": str(HERE)}})
     tasks = load_tasks("bundled")
-    config = RunConfig(harnesses=[INSTANT], tasks=tasks, samples=max(1, rollouts // len(tasks)),
+    config = RunSettings(harnesses=[INSTANT], tasks=tasks, samples=max(1, rollouts // len(tasks)),
                        settings=RolloutSettings(concurrency=1, retries=0))
     stamps: list[float] = []
     with TraceStore(root) as store, ClusterRunner(

@@ -36,7 +36,7 @@ from harnessrl.harnesses.base import Harness
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
 from harnessrl.rollout.conformance import policy_tokenizer
 from harnessrl.rollout.run import execute
-from harnessrl.rollout.runner import RolloutSettings, RunConfig
+from harnessrl.rollout.runner import RolloutSettings, RunSettings
 from harnessrl.rollout.tasks import load_tasks
 
 
@@ -62,7 +62,7 @@ def measure(concurrency: int, rollouts: int, tokenizer: object,
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="hrl-bench-") as root:
-        config = RunConfig(harnesses=[INSTANT], tasks=tasks, samples=samples,
+        config = RunSettings(harnesses=[INSTANT], tasks=tasks, samples=samples,
                            settings=RolloutSettings(concurrency=concurrency, retries=0,
                                                     sandbox=sandbox))  # type: ignore[arg-type]
         started = time.monotonic()

@@ -22,6 +22,8 @@ from typing import Any
 
 import msgspec
 
+from harnessrl.settings import file_fields
+
 GENERATED = "<!-- generated from the code by scripts/docgen.py at build time: edit the code -->"
 
 
@@ -218,19 +220,19 @@ def _struct_of(kind: Any) -> type | None:
 def config_sections(cls: type, prefix: str = "") -> Iterator[tuple[str, type]]:
     """(dotted name, section type) for `cls` and every section under it."""
     yield prefix, cls
-    for field in msgspec.structs.fields(cls):
+    for field in file_fields(cls):
         if (section := _struct_of(field.type)) is not None:
-            yield from config_sections(section, f"{prefix}{field.name}.")
+            yield from config_sections(section, f"{prefix}{field.encode_name}.")
 
 
 def config_fields(cls: type) -> list[str]:
     """Every dotted field name of the config, sections excluded."""
-    return [f"{prefix}{f.name}" for prefix, section in config_sections(cls)
-            for f in msgspec.structs.fields(section) if _struct_of(f.type) is None]
+    return [f"{prefix}{f.encode_name}" for prefix, section in config_sections(cls)
+            for f in file_fields(section) if _struct_of(f.type) is None]
 
 
 def config_page() -> str:
-    from harnessrl.train.config import TrainConfig
+    from harnessrl.train.config import TrainSettings
 
     out = [GENERATED, "# Train config", "",
            "`harnessrl train --config FILE` reads one TOML or YAML file with these tables. "
@@ -238,18 +240,18 @@ def config_page() -> str:
            "default silently. Generated from the config types in `harnessrl.train.config` "
            "(types, defaults and the comments beside each field); `examples/train.toml` is "
            "a commented example.", ""]
-    for prefix, section in config_sections(TrainConfig):
+    for prefix, section in config_sections(TrainSettings):
         title = f"`[{prefix.rstrip('.')}]`" if prefix else "Top level"
         doc = first_paragraph(section.__doc__) if section.__doc__ != msgspec.Struct.__doc__ \
             else ""
         comments = field_comments(section)
-        rows = [[f"`{prefix}{f.name}`", type_name(f.type), f"`{toml_value(default_of(f))}`",
-                 meaning(f, comments)]
-                for f in msgspec.structs.fields(section) if _struct_of(f.type) is None]
+        rows = [[f"`{prefix}{f.encode_name}`", type_name(f.type),
+                 f"`{toml_value(default_of(f))}`", meaning(f, comments)]
+                for f in file_fields(section) if _struct_of(f.type) is None]
         out += [f"## {title}", "", doc, "", table(["field", "type", "default", "meaning"], rows),
                 ""]
     out += ["## Every default, as one file", "", "What an empty config file means "
-            "(unset fields are commented out):", "", "```toml", defaults_toml(TrainConfig),
+            "(unset fields are commented out):", "", "```toml", defaults_toml(TrainSettings),
             "```", ""]
     return "\n".join(out)
 
@@ -260,12 +262,12 @@ def defaults_toml(cls: type) -> str:
     for prefix, section in config_sections(cls):
         if prefix:
             lines += ["", f"[{prefix.rstrip('.')}]"]
-        for field in msgspec.structs.fields(section):
+        for field in file_fields(section):
             if _struct_of(field.type) is not None:
                 continue
             value = default_of(field)
             unset = value is None or value is msgspec.NODEFAULT
-            lines.append(f"{'# ' if unset else ''}{field.name} = "
+            lines.append(f"{'# ' if unset else ''}{field.encode_name} = "
                          f"{'...' if unset else toml_value(value)}")
     return "\n".join(lines).strip()
 
@@ -388,7 +390,7 @@ def http_routes() -> list[list[str]]:
 
 
 def http_page() -> str:
-    from harnessrl.proxy.rollout_routes import RolloutOptions
+    from harnessrl.proxy.rollout_routes import RolloutRequest
     from harnessrl.proxy.weight_routes import Hold, Release
 
     return "\n".join([
@@ -405,8 +407,8 @@ def http_page() -> str:
         "weight routes need it as the bearer token (a rollout's own key also reads and "
         "closes that rollout).", "",
         table(["route", "what it does"], http_routes()), "",
-        "### `POST /rollouts` body", "", first_paragraph(RolloutOptions.__doc__), "",
-        table(["field", "type", "default", "meaning"], struct_rows(RolloutOptions)), "",
+        "### `POST /rollouts` body", "", first_paragraph(RolloutRequest.__doc__), "",
+        table(["field", "type", "default", "meaning"], struct_rows(RolloutRequest)), "",
         "### `POST /weights/hold` and `/weights/release` bodies", "",
         table(["field", "type", "default", "meaning"], struct_rows(Hold) + struct_rows(Release)),
         "", "## Errors", "",

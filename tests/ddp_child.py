@@ -88,9 +88,9 @@ def main(model_dir: Path, out: Path) -> None:
     from harnessrl.rollout.tasks import Task
     from harnessrl.train.async_grpo.loop import _prepare, _trainer, async_config
     from harnessrl.train.async_grpo.processes import check_processes, process_state
-    from harnessrl.train.config import GRPOSettings, ModelConfig, TrainConfig
+    from harnessrl.train.config import GRPOSettings, ModelSettings, TrainSettings
 
-    config = TrainConfig(run_dir=str(out), model=ModelConfig(path=str(model_dir)),
+    config = TrainSettings(run_dir=str(out), model=ModelSettings(path=str(model_dir)),
                          grpo=GRPOSettings(steps=1, num_generations=2, tasks_per_step=2,
                                            learning_rate=5e-2, max_staleness=4))
     assert check_processes(config) == 2

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from harnessrl.harnesses.base import Harness
 from harnessrl.rollout.run import execute, oracle_engine
-from harnessrl.rollout.runner import RolloutSettings, RunConfig
+from harnessrl.rollout.runner import RolloutSettings, RunSettings
 from harnessrl.rollout.tasks import load_tasks
 
 SLEEPER = Harness(name="sleeper", version="1", dialect="openai_chat", registry="pypi",
@@ -32,7 +32,7 @@ def main(run_dir: Path, tools: Path) -> None:
     install_sleeper(tools)
     tasks = load_tasks("bundled:fizzbuzz")
     settings = RolloutSettings(sandbox="docker", tools_dir=str(tools), retries=0)
-    config = RunConfig(harnesses=[SLEEPER], tasks=tasks, settings=settings)
+    config = RunSettings(harnesses=[SLEEPER], tasks=tasks, settings=settings)
     execute(config, oracle_engine(tasks), run_dir, console=Console(file=sys.stderr))
 
 

@@ -105,13 +105,13 @@ def engine_events(engine, request, *, stream: bool) -> list:
 
 def make_proxy(engine, run_dir: Path, **config):
     from harnessrl.proxy.app import Proxy
-    from harnessrl.proxy.config import ProxyConfig
+    from harnessrl.proxy.config import ProxySettings
     from harnessrl.proxy.sessions import Sessions
     from harnessrl.store.writer import TraceStore
 
     sessions_options = {k: config.pop(k) for k in ("sampling", "unset_sampling") if k in config}
     sessions = Sessions(TraceStore(run_dir), **sessions_options)
-    return Proxy(engine, sessions, ProxyConfig(**config))
+    return Proxy(engine, sessions, ProxySettings(**config))
 
 
 # ------------------------------------------------------------------ a stored turn
@@ -215,3 +215,47 @@ def serve_workers_cli(args: list[str], run_dir: Path, n: int = 2,
             process.wait(60)
         finally:
             process.kill()
+
+
+# ------------------------------------------------------------------ train configs
+# Replies cut at max_tokens: every reply trained (the default masks truncated replies:
+# tests/test_grpo.py). Rewards there are coin flips: a group that comes out uniform is
+# dropped and replaced (the default), so every step has a gradient and a checkpoint holds
+# an optimizer state; EVERY_GROUP_KEPT keeps them (a step the optimizer does not take)
+# where a test compares the rows two runs trained.
+EVERY_REPLY_TRAINED: dict[str, Any] = {"truncated_turns": "train", "rejected_turns": "train"}
+EVERY_GROUP_KEPT: dict[str, Any] = {**EVERY_REPLY_TRAINED, "drop_uniform_groups": False}
+
+
+def train_toml(path: Path, *, run_dir: Path, model: Path, url: str, max_tokens: int,
+               harnesses: list[str], tasks: Path, rollout: dict[str, Any] | None = None,
+               **tables: dict[str, Any] | None) -> Path:
+    """The train config file (TOML) the real-vLLM train runs of the tests and benches
+    write: the model at a running vLLM, `harnesses` on the `tasks` file, no retries, the
+    host not hidden; `rollout` adds [rollout] keys and every other keyword is a table
+    (`grpo={...}`, a dict value inside it a sub-table such as [grpo.trl]; None: none)."""
+    sections: dict[str, dict[str, Any]] = {
+        "model": {"path": str(model)},
+        "engine": {"url": url, "max_tokens": max_tokens},
+        "rollout": {"harnesses": harnesses, "tasks": str(tasks), "retries": 0,
+                    "hide_host": False, **(rollout or {})},
+        **{name: table for name, table in tables.items() if table is not None}}
+    lines = [f"run_dir = {_toml(str(run_dir))}"]
+    for name, table in sections.items():
+        lines += _toml_table(name, table)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _toml_table(name: str, table: dict[str, Any]) -> list[str]:
+    lines = [f"[{name}]"] + [f"{key} = {_toml(value)}" for key, value in table.items()
+                             if not isinstance(value, dict)]
+    for key, value in table.items():
+        if isinstance(value, dict):
+            lines += _toml_table(f"{name}.{key}", value)
+    return lines
+
+
+def _toml(value: Any) -> str:
+    """A TOML value: JSON's spelling is TOML's for strings, numbers and arrays of them."""
+    return ("true" if value else "false") if isinstance(value, bool) else json.dumps(value)

@@ -45,15 +45,15 @@ LOOPBACK = "127.0.0.1"
 @pytest.fixture(scope="module")
 def two_vllm(tiny_model: Path):
     """Two vLLM servers for the tiny model, started at once, with a short context."""
-    from harnessrl.proxy.engines.build import EngineSpec
+    from harnessrl.proxy.engines.build import EngineSettings
     from harnessrl.train.engines import start_servers
 
-    spec = EngineSpec(kind="chat", model=str(tiny_model), tokenizer=str(tiny_model),
+    spec = EngineSettings(kind="chat", model=str(tiny_model), tokenizer=str(tiny_model),
                       served_name="policy", dtype="float32", max_model_len=1024,
-                      vllm_args=("--seed", "0"), vllm_log=CACHE / "vllm-async-cluster.log")
+                      vllm_args=["--seed", "0"], vllm_log=CACHE / "vllm-async-cluster.log")
     servers: list[Any] = []
 
-    def keep(one_spec: EngineSpec) -> Any:
+    def keep(one_spec: EngineSettings) -> Any:
         from harnessrl.proxy.engines.build import server_for
 
         servers.append(server_for(one_spec))
@@ -172,9 +172,9 @@ def test_a_transfer_that_names_no_version_still_gets_its_rows_tagged_and_trained
     script = tmp_path / "agent.py"
     script.write_text(AGENT)
     tasks = _tasks(tmp_path)
-    import dataclasses
+    import msgspec
 
-    engine = routed([make(dataclasses.replace(spec, url=u)) for u in urls])
+    engine = routed([make(msgspec.structs.replace(spec, url=u)) for u in urls])
     sync = VLLMWeightSync(urls[0], tmp_path / "unused", more_urls=urls[1:])
     foreign = ForeignTransfer(urls, tiny_model, tmp_path / "foreign")
     transfer = VersionedTransfer(foreign, sync)
@@ -238,16 +238,16 @@ def ray_cluster():
 
 
 def test_a_cluster_no_node_of_which_reaches_an_engine_is_refused(ray_cluster, tmp_path):
-    from harnessrl.proxy.engines.build import EngineSpec
+    from harnessrl.proxy.engines.build import EngineSettings
     from harnessrl.proxy.engines.vllm_server import free_port
     from harnessrl.rollout.cluster import ClusterRunner, ClusterSettings
     from harnessrl.rollout.cluster_run import engines_from
-    from harnessrl.rollout.runner import RunConfig
+    from harnessrl.rollout.runner import RunSettings
     from harnessrl.store.writer import TraceStore
 
     nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    factory = functools.partial(engines_from, [EngineSpec(kind="chat", url=nowhere)])
-    config = RunConfig(harnesses=[], tasks=[])
+    factory = functools.partial(engines_from, [EngineSettings(kind="chat", url=nowhere)])
+    config = RunSettings(harnesses=[], tasks=[])
     with TraceStore(tmp_path) as store, ClusterRunner(
             config, store, tmp_path, factory, ClusterSettings()) as runner, \
             pytest.raises(RuntimeError, match="no Ray node can reach a policy engine") as err:
@@ -304,9 +304,9 @@ def test_async_grpo_on_a_ray_cluster_with_two_vllm_servers(ray_cluster, two_vllm
     script.write_text(AGENT)
     tasks = _tasks(tmp_path)
     run_dir = tmp_path / "run"
-    import dataclasses
+    import msgspec
 
-    specs = [dataclasses.replace(spec, url=u) for u in urls]
+    specs = [msgspec.structs.replace(spec, url=u) for u in urls]
     sync = VLLMWeightSync(urls[0], tmp_path / "weights", more_urls=urls[1:])
     transfer = FileWeightTransfer(sync, tiny_model)
     rollouts = HarnessRollouts(

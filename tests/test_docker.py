@@ -322,13 +322,13 @@ def test_real_harness_through_the_proxy_from_inside_a_container(name: str,
 
     from harnessrl.harnesses import get
     from harnessrl.rollout.run import execute, oracle_engine
-    from harnessrl.rollout.runner import RolloutSettings, RunConfig
+    from harnessrl.rollout.runner import RolloutSettings, RunSettings
     from harnessrl.store.reader import TraceReader
 
     harness = get(name)
     harness.install(TOOLS, log=lambda _line: None)
     tasks = load_tasks("bundled:count-error-lines")
-    config = RunConfig(harnesses=[harness], tasks=tasks,
+    config = RunSettings(harnesses=[harness], tasks=tasks,
                        settings=RolloutSettings(sandbox="docker", tools_dir=str(TOOLS)))
     quiet = Console(file=open(os.devnull, "w"))  # noqa: SIM115
     outcomes = execute(config, oracle_engine(tasks, [harness]), tmp_path, console=quiet)

@@ -16,7 +16,7 @@ from rich.console import Console
 from harnessrl.cli import main
 from harnessrl.rollout.docker import BASE_IMAGE, DockerBackend, DockerSandbox, Images
 from harnessrl.rollout.run import execute, oracle_engine
-from harnessrl.rollout.runner import RolloutSettings, RunConfig
+from harnessrl.rollout.runner import RolloutSettings, RunSettings
 from harnessrl.rollout.sandbox import SandboxError
 from harnessrl.rollout.tasks import load_harbor_task, load_tasks, prepare, run_solution, verify
 from harnessrl.rollout.taskset import check_tasks
@@ -133,7 +133,7 @@ def test_a_missing_image_or_a_failed_build_is_an_infrastructure_error(tmp_path: 
           dockerfile=f"FROM {BASE_IMAGE}\nRUN echo the-step-ran && exit 7\n")
     tasks = load_tasks(tmp_path / "set")
     settings = RolloutSettings(sandbox="docker", tools_dir=str(tools), retries=0)
-    config = RunConfig(harnesses=[SLEEPER], tasks=tasks, settings=settings)
+    config = RunSettings(harnesses=[SLEEPER], tasks=tasks, settings=settings)
     outcomes = {o.task: o for o in execute(config, oracle_engine(tasks), tmp_path / "run",
                                            console=QUIET)}
     assert {(o.status, o.verifier_reward) for o in outcomes.values()} == {
@@ -193,7 +193,7 @@ def test_an_oracle_run_of_the_harbor_set_in_docker(tmp_path: Path) -> None:
     harness = get("mini-swe-agent")
     harness.install(TOOLS, log=lambda _line: None)
     tasks = load_tasks(EXAMPLES)
-    config = RunConfig(harnesses=[harness], tasks=tasks,
+    config = RunSettings(harnesses=[harness], tasks=tasks,
                        settings=RolloutSettings(sandbox="docker", tools_dir=str(TOOLS)))
     outcomes = execute(config, oracle_engine(tasks, [harness]), tmp_path, console=QUIET)
     assert sorted((o.task, o.status, o.verifier_reward) for o in outcomes) == [

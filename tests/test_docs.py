@@ -20,7 +20,7 @@ import msgspec
 import pytest
 
 from harnessrl.harnesses import MODULES
-from harnessrl.train.config import TrainConfig
+from harnessrl.train.config import TrainSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("HARNESSRL_ARTIFACTS", ROOT / "tests" / "artifacts"))
@@ -70,12 +70,16 @@ def missing_from_cli_page(parser: argparse.ArgumentParser, page: str) -> list[st
 
 
 def config_paths(cls: Any, prefix: str = "") -> list[str]:
+    """Every key a config file may set (a section's `file_fields`, else all its fields), as
+    the file spells it."""
     paths = []
-    for field in msgspec.structs.fields(cls):
+    fields = {f.name: f for f in msgspec.structs.fields(cls)}
+    for name in getattr(cls, "file_fields", fields):
+        field = fields[name]
         nested = [t for t in (field.type, *getattr(field.type, "__args__", ()))
                   if isinstance(t, type) and issubclass(t, msgspec.Struct)]
-        paths += config_paths(nested[0], f"{prefix}{field.name}.") if nested \
-            else [f"{prefix}{field.name}"]
+        paths += config_paths(nested[0], f"{prefix}{field.encode_name}.") if nested \
+            else [f"{prefix}{field.encode_name}"]
     return paths
 
 
@@ -110,11 +114,11 @@ def test_the_cli_check_fails_on_a_command_the_page_lacks(site: Path):
 
 def test_config_reference_names_every_field(site: Path):
     page = _page(site, "reference/config")
-    fields = config_paths(TrainConfig)
+    fields = config_paths(TrainSettings)
     assert {"engine.max_tokens", "grpo.max_staleness", "rollout.agent_timeout",
             "cluster.address", "run_dir"} <= set(fields)
     assert [f for f in fields if f"<code>{f}</code>" not in page] == []
-    assert docgen.config_fields(TrainConfig) == fields
+    assert docgen.config_fields(TrainSettings) == fields
 
 
 def test_config_reference_carries_defaults_and_comments():
@@ -122,10 +126,10 @@ def test_config_reference_carries_defaults_and_comments():
     beside the fields reach the page: every field says what it is for."""
     rows = {line.split("`")[1]: line for line in docgen.config_page().splitlines()
             if line.startswith("| `")}
-    defaults = {f"{prefix}{f.name}": docgen.default_of(f)
-                for prefix, section in docgen.config_sections(TrainConfig)
+    defaults = {f"{prefix}{f.encode_name}": docgen.default_of(f)
+                for prefix, section in docgen.config_sections(TrainSettings)
                 for f in msgspec.structs.fields(section)}
-    for name in config_paths(TrainConfig):
+    for name in config_paths(TrainSettings):
         assert f"`{docgen.toml_value(defaults[name])}`" in rows[name], rows[name]
     assert [name for name in rows if rows[name].rstrip().endswith("|  |")] == []
     assert "staleness" in rows["grpo.max_staleness"]
@@ -134,10 +138,10 @@ def test_config_reference_carries_defaults_and_comments():
 def test_the_config_reference_defaults_file_loads_as_the_defaults():
     import tomllib
 
-    example = docgen.defaults_toml(TrainConfig)
-    loaded = msgspec.convert(tomllib.loads(example), type=TrainConfig)
+    example = docgen.defaults_toml(TrainSettings)
+    loaded = msgspec.convert(tomllib.loads(example), type=TrainSettings)
     # [cluster] and [lora] given: their defaults
-    assert loaded == TrainConfig(cluster=loaded.cluster, lora=loaded.lora)
+    assert loaded == TrainSettings(cluster=loaded.cluster, lora=loaded.lora)
 
 
 def test_http_reference_names_every_route_and_error(site: Path):
@@ -264,7 +268,7 @@ def test_every_train_config_in_the_docs_is_valid():
     """Each TOML block in the README and the pages is a valid (partial) train config."""
     import tomllib
 
-    from harnessrl.train.config import TrainConfig
+    from harnessrl.train.config import TrainSettings
 
     blocks = [(path.relative_to(ROOT), block)
               for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -272,6 +276,6 @@ def test_every_train_config_in_the_docs_is_valid():
     assert len(blocks) >= 3
     for where, block in blocks:
         try:
-            msgspec.convert(tomllib.loads(block), type=TrainConfig)
+            msgspec.convert(tomllib.loads(block), type=TrainSettings)
         except (tomllib.TOMLDecodeError, msgspec.ValidationError, ValueError) as exc:
             pytest.fail(f"{where}: {exc}\n{block}")

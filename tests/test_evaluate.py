@@ -23,7 +23,7 @@ from harnessrl.rollout.evaluate import (
 )
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.run import execute, oracle_policy
-from harnessrl.rollout.runner import RunConfig
+from harnessrl.rollout.runner import RunSettings
 from harnessrl.rollout.tasks import load_tasks
 from harnessrl.types import Outcome
 
@@ -85,10 +85,10 @@ def test_two_harnesses_one_solving_one_failing(tmp_path: Path) -> None:
     solver, idler = get("mini-swe-agent"), get("pi")
     for harness in (solver, idler):
         harness.install(TOOLS, log=lambda _line: None)
-    execute(RunConfig(harnesses=[solver], tasks=tasks, shaping=shaping),
+    execute(RunSettings(harnesses=[solver], tasks=tasks, shaping=shaping),
             ScriptedEngine(tokenizer, oracle_policy(tasks)), tmp_path, console=quiet)
     outcomes = execute(
-        RunConfig(harnesses=[idler], tasks=tasks, shaping=shaping),
+        RunSettings(harnesses=[idler], tasks=tasks, shaping=shaping),
         ScriptedEngine(tokenizer, replay(["I will not do anything."])), tmp_path,
         console=quiet)
     by_harness = {(o.harness, o.task): o for o in outcomes}

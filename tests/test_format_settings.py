@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from harnessrl.errors import InvalidRequest
-from harnessrl.proxy.engines.build import EngineSpec, make, server_for
+from harnessrl.proxy.engines.build import EngineSettings, make, server_for
 from harnessrl.proxy.engines.token.engine import TokenEngine
 from harnessrl.proxy.serve import in_thread, running
 from harnessrl.types import ChatRequest, Message, Text
@@ -25,9 +25,11 @@ TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 def test_chat_mode_sends_the_configured_template_and_kwargs_with_every_call(tmp_path) -> None:
     fake = FakeVLLM()
+    template = tmp_path / "template.jinja"
+    template.write_text(TEMPLATE)
     with in_thread(fake.app()) as (url, _):
-        spec = EngineSpec(kind="chat", url=url, chat_template=TEMPLATE,
-                          chat_template_kwargs={"enable_thinking": False})
+        spec = EngineSettings(kind="chat", url=url, chat_template=str(template),
+                              chat_template_kwargs={"enable_thinking": False})
         with running(make(spec), tmp_path / "run") as served:
             key = httpx.post(f"{served.url}/rollouts", json={}).json()["key"]
             client = openai.OpenAI(base_url=f"{served.url}/r/{key}/v1", api_key=key,
@@ -43,7 +45,7 @@ def test_chat_mode_sends_the_configured_template_and_kwargs_with_every_call(tmp_
     assert first["reasoning_effort"] == "low" and "reasoning_effort" not in second
     plain = FakeVLLM()
     with in_thread(plain.app()) as (url, _), \
-            running(make(EngineSpec(kind="chat", url=url)), tmp_path / "plain") as served:
+            running(make(EngineSettings(kind="chat", url=url)), tmp_path / "plain") as served:
         key = httpx.post(f"{served.url}/rollouts", json={}).json()["key"]
         openai.OpenAI(base_url=f"{served.url}/r/{key}/v1", api_key=key).chat.completions.create(
             model="fake", messages=[{"role": "user", "content": "hi"}])
@@ -52,15 +54,15 @@ def test_chat_mode_sends_the_configured_template_and_kwargs_with_every_call(tmp_
 
 def test_a_vllm_started_here_trusts_the_template_it_is_sent() -> None:
     def command(**spec) -> list[str]:
-        server = server_for(EngineSpec(model="m", **spec))
+        server = server_for(EngineSettings(model="m", **spec))
         server.port = 8000
         return server.command()
 
-    assert "--trust-request-chat-template" in command(chat_template=TEMPLATE)
+    assert "--trust-request-chat-template" in command(chat_template="template.jinja")
     assert "--trust-request-chat-template" not in command()
     # token mode: the proxy renders, vLLM only samples from ids
     assert "--trust-request-chat-template" not in command(kind="token",
-                                                          chat_template=TEMPLATE)
+                                                          chat_template="template.jinja")
 
 
 def test_chat_template_is_a_file_flag_in_serve_run_and_eval(tmp_path) -> None:
@@ -71,11 +73,11 @@ def test_chat_template_is_a_file_flag_in_serve_run_and_eval(tmp_path) -> None:
     path = tmp_path / "template.jinja"
     path.write_text(TEMPLATE)
     url = ["--engine-url", "http://127.0.0.1:9", "--chat-template", str(path)]
-    assert engine_spec(build_parser().parse_args(["serve", *url])).chat_template == TEMPLATE
+    assert engine_spec(build_parser().parse_args(["serve", *url])).template_text() == TEMPLATE
     for command in ("run", "eval"):
         args = build_parser().parse_args([command, "--harness", "pi", "--tasks", "bundled",
                                           "--run-dir", str(tmp_path / command), *url])
-        assert _run_engine_spec(args).chat_template == TEMPLATE
+        assert _run_engine_spec(args).template_text() == TEMPLATE
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", *url[:2], "--chat-template",
                                    str(tmp_path / "missing.jinja")])
@@ -112,7 +114,7 @@ def test_a_calls_reasoning_effort_reaches_a_family_renderer(tiny_model) -> None:
 def test_post_rollouts_naming_an_engine_setting_is_told_where_it_is_set(tmp_path) -> None:
     fake = FakeVLLM()
     with in_thread(fake.app()) as (url, _), \
-            running(make(EngineSpec(kind="chat", url=url)), tmp_path / "run") as served:
+            running(make(EngineSettings(kind="chat", url=url)), tmp_path / "run") as served:
         for name, flag in (("tool_call_parser", "--tool-call-parser"),
                            ("chat_template_kwargs", "--chat-template-kwargs")):
             resp = httpx.post(f"{served.url}/rollouts", json={name: "x"})
@@ -120,3 +122,20 @@ def test_post_rollouts_naming_an_engine_setting_is_told_where_it_is_set(tmp_path
             assert resp.status_code == 400 and error["param"] == name, resp.text
             assert flag in error["message"] and "engine" in error["message"]
         assert httpx.post(f"{served.url}/rollouts", json={"nope": 1}).status_code == 400
+
+
+def test_the_template_is_read_from_its_file_once_and_travels_as_text(tmp_path) -> None:
+    """`chat_template` is a path in every setting; the text is read by `template_text`, and
+    a Ray node builds its engines from the driver's text, without the file."""
+    from harnessrl.rollout.cluster_run import engines_from
+
+    path = tmp_path / "template.jinja"
+    path.write_text(TEMPLATE)
+    spec = EngineSettings(kind="chat", url="http://127.0.0.1:9", chat_template=str(path))
+    assert make(spec).template["chat_template"] == TEMPLATE  # type: ignore[attr-defined]
+    text = spec.template_text()
+    path.unlink()  # as on a node that lacks the driver's file
+    [engine] = engines_from([spec], text)
+    assert engine.template["chat_template"] == TEMPLATE  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="chat_template: cannot read"):
+        make(spec)

@@ -203,13 +203,13 @@ def test_the_sync_trainers_row_masks_the_same_replies():
     ({"truncated_turns": "penalty"}, "truncated_turns"),
     ({"advantage_control": "shuffle"}, "advantage_control")])
 def test_the_sync_trainer_refuses_what_only_the_async_one_does(grpo, says):
-    from harnessrl.train.config import GRPOSettings, TrainConfig
+    from harnessrl.train.config import GRPOSettings, TrainSettings
     from harnessrl.train.loop import check_sync
 
-    config = TrainConfig(grpo=GRPOSettings(trainer="sync", **grpo))
+    config = TrainSettings(grpo=GRPOSettings(trainer="sync", **grpo))
     with pytest.raises(ValueError, match=says):
         check_sync(config)
-    check_sync(TrainConfig(grpo=GRPOSettings(trainer="sync")))  # the defaults run
+    check_sync(TrainSettings(grpo=GRPOSettings(trainer="sync")))  # the defaults run
 
 
 # ------------------------------------------------------------------ the worker, scripted
@@ -605,20 +605,21 @@ def plain_grad_checked(engine: Any, adv: Any, trainer: Any) -> bool:
 
 
 def test_importance_is_on_by_default_only_where_the_sides_are_not_both_float32():
+    from harnessrl.proxy.engines.build import EngineSettings
     from harnessrl.train.async_grpo.loop import importance_of
-    from harnessrl.train.config import EngineConfig, GRPOSettings, TrainConfig
+    from harnessrl.train.config import GRPOSettings, TrainSettings
 
-    cpu = TrainConfig(engine=EngineConfig(dtype="float32"))
-    gpu = TrainConfig(engine=EngineConfig(dtype="bfloat16"))
+    cpu = TrainSettings(engine=EngineSettings(dtype="float32"))
+    gpu = TrainSettings(engine=EngineSettings(dtype="bfloat16"))
     assert importance_of(cpu) is None
     on = importance_of(gpu)
     assert on is not None and on.cap == 2.0
-    mixed = TrainConfig(engine=EngineConfig(dtype="bfloat16"),
+    mixed = TrainSettings(engine=EngineSettings(dtype="bfloat16"),
                         grpo=GRPOSettings(trl={"dtype": "float32"}))
     assert importance_of(mixed) is not None
-    assert importance_of(TrainConfig(engine=EngineConfig(dtype="float32"),
+    assert importance_of(TrainSettings(engine=EngineSettings(dtype="float32"),
                                      grpo=GRPOSettings(importance="on"))) is not None
-    assert importance_of(TrainConfig(engine=EngineConfig(dtype="bfloat16"),
+    assert importance_of(TrainSettings(engine=EngineSettings(dtype="bfloat16"),
                                      grpo=GRPOSettings(importance="off"))) is None
 
 

@@ -224,10 +224,10 @@ def test_conformance_drift_table(served) -> None:
 def test_the_train_config_names_the_kinds_to_keep() -> None:
     import msgspec
 
-    from harnessrl.train.config import TrainConfig
+    from harnessrl.train.config import TrainSettings
 
-    assert TrainConfig().grpo.call_kinds == list(CALL_KINDS)
-    kept = msgspec.convert({"grpo": {"call_kinds": ["main", "compaction"]}}, TrainConfig)
+    assert TrainSettings().grpo.call_kinds == list(CALL_KINDS)
+    kept = msgspec.convert({"grpo": {"call_kinds": ["main", "compaction"]}}, TrainSettings)
     assert kept.grpo.call_kinds == ["main", "compaction"]
     with pytest.raises(msgspec.ValidationError, match="call_kinds"):
-        msgspec.convert({"grpo": {"call_kinds": ["title"]}}, TrainConfig)
+        msgspec.convert({"grpo": {"call_kinds": ["title"]}}, TrainSettings)

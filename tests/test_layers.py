@@ -195,3 +195,14 @@ def test_the_circle_check_finds_a_circle():
     """The check itself can fail: a -> b -> c -> a is one circle, d outside it."""
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_the_vocabulary_knows_nothing_of_settings_or_the_command_line():
+    """types.py, the wire's and the store's vocabulary, imports no other harnessrl module and
+    no argparse: the flags of `Sampling` are declared beside the commands (cli/common.py)."""
+    tree = ast.parse((SRC / "types.py").read_text())
+    names = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names]
+    names += [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    assert [n for n in names if n.startswith("harnessrl") or n == "argparse"] == []
+    assert names  # the walk sees its imports (msgspec, typing)

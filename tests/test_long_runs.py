@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from harnessrl.train.config import TrainConfig, load_config
+from harnessrl.train.config import TrainSettings, load_config
 from harnessrl.train.runs import checkpoint as ckpt
 from harnessrl.types import Outcome, Rollout
 
@@ -78,7 +78,7 @@ def _config(tmp_path: Path, generations: int = 2) -> Path:
     return path
 
 
-def _save(config: TrainConfig, step: int, **state) -> Path:
+def _save(config: TrainSettings, step: int, **state) -> Path:
     from harnessrl.rollout.tasks import load_tasks
 
     ids = [t.id for t in load_tasks(config.rollout.tasks)]

@@ -21,6 +21,7 @@ import pytest
 from rich.console import Console
 
 from tests import long_run_agent
+from tests.helpers import EVERY_REPLY_TRAINED, train_toml
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 QUIET = Console(file=open(os.devnull, "w"))  # noqa: SIM115
@@ -32,44 +33,15 @@ TASKS = [{"id": f"t{i}", "instruction": f"Finish job {i}", "verify": ["test -f d
 def _config(tmp_path: Path, model: Path, url: str) -> Path:
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("\n".join(json.dumps(t) for t in TASKS))
-    config = tmp_path / "train.toml"
-    config.write_text(f"""run_dir = "{tmp_path / 'run'}"
-[model]
-path = "{model}"
-[engine]
-url = "{url}/v1"
-max_tokens = 8
-[rollout]
-harnesses = ["agent-chat"]
-tasks = "{tasks}"
-retries = 0
-hide_host = false
-concurrency = 2
-[grpo]
-# replies cut at max_tokens: every reply trained (the default masks truncated replies:
-# tests/test_grpo.py). Rewards are coin flips: a group that came out uniform is dropped
-# and replaced (the default), so every step has a gradient and a checkpoint holds an
-# optimizer state (kept, such a group is a step the optimizer does not take).
-truncated_turns = "train"
-rejected_turns = "train"
-trainer = "async"
-steps = 4
-num_generations = 2
-tasks_per_step = 1
-max_inflight = 2
-max_staleness = 8
-learning_rate = 1e-3
-report_to = ["tensorboard"]
-[checkpoint]
-every_steps = 2
-keep = 2
-[eval]
-every_steps = 2
-holdout = 0.25
-harnesses = ["agent-chat", "agent-fresh"]
-samples = 1
-""")
-    return config
+    return train_toml(
+        tmp_path / "train.toml", run_dir=tmp_path / "run", model=model, url=f"{url}/v1",
+        max_tokens=8, harnesses=["agent-chat"], tasks=tasks, rollout={"concurrency": 2},
+        grpo={**EVERY_REPLY_TRAINED, "trainer": "async", "steps": 4, "num_generations": 2,
+              "tasks_per_step": 1, "max_inflight": 2, "max_staleness": 8,
+              "learning_rate": 1e-3, "report_to": ["tensorboard"]},
+        checkpoint={"every_steps": 2, "keep": 2},
+        eval={"every_steps": 2, "holdout": 0.25, "harnesses": ["agent-chat", "agent-fresh"],
+              "samples": 1})
 
 
 def _run_until_checkpoint(config: Path, root: Path, step: int) -> float:

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from harnessrl.train.config import TrainConfig
+from harnessrl.train.config import TrainSettings
 from harnessrl.train.lora import LoraSettings, peft_config
 
 
-def _config(raw: dict) -> TrainConfig:
-    return msgspec.convert(raw, type=TrainConfig)
+def _config(raw: dict) -> TrainSettings:
+    return msgspec.convert(raw, type=TrainSettings)
 
 
 def test_lora_section_defaults_and_peft_config():

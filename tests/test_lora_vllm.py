@@ -19,6 +19,7 @@ import pytest
 from rich.console import Console
 
 from tests import long_run_agent
+from tests.helpers import EVERY_REPLY_TRAINED, train_toml
 from tests.test_async_grpo import _hf_logprobs, _vllm_logprobs
 from tests.test_long_runs_vllm import Probe, _run_until_checkpoint
 
@@ -32,44 +33,16 @@ TASKS = [{"id": f"t{i}", "instruction": f"Finish job {i}", "verify": ["test -f d
 def _config(tmp_path: Path, model: Path, url: str) -> Path:
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("\n".join(json.dumps(t) for t in TASKS))
-    config = tmp_path / "train.toml"
     # 4 rollouts a group: the agent passes on a coin flip, and a group that scores alike
     # has no gradient (1 in 8 per group; the test needs one step with one)
-    config.write_text(f"""run_dir = "{tmp_path / 'run'}"
-[model]
-path = "{model}"
-[engine]
-url = "{url}/v1"
-max_tokens = 8
-[rollout]
-harnesses = ["agent-chat"]
-tasks = "{tasks}"
-retries = 0
-hide_host = false
-concurrency = 4
-[grpo]
-# replies cut at max_tokens: every reply trained (the default masks truncated replies:
-# tests/test_grpo.py). Rewards are coin flips: a group that came out uniform is dropped
-# and replaced (the default), so every step has a gradient and a checkpoint holds an
-# optimizer state (kept, such a group is a step the optimizer does not take).
-truncated_turns = "train"
-rejected_turns = "train"
-trainer = "async"
-steps = 3
-num_generations = 4
-tasks_per_step = 1
-max_inflight = 4
-max_staleness = 8
-learning_rate = 5e-3
-[checkpoint]
-every_steps = 2
-keep = 2
-[lora]
-rank = 8
-alpha = 16
-target_modules = ["q_proj", "v_proj", "down_proj"]
-""")
-    return config
+    return train_toml(
+        tmp_path / "train.toml", run_dir=tmp_path / "run", model=model, url=f"{url}/v1",
+        max_tokens=8, harnesses=["agent-chat"], tasks=tasks, rollout={"concurrency": 4},
+        grpo={**EVERY_REPLY_TRAINED, "trainer": "async", "steps": 3, "num_generations": 4,
+              "tasks_per_step": 1, "max_inflight": 4, "max_staleness": 8,
+              "learning_rate": 5e-3},
+        checkpoint={"every_steps": 2, "keep": 2},
+        lora={"rank": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj", "down_proj"]})
 
 
 def _with_plain_attention(trained, base_dir: Path):

@@ -19,7 +19,7 @@ from harnessrl.harnesses.base import RunContext
 from harnessrl.proxy.engines.policy import WHOLE_FILE_MARKER, OraclePolicy
 from harnessrl.proxy.engines.token.parsers import HermesParser
 from harnessrl.rollout.run import oracle_check, oracle_policy, written_by_solution
-from harnessrl.rollout.runner import RolloutSettings, RunConfig
+from harnessrl.rollout.runner import RolloutSettings, RunSettings
 from harnessrl.rollout.tasks import load_tasks
 from harnessrl.types import ChatRequest, Message, Text, Tool
 
@@ -134,7 +134,7 @@ def test_the_oracle_passes_every_bundled_task(name, tmp_path) -> None:
     harness = get(name)
     harness.install(TOOLS, log=lambda _line: None)
     tasks = _sweep(name)
-    config = RunConfig(harnesses=[harness], tasks=tasks,
+    config = RunSettings(harnesses=[harness], tasks=tasks,
                        settings=RolloutSettings(concurrency=2, tools_dir=str(TOOLS)))
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
     problems = oracle_check(config, tmp_path / "run", console=quiet)

@@ -37,7 +37,7 @@ from harnessrl.harnesses.base import Harness  # noqa: E402
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay  # noqa: E402
 from harnessrl.rollout.cluster import ClusterRunner, ClusterSettings  # noqa: E402
 from harnessrl.rollout.cluster_run import execute_on_cluster  # noqa: E402
-from harnessrl.rollout.runner import RolloutSettings, RunConfig  # noqa: E402
+from harnessrl.rollout.runner import RolloutSettings, RunSettings  # noqa: E402
 from harnessrl.rollout.tasks import load_tasks  # noqa: E402
 from harnessrl.store.reader import TraceReader  # noqa: E402
 from harnessrl.store.writer import TraceStore  # noqa: E402
@@ -167,7 +167,7 @@ def shard_turns(run_dir: Path) -> dict[str, list]:
 
 
 def test_every_planned_rollout_finishes_once_across_the_nodes(cluster, tmp_path):
-    config = RunConfig(harnesses=[chatty()], tasks=tasks(tmp_path, 3), samples=2,
+    config = RunSettings(harnesses=[chatty()], tasks=tasks(tmp_path, 3), samples=2,
                        settings=SETTINGS)
     run_dir = tmp_path / "run"
     outcomes = execute_on_cluster(config, functools.partial(scripted), run_dir, CLUSTER,
@@ -198,7 +198,7 @@ def test_every_planned_rollout_finishes_once_across_the_nodes(cluster, tmp_path)
 def test_a_stopped_engine_moves_its_rollouts_to_the_other(cluster, tmp_path):
     stop_a, stop_b = tmp_path / "stop-a", tmp_path / "stop-b"
     # More rollouts than slots (6): some start only after the engine is stopped.
-    config = RunConfig(harnesses=[chatty(pause=0.5)], tasks=tasks(tmp_path, 4), samples=2,
+    config = RunSettings(harnesses=[chatty(pause=0.5)], tasks=tasks(tmp_path, 4), samples=2,
                        settings=SETTINGS)
     run_dir = tmp_path / "run"
     stopped: dict[str, float] = {}
@@ -239,7 +239,7 @@ def test_two_real_harnesses_on_the_cluster(cluster, tmp_path):
 
     harnesses = [get("mini-swe-agent"), get("opencode")]
     bundled = load_tasks("bundled:create-hello-file")
-    config = RunConfig(harnesses=harnesses, tasks=bundled,
+    config = RunSettings(harnesses=harnesses, tasks=bundled,
                        settings=RolloutSettings(concurrency=2, retries=1))
     run_dir = tmp_path / "run"
     outcomes = execute_on_cluster(config, functools.partial(oracle_engine, bundled, harnesses),
@@ -255,7 +255,7 @@ def test_two_real_harnesses_on_the_cluster(cluster, tmp_path):
 def test_a_killed_node_loses_only_unfinished_rollouts(cluster, tmp_path):
     made, workers = cluster
     victim = workers[0]
-    config = RunConfig(harnesses=[chatty(pause=1.5)], tasks=tasks(tmp_path, 4), samples=2,
+    config = RunSettings(harnesses=[chatty(pause=1.5)], tasks=tasks(tmp_path, 4), samples=2,
                        settings=SETTINGS)
     run_dir = tmp_path / "run"
     killed = threading.Event()

@@ -84,11 +84,11 @@ async def test_the_version_is_every_engines_or_none(engines) -> None:
 
 
 def test_one_spec_with_several_urls_builds_the_router_serve_and_run_use() -> None:
-    """`serve`/`run --engine-url A,B` and `train`'s several servers: one EngineSpec naming
+    """`serve`/`run --engine-url A,B` and `train`'s several servers: one EngineSettings naming
     several URLs is one RoutedEngine with an engine per URL; one URL is that engine."""
     from harnessrl.cli import build_parser
     from harnessrl.cli.serve import engine_spec
-    from harnessrl.proxy.engines.build import EngineSpec, make
+    from harnessrl.proxy.engines.build import EngineSettings, make
 
     args = build_parser().parse_args(["serve", "--engine-url",
                                       "http://127.0.0.1:9/v1,http://127.0.0.1:10"])
@@ -98,4 +98,4 @@ def test_one_spec_with_several_urls_builds_the_router_serve_and_run_use() -> Non
                                                     "http://127.0.0.1:10"]
     engine.weight_version = "v2"  # set as on any engine: each routed one serves it
     assert [e.weight_version for e in engine.engines] == ["v2", "v2"]
-    assert not isinstance(make(EngineSpec(url="http://127.0.0.1:9")), RoutedEngine)
+    assert not isinstance(make(EngineSettings(url="http://127.0.0.1:9")), RoutedEngine)

@@ -18,7 +18,7 @@ from harnessrl.errors import EngineUnavailable
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
 from harnessrl.rollout.chains import EXCLUDE_REASONS, link, rollout_stats
 from harnessrl.train.async_grpo.worker import rows_of
-from harnessrl.train.config import TrainConfig
+from harnessrl.train.config import TrainSettings
 from harnessrl.types import ChatRequest, EngineEvent, ExcludedTurn
 from harnessrl.ui import views
 from tests.helpers import ServedProxy, make_proxy, make_turn
@@ -180,8 +180,8 @@ def test_an_ok_reply_the_client_retried_is_not_trained_unless_configured() -> No
     kept = {r.turns for r in rows_of(turns, keep_retried=True)}
     assert kept == {(0,), (1,)}  # both trained, as two chains (1 does not extend 0)
     assert "retry" in EXCLUDE_REASONS["retried"]
-    assert TrainConfig().grpo.train_retried is False
-    assert msgspec.convert({"grpo": {"train_retried": True}}, TrainConfig).grpo.train_retried
+    assert TrainSettings().grpo.train_retried is False
+    assert msgspec.convert({"grpo": {"train_retried": True}}, TrainSettings).grpo.train_retried
 
 
 def test_the_viewer_shows_the_retry_count_and_the_coding() -> None:

@@ -15,7 +15,7 @@ from harnessrl.proxy.engines.scripted import ScriptedEngine
 from harnessrl.rollout.conformance import policy_tokenizer
 from harnessrl.rollout.rewards import Shaping, TraceStats
 from harnessrl.rollout.run import execute, oracle_policy
-from harnessrl.rollout.runner import RolloutSettings, RunConfig
+from harnessrl.rollout.runner import RolloutSettings, RunSettings
 from harnessrl.rollout.tasks import Verdict, load_tasks
 from harnessrl.store.reader import TraceReader
 
@@ -51,7 +51,7 @@ def mini():
 @pytest.mark.harness
 def test_oracle_run_scores_every_rollout_and_resumes_without_duplicates(mini, tmp_path):
     tasks = load_tasks("bundled:create-hello-file,fizzbuzz,rename-extensions")
-    config = RunConfig(harnesses=[mini], tasks=tasks, samples=2,
+    config = RunSettings(harnesses=[mini], tasks=tasks, samples=2,
                        settings=RolloutSettings(concurrency=2),
                        shaping=Shaping(fewer_tool_calls=0.1))
     engine = ScriptedEngine(policy_tokenizer(), oracle_policy(tasks), model="oracle")
@@ -76,7 +76,7 @@ def test_engine_failure_is_an_infra_error_without_a_reward(mini, tmp_path):
         raise EngineUnavailable("the engine is down (test)")
 
     tasks = load_tasks("bundled:create-hello-file")
-    config = RunConfig(harnesses=[mini], tasks=tasks, settings=RolloutSettings(retries=1))
+    config = RunSettings(harnesses=[mini], tasks=tasks, settings=RolloutSettings(retries=1))
     engine = ScriptedEngine(policy_tokenizer(), down, model="down")
     [outcome] = execute(config, engine, tmp_path, console=Console(file=open("/dev/null", "w")))  # noqa: SIM115
     assert outcome.status == "infra_error" and outcome.reward is None
@@ -88,7 +88,7 @@ def test_plan_interleaves_harnesses_and_skips_done() -> None:
 
     tasks = load_tasks("bundled:fizzbuzz,is-palindrome")
     harnesses = [get("mini-swe-agent"), get("opencode"), get("claude")]
-    todo = plan(RunConfig(harnesses=harnesses, tasks=tasks, samples=2),
+    todo = plan(RunSettings(harnesses=harnesses, tasks=tasks, samples=2),
                 done={("mini-swe-agent", "fizzbuzz", 1), ("opencode", "is-palindrome", 0)})
     # Each (task, sample) is handed to every harness in turn before the next one, so
     # running the plan in order keeps the harnesses side by side; done ones are left out.
@@ -111,7 +111,7 @@ def test_agent_cannot_see_tests_solution_or_other_rollouts(mini, tmp_path):
     snoop = (f"ls -A {task.source} {task.source}/tests {tmp_path / 'sandboxes'}; "
              f"cat {task.source}/solution/solve.sh; echo SNOOPED")
     policy = OraclePolicy({task.instruction.strip().splitlines()[0][:100]: snoop})
-    config = RunConfig(harnesses=[mini], tasks=[task], samples=2,
+    config = RunSettings(harnesses=[mini], tasks=[task], samples=2,
                        settings=RolloutSettings(concurrency=2))
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
     outcomes = execute(config, ScriptedEngine(policy_tokenizer(), policy), tmp_path,
@@ -148,7 +148,7 @@ def test_a_harness_that_never_calls_the_model_is_an_infra_error(tmp_path):
 
     (tmp_path / "tasks.jsonl").write_text(json.dumps(
         {"id": "hang", "instruction": "wait", "verify": ["test -f done.txt"], "timeout": 2}))
-    config = RunConfig(harnesses=[shell("hangs", "sleep 983.5 & sleep 983.6"),
+    config = RunSettings(harnesses=[shell("hangs", "sleep 983.5 & sleep 983.6"),
                                   shell("crashes", "echo 'no config found' >&2; exit 3")],
                        tasks=load_tasks(tmp_path / "tasks.jsonl"),
                        settings=RolloutSettings(retries=0))
@@ -174,7 +174,7 @@ def test_an_oracle_that_does_not_pass_is_a_broken_pipeline(mini, tmp_path, monke
 
     good, wrong = load_tasks("bundled:create-hello-file,fizzbuzz")
     wrong = dataclasses.replace(wrong, solution_dir=None, solution_commands=("true",))
-    config = RunConfig(harnesses=[mini], tasks=[good, wrong],
+    config = RunSettings(harnesses=[mini], tasks=[good, wrong],
                        settings=RolloutSettings(retries=0))
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
     [problem] = oracle_check(config, tmp_path / "scored", console=quiet)
@@ -197,7 +197,7 @@ def test_a_rollout_stopped_at_its_step_cap_is_scored_and_marked_capped(mini, tmp
     (the submit), in mini-swe-agent's own dialect, so it stops unfinished. The verifier
     scores what it left (the file is there): a result, not an infrastructure error."""
     tasks = load_tasks("bundled:create-hello-file")
-    config = RunConfig(harnesses=[mini], tasks=tasks,
+    config = RunSettings(harnesses=[mini], tasks=tasks,
                        settings=RolloutSettings(retries=0, max_model_calls=1),
                        shaping=Shaping(tool_call_bonus=0.5, tool_call_budget=4))
     engine = ScriptedEngine(policy_tokenizer(), oracle_policy(tasks), model="oracle")
@@ -231,7 +231,7 @@ def test_a_harness_acting_on_text_counts_its_own_edits(tmp_path):
     aider.install(TOOLS, log=lambda _line: None)
     tasks = load_tasks("bundled:create-hello-file")
     [written] = oracle_policy(tasks, listings=True).listings.values()
-    config = RunConfig(harnesses=[aider], tasks=tasks, settings=RolloutSettings(retries=0))
+    config = RunSettings(harnesses=[aider], tasks=tasks, settings=RolloutSettings(retries=0))
     quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
     [outcome] = execute(config, oracle_engine(tasks, [aider]), tmp_path, console=quiet)
     assert outcome.status == "done" and outcome.verifier_reward == 1.0, outcome

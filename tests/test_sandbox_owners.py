@@ -131,13 +131,13 @@ def _dead_entry(tmp_path: Path, namespace: str | None = None) -> tuple[owners.En
 
 
 def test_a_runner_start_sweeps_what_a_dead_owner_left(tmp_path, registry):
-    from harnessrl.rollout.runner import RunConfig, Runner
+    from harnessrl.rollout.runner import Runner, RunSettings
     from harnessrl.store.writer import TraceStore
 
     entry, process = _dead_entry(tmp_path)
     assert entry.left_over() and owners.marked(entry.token) == [process.pid]
     with TraceStore(tmp_path / "run") as store:
-        Runner(RunConfig(harnesses=[], tasks=[]), store, "http://127.0.0.1:1",
+        Runner(RunSettings(harnesses=[], tasks=[]), store, "http://127.0.0.1:1",
                tmp_path / "run")
     assert process.wait(timeout=10) == -signal.SIGKILL
     assert not Path(entry.directory).exists() and not Path(entry.private).exists()
@@ -298,7 +298,7 @@ def test_after_sigkill_of_harnessrl_run_no_container_is_left(watcher, tmp_path, 
     if (problem := _docker_problem()) is not None:
         pytest.skip(f"docker sandbox: {problem}")
     from harnessrl.rollout.docker import RUN_LABEL
-    from harnessrl.rollout.runner import RunConfig, Runner
+    from harnessrl.rollout.runner import Runner, RunSettings
     from harnessrl.store.writer import TraceStore
 
     run_dir = tmp_path / "run"
@@ -326,7 +326,7 @@ def test_after_sigkill_of_harnessrl_run_no_container_is_left(watcher, tmp_path, 
         time.sleep(1)
         assert _containers(label)  # nothing ran to remove it
     with TraceStore(tmp_path / "next") as store:  # the next start
-        Runner(RunConfig(harnesses=[], tasks=[]), store, "http://127.0.0.1:1",
+        Runner(RunSettings(harnesses=[], tasks=[]), store, "http://127.0.0.1:1",
                tmp_path / "next")
     assert _containers(label) == [] and owners.entries() == []
     assert not _homes_under(run_dir)

@@ -25,6 +25,7 @@ from harnessrl.rollout.tasks import load_tasks
 from harnessrl.train.async_grpo.schedule import Schedule
 from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
 from harnessrl.train.trl import HarnessRollouts
+from tests.helpers import EVERY_GROUP_KEPT, train_toml
 from tests.test_train import AGENT, agent
 
 STEPS, GENERATIONS, TASKS_PER_STEP = 2, 2, 2
@@ -159,33 +160,12 @@ def test_harnessrl_train_colocated_on_real_vllm_records_the_schedule(
     tasks.write_text("\n".join(json.dumps({"id": name, "instruction": f"Create {name}.txt",
                                            "verify": [f"test -f {name}.txt"],
                                            "timeout": 45}) for name in ("a", "b")))
-    path = tmp_path / "train.toml"
-    path.write_text(f"""
-run_dir = "{tmp_path / 'run'}"
-[model]
-path = "{tiny_model}"
-[engine]
-url = "{vllm_tiny.url}"
-max_tokens = 16
-[rollout]
-harnesses = ["agent-solve"]
-tasks = "{tasks}"
-retries = 0
-hide_host = false
-[grpo]
-# replies cut at max_tokens and coin-flip rewards: every reply trained, every group kept
-# (the defaults that mask truncated replies and drop uniform groups: tests/test_grpo.py)
-truncated_turns = "train"
-rejected_turns = "train"
-drop_uniform_groups = false
-steps = 2
-num_generations = 2
-tasks_per_step = 1
-max_inflight = 4
-learning_rate = 1.0e-3
-[schedule]
-colocated = "on"
-""")
+    path = train_toml(
+        tmp_path / "train.toml", run_dir=tmp_path / "run", model=tiny_model,
+        url=vllm_tiny.url, max_tokens=16, harnesses=["agent-solve"], tasks=tasks,
+        grpo={**EVERY_GROUP_KEPT, "steps": 2, "num_generations": 2, "tasks_per_step": 1,
+              "max_inflight": 4, "learning_rate": 1.0e-3},
+        schedule={"colocated": "on"})
     phases: list[str] = []
     lines = train(load_config(path), console=QUIET, on_phase=phases.append)
     assert [line["step"] for line in lines] == [1, 2]

@@ -9,16 +9,19 @@ from typing import Annotated
 import pytest
 
 from harnessrl.cli import build_parser
-from harnessrl.proxy.config import ProxyConfig
-from harnessrl.proxy.engines.build import EngineSpec
+from harnessrl.cli.common import SAMPLING_FLAGS, sampling_from_flags
+from harnessrl.proxy.config import ProxySettings
+from harnessrl.proxy.engines.build import EngineSettings
 from harnessrl.rollout.cluster import ClusterSettings
 from harnessrl.rollout.rewards import Shaping
-from harnessrl.rollout.runner import RolloutSettings, RunConfig
+from harnessrl.rollout.runner import RolloutSettings, RunSettings
 from harnessrl.settings import Field, add_flags, flag, flagged, from_flags
 from harnessrl.types import Sampling
 
-SETTINGS = (RolloutSettings, RunConfig, Shaping, Sampling, EngineSpec, ProxyConfig,
+SETTINGS = (RolloutSettings, RunSettings, Shaping, EngineSettings, ProxySettings,
             ClusterSettings)
+# (type, its flags where they are declared beside the commands)
+FLAGGED = [(cls, None) for cls in SETTINGS] + [(Sampling, SAMPLING_FLAGS)]
 # The least each command needs to parse.
 REQUIRED = {
     "serve": ["--engine-url", "http://127.0.0.1:9"],
@@ -64,20 +67,20 @@ def test_run_flags_build_the_settings_types_defaults(command: str) -> None:
     assert from_flags(RolloutSettings, args) == RolloutSettings()
     assert from_flags(Shaping, args) == Shaping()
     assert from_flags(ClusterSettings, args) == ClusterSettings()
-    assert Sampling.from_flags(args) is None
+    assert sampling_from_flags(args) is None
 
 
 def test_serve_flags_build_the_settings_types_defaults() -> None:
     args = build_parser().parse_args(["serve", *REQUIRED["serve"]])
-    assert from_flags(ProxyConfig, args) == ProxyConfig()
-    assert from_flags(EngineSpec, args) == EngineSpec(url="http://127.0.0.1:9")
-    assert Sampling.from_flags(args) is None
+    assert from_flags(ProxySettings, args) == ProxySettings()
+    assert from_flags(EngineSettings, args) == EngineSettings(url="http://127.0.0.1:9")
+    assert sampling_from_flags(args) is None
 
 
 def test_no_flag_restates_a_settings_field_by_hand() -> None:
     """A flag spelled like a settings field's but declared with add_argument (its default
     written again) is found."""
-    options = {o: f for cls in SETTINGS for f in flagged(cls).values()
+    options = {o: f for cls, flags in FLAGGED for f in flagged(cls, flags).values()
                for o in f.option_strings}
     restated = [f"{' '.join(words)} {o}" for words, parser in _commands(build_parser())
                 for a in parser._actions if not hasattr(a, "setting")
@@ -96,14 +99,14 @@ def test_flags_and_settings_round_trip() -> None:
         hide_host=False, concurrency=5, tools_dir="/x", max_model_calls=7)
     assert from_flags(Shaping, args) == Shaping(custom=("tests.test_runner:flat",),
                                                 tool_call_budget=4)
-    assert Sampling.from_flags(args) == Sampling(temperature=0.5)
+    assert sampling_from_flags(args) == Sampling(temperature=0.5)
     assert args.samples == 3
     serve = build_parser().parse_args(["serve", "--model", "m", "--max-body-mb", "0.5",
                                        "--stream-interval-ms", "20", "--vllm-arg", "a",
                                        "--vllm-arg", "b", "--engine-mode", "token"])
-    assert from_flags(ProxyConfig, serve).max_body_bytes == 512 * 1024
-    spec = from_flags(EngineSpec, serve)
-    assert (spec.stream_interval, spec.vllm_args, spec.kind) == (0.02, ("a", "b"), "token")
+    assert from_flags(ProxySettings, serve).max_body_bytes == 512 * 1024
+    spec = from_flags(EngineSettings, serve)
+    assert (spec.stream_interval, spec.vllm_args, spec.kind) == (0.02, ["a", "b"], "token")
 
 
 def test_a_flag_takes_its_default_and_help_from_the_field(capsys) -> None:

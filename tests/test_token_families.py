@@ -197,7 +197,7 @@ def test_serve_run_and_train_config_carry_the_format_settings(tiny_model, tmp_pa
     from harnessrl.cli.run import _run_engine_spec
     from harnessrl.cli.serve import engine_spec
     from harnessrl.proxy.engines.build import make
-    from harnessrl.train.config import TrainConfig
+    from harnessrl.train.config import TrainSettings
     from harnessrl.train.engines import engine_spec as train_spec
 
     model = tmp_path / "qwen3-like"
@@ -218,7 +218,7 @@ def test_serve_run_and_train_config_carry_the_format_settings(tiny_model, tmp_pa
                                    "--chat-template-kwargs", "[1]", *settings[:2]])
     config = msgspec.convert({"engine": {"mode": "token", "tool_call_parser": "lfm2",
                                          "chat_template_kwargs": {"enable_thinking": False}}},
-                             type=TrainConfig)
+                             type=TrainSettings)
     spec = train_spec(config, model, tmp_path)
     assert (spec.tool_call_parser, dict(spec.chat_template_kwargs or {})) == (
         "lfm2", {"enable_thinking": False})

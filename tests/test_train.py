@@ -377,10 +377,10 @@ class TextOnly:
 
 
 def _collect(setting, tmp_path: Path, engine=None) -> Path:
-    from harnessrl.rollout.runner import RunConfig
+    from harnessrl.rollout.runner import RunSettings
 
     tasks, scripted, h = setting
-    config = RunConfig(harnesses=[h["solve"], h["idle"]], tasks=tasks[:1],
+    config = RunSettings(harnesses=[h["solve"], h["idle"]], tasks=tasks[:1],
                        settings=RolloutSettings(retries=0, hide_host=False))
     from harnessrl.rollout.run import execute
 

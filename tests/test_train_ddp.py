@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harnessrl.train.async_grpo.processes import check_processes
-from harnessrl.train.config import GRPOSettings, TrainConfig
+from harnessrl.train.config import GRPOSettings, TrainSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,10 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_several_processes_refuse_what_works_in_one_only(monkeypatch, grpo, says) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="2 trainer processes") as refused:
-        check_processes(TrainConfig(grpo=grpo))
+        check_processes(TrainSettings(grpo=grpo))
     assert says in str(refused.value)
     monkeypatch.setenv("WORLD_SIZE", "1")
-    assert check_processes(TrainConfig(grpo=grpo)) == 1
+    assert check_processes(TrainSettings(grpo=grpo)) == 1
 
 
 def test_harnessrl_train_refuses_before_loading_anything(monkeypatch, tmp_path) -> None:
@@ -42,7 +42,7 @@ def test_harnessrl_train_refuses_before_loading_anything(monkeypatch, tmp_path) 
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"id": "a", "instruction": "x", "verify": ["true"]}\n'
                      '{"id": "b", "instruction": "y", "verify": ["true"]}\n')
-    config = TrainConfig(run_dir=str(tmp_path / "run"),
+    config = TrainSettings(run_dir=str(tmp_path / "run"),
                          grpo=GRPOSettings(trainer="sync"))
     import msgspec
 

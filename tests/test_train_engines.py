@@ -27,7 +27,7 @@ from starlette.routing import Route
 from harnessrl.proxy.engines.routed import RoutedEngine
 from harnessrl.proxy.gate import WeightGate
 from harnessrl.proxy.serve import in_thread
-from harnessrl.train.config import ConfigError, TrainConfig, load_config
+from harnessrl.train.config import ConfigError, TrainSettings, load_config
 from harnessrl.train.engines import PolicyEngines, policy_engines
 from harnessrl.train.weights import WeightSyncError
 
@@ -35,7 +35,7 @@ ROUTES = ("/collective_rpc", "/reset_prefix_cache", "/update_weight_version")
 
 
 # ------------------------------------------------------------------ the config
-def _load(tmp_path: Path, text: str) -> TrainConfig:
+def _load(tmp_path: Path, text: str) -> TrainSettings:
     path = tmp_path / "train.toml"
     path.write_text(text)
     return load_config(path)
@@ -47,6 +47,9 @@ def test_engine_urls_are_read_and_normalised(tmp_path: Path) -> None:
     assert config.engine.roots == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
     assert _load(tmp_path, "[engine]\nservers = 3\n").engine.servers == 3
     assert _load(tmp_path, "").engine.roots == []  # one vLLM started here
+    # the file's names for the engine type's fields
+    engine = _load(tmp_path, '[engine]\nmode = "token"\nextra_args = ["--x"]\n').engine
+    assert (engine.kind, engine.vllm_args) == ("token", ["--x"])
 
 
 @pytest.mark.parametrize(("engine", "says"), [
@@ -57,6 +60,10 @@ def test_engine_urls_are_read_and_normalised(tmp_path: Path) -> None:
     ('url = "ftp://host"', "engine.url: 'ftp://host'"),
     ('servers = 2\nurls = ["http://127.0.0.1:1"]', "engine.servers = 2 starts vLLM servers"),
     ("servers = 0", "engine.servers"),
+    # the engine type's command-line fields are no config keys ([model] names the model)
+    ('model = "tiny"', "unknown field `model` - at `\\$.engine`"),
+    ('kind = "token"', "unknown field `kind`"),
+    ('mode = "scripted"', "engine.mode: 'scripted'; chat or token"),
 ])
 def test_bad_engine_sections_are_refused_at_load_naming_the_field(tmp_path: Path, engine: str,
                                                                   says: str) -> None:
@@ -112,7 +119,7 @@ def two_servers(tmp_path: Path, *, fail: str | None = None, gate: WeightGate | N
     a = ScriptedVLLM("a", log, stamped, gate)
     b = ScriptedVLLM("b", log, stamped, gate, fail=fail)
     with in_thread(a.app()) as (url_a, _), in_thread(b.app()) as (url_b, _):
-        config = TrainConfig(engine=msgspec_engine([f"{url_a}/v1", url_b]))
+        config = TrainSettings(engine=msgspec_engine([f"{url_a}/v1", url_b]))
         with policy_engines(config, tmp_path, tmp_path / "run") as engines:
             assert isinstance(engines.engine, RoutedEngine)
             engines.engine.weight_version = "v1"
@@ -123,9 +130,9 @@ def two_servers(tmp_path: Path, *, fail: str | None = None, gate: WeightGate | N
 def msgspec_engine(urls: list[str]):
     import msgspec
 
-    from harnessrl.train.config import EngineConfig
+    from harnessrl.train.config import TrainSettings
 
-    return msgspec.convert({"urls": urls}, type=EngineConfig)
+    return msgspec.convert({"engine": {"urls": urls}}, type=TrainSettings).engine
 
 
 def _reload_then_stamp(log: list[tuple], old: str) -> None:

@@ -237,7 +237,7 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from harnessrl.rollout.conformance import policy_tokenizer
     from harnessrl.rollout.rewards import Shaping
     from harnessrl.rollout.run import execute, oracle_policy
-    from harnessrl.rollout.runner import RolloutSettings, RunConfig
+    from harnessrl.rollout.runner import RolloutSettings, RunSettings
     from harnessrl.rollout.tasks import load_tasks
 
     harnesses = [get("mini-swe-agent"), get("claude")]
@@ -245,7 +245,7 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Path:
         harness.install(TOOLS, log=lambda _line: None)
     tasks = load_tasks("bundled:create-hello-file,fizzbuzz")
     root = tmp_path_factory.mktemp("runs")
-    config = RunConfig(harnesses=harnesses, tasks=tasks, samples=1,
+    config = RunSettings(harnesses=harnesses, tasks=tasks, samples=1,
                        settings=RolloutSettings(concurrency=2, tools_dir=str(TOOLS)),
                        shaping=Shaping(fewer_tool_calls=0.1))
     engine = ScriptedEngine(policy_tokenizer(), oracle_policy(tasks), model="oracle")

@@ -24,15 +24,15 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
+from harnessrl.proxy.engines.build import EngineSettings
 from harnessrl.rollout.rewards import Shaping, TraceStats
 from harnessrl.rollout.tasks import Verdict
 from harnessrl.store.reader import TraceReader
 from harnessrl.train.config import (
-    EngineConfig,
     GRPOSettings,
-    ModelConfig,
-    RolloutConfig,
-    TrainConfig,
+    ModelSettings,
+    TrainRolloutSettings,
+    TrainSettings,
 )
 from harnessrl.types import Outcome, Text, ToolCall, ToolResult, Turn
 
@@ -50,14 +50,14 @@ def brevity(verdict: Verdict, stats: TraceStats) -> float:
     return -0.1 * stats.completion_tokens / 1000
 
 
-def demo_config(run_dir: Path, model: str | None, steps: int = 2) -> TrainConfig:
-    return TrainConfig(
+def demo_config(run_dir: Path, model: str | None, steps: int = 2) -> TrainSettings:
+    return TrainSettings(
         run_dir=str(run_dir),
-        model=ModelConfig(path=model or "smollm2"),
+        model=ModelSettings(path=model or "smollm2"),
         # token mode: the proxy renders the prompt itself and reuses the sampled ids, so
         # every turn a harness sends back unchanged extends the last one exactly
-        engine=EngineConfig(mode="token", max_model_len=8192, max_tokens=160),
-        rollout=RolloutConfig(harnesses=["mini-swe-agent"], tasks=DEMO_TASKS, concurrency=4,
+        engine=EngineSettings(kind="token", max_model_len=8192, max_tokens=160),
+        rollout=TrainRolloutSettings(harnesses=["mini-swe-agent"], tasks=DEMO_TASKS, concurrency=4,
                               agent_timeout=120),
         grpo=GRPOSettings(steps=steps, num_generations=2, tasks_per_step=2,
                           learning_rate=1e-5),
@@ -108,17 +108,17 @@ def run_demo(run_dir: Path, model: str | None = None, *, steps: int = 2,
     return 0
 
 
-def oracle_first(config: TrainConfig, console: Console) -> list[str]:
+def oracle_first(config: TrainSettings, console: Console) -> list[str]:
     """The demo's harnesses and tasks, driven once each by the oracle in the same kind of
     sandbox (into RUN_DIR/oracle): what broke, if anything. A 135M model's 0% pass rate is
     expected; a 0% from a broken sandbox or verifier must not look the same."""
     from harnessrl.harnesses import get
     from harnessrl.rollout.run import oracle_check
-    from harnessrl.rollout.runner import RunConfig
+    from harnessrl.rollout.runner import RunSettings
     from harnessrl.rollout.tasks import load_tasks
 
     r = config.rollout
-    run = RunConfig(harnesses=[get(name) for name in r.harnesses], tasks=load_tasks(r.tasks),
+    run = RunSettings(harnesses=[get(name) for name in r.harnesses], tasks=load_tasks(r.tasks),
                     settings=r)
     return oracle_check(run, Path(config.run_dir) / "oracle", console=console)
 

@@ -1,8 +1,9 @@
 """The settings layer: a settings type's fields are also its command-line flags.
 
-Settings types (msgspec Structs and dataclasses: `RolloutSettings`, `Shaping`, `Sampling`,
-`EngineSpec`, `ProxyConfig`, `ClusterSettings`) are what config files decode into and what
-components take. A field that is also a flag says so in its annotation,
+Settings types (msgspec Structs and dataclasses: `RolloutSettings`, `Shaping`,
+`EngineSettings`, `ProxySettings`, `ClusterSettings`, ...) are what config files decode into
+and what components take. A field that is also a flag says so in its annotation
+(the wire's `Sampling` knows nothing of flags: its are declared in cli/common.py),
 `concurrency: Annotated[int, flag("rollouts at once")] = 2`. `add_flags` declares such
 fields on an argparse parser with the field's own default (never restated) and help, and
 `from_flags` builds the settings back from the parsed flags: one place per component.
@@ -14,7 +15,7 @@ import argparse
 import dataclasses
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
@@ -93,22 +94,26 @@ class Field:
         return str(value) if self.kind is str else value
 
 
-def flagged(cls: type) -> dict[str, Field]:
-    """`cls`'s fields that are flags, by name, in declaration order."""
+def flagged(cls: type, flags: Mapping[str, Flag] | None = None) -> dict[str, Field]:
+    """`cls`'s fields that are flags, by name, in declaration order: those whose annotation
+    says so, or those `flags` names (the flags of a type that knows nothing of the command
+    line, such as the wire's `Sampling`, are declared beside the commands)."""
     hints = typing.get_type_hints(cls, include_extras=True)
     found = {}
     for name, default in _defaults(cls).items():
-        kind, flags = _unwrap(hints[name])
-        if flags:
-            found[name] = Field(cls, name, kind, default, flags[0])
+        kind, annotated = _unwrap(hints[name])
+        chosen = annotated[:1] if flags is None else [flags[name]] if name in flags else []
+        if chosen:
+            found[name] = Field(cls, name, kind, default, chosen[0])
     return found
 
 
-def add_flags(parser: Any, cls: type, *names: str, helps: dict[str, str] | None = None
-              ) -> None:
+def add_flags(parser: Any, cls: type, *names: str, helps: dict[str, str] | None = None,
+              flags: Mapping[str, Flag] | None = None) -> None:
     """Declare `cls`'s flagged fields (all, or those named, in that order) on `parser`
-    (a parser or an argument group); `helps`: a command's own help for some of them."""
-    fields = flagged(cls)
+    (a parser or an argument group); `helps`: a command's own help for some of them;
+    `flags`: the fields' flags, for a type whose annotations declare none."""
+    fields = flagged(cls, flags)
     for name in names or tuple(fields):
         field = fields[name]
         options = _argparse_options(field)
@@ -118,11 +123,49 @@ def add_flags(parser: Any, cls: type, *names: str, helps: dict[str, str] | None 
         action.setting = field  # read by the test that flag and field defaults agree
 
 
-def from_flags(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
-    """`cls` from the parsed flags of its fields (those the parser declared), and `given`."""
+def from_flags(cls: type[T], args: argparse.Namespace, *,
+               flags: Mapping[str, Flag] | None = None, **given: Any) -> T:
+    """`cls` from the parsed flags of its fields (those the parser declared), and `given`;
+    `flags` as for `add_flags`."""
     values = {name: field.to_setting(getattr(args, field.dest))
-              for name, field in flagged(cls).items() if hasattr(args, field.dest)}
+              for name, field in flagged(cls, flags).items() if hasattr(args, field.dest)}
     return cls(**{**values, **given})
+
+
+def file_keys(cls: type, raw: Any, where: str = "$") -> None:
+    """Refuse a key `cls` (a settings struct) decodes but a config file may not set: a
+    struct's `file_fields` (all its fields if it names none), in msgspec's own words."""
+    if not isinstance(raw, dict):
+        return
+    fields = {f.encode_name: f for f in msgspec.structs.fields(cls)}
+    allowed = getattr(cls, "file_fields", None)
+    for key, value in raw.items():
+        field = fields.get(key)
+        if field is None:
+            continue  # msgspec refuses it
+        if allowed is not None and field.name not in allowed:
+            raise msgspec.ValidationError(f"Object contains unknown field `{key}` - at "
+                                          f"`{where}`")
+        if (section := section_of(field.type)) is not None:
+            file_keys(section, value, f"{where}.{key}")
+
+
+def section_of(kind: Any) -> type | None:
+    """The config section type a field holds (`cluster: ClusterSettings | None` too)."""
+    for candidate in (kind, *typing.get_args(kind)):
+        if isinstance(candidate, type) and issubclass(candidate, msgspec.Struct):
+            return candidate
+    return None
+
+
+def file_fields(cls: type) -> list[msgspec.structs.FieldInfo]:
+    """The fields of a config section a file may set (`file_fields`, else all)."""
+    allowed = getattr(cls, "file_fields", None)
+    fields = msgspec.structs.fields(cls)
+    if allowed is None:
+        return list(fields)
+    by_name = {f.name: f for f in fields}
+    return [by_name[name] for name in allowed]
 
 
 def at_least_one(text: str) -> int:
@@ -157,12 +200,14 @@ def json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def file_text(path: str) -> str:
-    """A flag that names a text file (a chat template) and stands for its contents."""
+def readable_file(path: str) -> str:
+    """A flag that names a text file (a chat template): refused at once if it cannot be
+    read; the setting keeps the path."""
     try:
-        return Path(path).read_text()
+        Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise argparse.ArgumentTypeError(f"cannot read {path}: {exc}") from None
+    return path
 
 
 def _argparse_options(field: Field) -> dict[str, Any]:

@@ -7,14 +7,9 @@ structs so that they encode to JSON (for the store and exports) without hand-wri
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
-
-from harnessrl.settings import flag, from_flags
-
-if TYPE_CHECKING:
-    import argparse
 
 Role = Literal["system", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "error"]
@@ -83,11 +78,11 @@ class ToolChoice(msgspec.Struct, frozen=True):
 class Sampling(msgspec.Struct, frozen=True, omit_defaults=True):
     """Sampling values; None means "not given" (the engine's default applies)."""
 
-    temperature: Annotated[float | None, flag("override the harness's temperature")] = None
-    top_p: Annotated[float | None, flag()] = None
-    top_k: Annotated[int | None, flag()] = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
     min_p: float | None = None
-    max_tokens: Annotated[int | None, flag("override the harness's max tokens per call")] = None
+    max_tokens: int | None = None
     stop: tuple[str, ...] | None = None
     seed: int | None = None
     presence_penalty: float | None = None
@@ -105,12 +100,6 @@ class Sampling(msgspec.Struct, frozen=True, omit_defaults=True):
         for name in unset:
             merged[name] = None
         return Sampling(**merged)
-
-    @classmethod
-    def from_flags(cls, args: argparse.Namespace) -> Sampling | None:
-        """The sampling policy the command's flags set (None: none set)."""
-        sampling = from_flags(cls, args)
-        return None if sampling == cls() else sampling
 
 
 class ChatRequest(msgspec.Struct, frozen=True):

@@ -9,12 +9,18 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harnessrl.cli.common import DEFAULT_RUN_DIR, FORMAT, harnesses
+from harnessrl.cli.common import (
+    DEFAULT_RUN_DIR,
+    FORMAT,
+    SAMPLING_FLAGS,
+    harnesses,
+    sampling_from_flags,
+)
 from harnessrl.settings import add_flags, from_flags
 
 if TYPE_CHECKING:
-    from harnessrl.proxy.engines.build import EngineSpec
-    from harnessrl.rollout.runner import RunConfig
+    from harnessrl.proxy.engines.build import EngineSettings
+    from harnessrl.rollout.runner import RunSettings
     from harnessrl.types import Outcome, Sampling
 
 HELP = "harnesses on tasks through the proxy, scored by the tasks' verifiers"
@@ -26,15 +32,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    from harnessrl.proxy.engines.build import EngineSpec
+    from harnessrl.proxy.engines.build import EngineSettings
     from harnessrl.rollout.cluster import ClusterSettings
     from harnessrl.rollout.rewards import Shaping
-    from harnessrl.rollout.runner import RolloutSettings, RunConfig
+    from harnessrl.rollout.runner import RolloutSettings, RunSettings
     from harnessrl.types import Sampling
 
     p.add_argument("--harness", required=True, help="one or more, comma-separated")
     p.add_argument("--tasks", required=True, help="a task dir, a .jsonl file, or bundled[:...]")
-    add_flags(p, RunConfig, "samples")
+    add_flags(p, RunSettings, "samples")
     add_flags(p, RolloutSettings, "concurrency", "retries")
     p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR)
     add_flags(p, RolloutSettings, "tools_dir", "network", "sandbox", "hide_host", "image",
@@ -44,21 +50,21 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "harnessrl[ray]): a capture-proxy shard per node")
     add_flags(p, ClusterSettings, "address", "slots_per_node")
     engine = p.add_mutually_exclusive_group(required=True)
-    add_flags(engine, EngineSpec, "url", "model")
+    add_flags(engine, EngineSettings, "url", "model")
     engine.add_argument("--oracle", action="store_true",
                         help="a scripted engine that runs each task's reference solution "
                              "through the harness (checks the pipeline end to end)")
     engine.add_argument("--teacher", metavar="API_BASE",
                         help="any OpenAI-compatible endpoint (its /v1 root): text only, no "
                              "token ids; for `export --sft messages` (distillation)")
-    add_flags(p, EngineSpec, "teacher_model", "tokenizer", "kind", *FORMAT)
+    add_flags(p, EngineSettings, "teacher_model", "tokenizer", "kind", *FORMAT)
     p.add_argument("--teacher-key-env", metavar="VAR",
                    help="--teacher: the environment variable holding its API key")
     add_flags(p, Shaping, "fewer_tool_calls", "fewer_tokens", "tool_call_bonus",
               "tool_call_budget")
     add_flags(p, RolloutSettings, "max_model_calls")
     add_flags(p, Shaping, "custom")
-    add_flags(p, Sampling, "temperature", "max_tokens")
+    add_flags(p, Sampling, "temperature", "max_tokens", flags=SAMPLING_FLAGS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,15 +77,14 @@ def run(args: argparse.Namespace) -> int:
 def execute_run(args: argparse.Namespace) -> list[Outcome]:
     from harnessrl.rollout.rewards import Shaping
     from harnessrl.rollout.run import execute, oracle_engine
-    from harnessrl.rollout.runner import RolloutSettings, RunConfig
+    from harnessrl.rollout.runner import RolloutSettings, RunSettings
     from harnessrl.rollout.tasks import load_tasks
-    from harnessrl.types import Sampling
 
     tasks = load_tasks(args.tasks)
-    config = from_flags(RunConfig, args, harnesses=harnesses(args.harness.split(",")),
+    config = from_flags(RunSettings, args, harnesses=harnesses(args.harness.split(",")),
                         tasks=tasks, settings=from_flags(RolloutSettings, args),
                         shaping=from_flags(Shaping, args))
-    sampling = Sampling.from_flags(args)
+    sampling = sampling_from_flags(args)
     if args.cluster:
         return _execute_on_cluster(args, config, sampling)
     if args.oracle:
@@ -91,12 +96,13 @@ def execute_run(args: argparse.Namespace) -> list[Outcome]:
         return execute(config, engine.engine, args.run_dir, sampling=sampling)
 
 
-def _execute_on_cluster(args: argparse.Namespace, config: RunConfig, sampling: Sampling | None
+def _execute_on_cluster(args: argparse.Namespace, config: RunSettings, sampling: Sampling | None
                         ) -> list[Outcome]:
     """`--cluster ray`: each node builds its shard's engine(s) from specs (a vLLM started
     for --model runs here, on the driver's machine, and the nodes call it by URL)."""
     import functools
-    from dataclasses import replace
+
+    import msgspec
 
     from harnessrl.proxy.engines.build import built
     from harnessrl.rollout.cluster import ClusterSettings
@@ -110,20 +116,21 @@ def _execute_on_cluster(args: argparse.Namespace, config: RunConfig, sampling: S
     spec = _run_engine_spec(args)
     with built(spec) as engine:
         urls = (engine.url or spec.url or "").split(",")
-        specs = [replace(spec, url=url, model=None if url else spec.model) for url in urls]
-        factory = functools.partial(engines_from, specs)
+        specs = [msgspec.structs.replace(spec, url=url, model=None if url else spec.model)
+                 for url in urls]
+        factory = functools.partial(engines_from, specs, spec.template_text())
         return execute_on_cluster(config, factory, args.run_dir, cluster, sampling=sampling)
 
 
-def _run_engine_spec(args: argparse.Namespace) -> EngineSpec:
+def _run_engine_spec(args: argparse.Namespace) -> EngineSettings:
     """`run`/`eval`: a teacher, a running vLLM, or one started for --model."""
     import os
 
-    from harnessrl.proxy.engines.build import EngineSpec
+    from harnessrl.proxy.engines.build import EngineSettings
 
     if args.teacher:
         key = os.environ.get(args.teacher_key_env) if args.teacher_key_env else None
-        return from_flags(EngineSpec, args, kind="teacher", url=args.teacher, api_key=key)
+        return from_flags(EngineSettings, args, kind="teacher", url=args.teacher, api_key=key)
     model = None
     if args.model is not None:  # before vLLM starts: a name that cannot load ends here
         from harnessrl.train.model_name import resolve_model
@@ -133,7 +140,7 @@ def _run_engine_spec(args: argparse.Namespace) -> EngineSpec:
         args.run_dir.mkdir(parents=True, exist_ok=True)
     if args.engine_mode == "token" and not (args.tokenizer or model):
         raise SystemExit("--engine-mode token needs --tokenizer DIR (or --model)")
-    return from_flags(EngineSpec, args, model=model, vllm_log=args.run_dir / "vllm.log")
+    return from_flags(EngineSettings, args, model=model, vllm_log=args.run_dir / "vllm.log")
 
 
 def _announce(message: str) -> contextlib.AbstractContextManager[None]:

@@ -11,21 +11,27 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harnessrl.cli.common import DEFAULT_RUN_DIR, FORMAT, is_loopback
+from harnessrl.cli.common import (
+    DEFAULT_RUN_DIR,
+    FORMAT,
+    SAMPLING_FLAGS,
+    is_loopback,
+    sampling_from_flags,
+)
 from harnessrl.settings import add_flags, at_least_one, from_flags
 
 if TYPE_CHECKING:
     from harnessrl.proxy.app import Proxy
     from harnessrl.proxy.engines.base import Engine
-    from harnessrl.proxy.engines.build import EngineSpec
+    from harnessrl.proxy.engines.build import EngineSettings
     from harnessrl.proxy.workers import Plan
 
 HELP = "run the capture proxy"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from harnessrl.proxy.config import ProxyConfig
-    from harnessrl.proxy.engines.build import EngineSpec
+    from harnessrl.proxy.config import ProxySettings
+    from harnessrl.proxy.engines.build import EngineSettings
     from harnessrl.types import Sampling
 
     p.add_argument("--host", default="127.0.0.1")
@@ -33,17 +39,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", type=Path, default=DEFAULT_RUN_DIR,
                    help="where the trace store (trace.db) lives")
     engine = p.add_mutually_exclusive_group(required=True)
-    add_flags(engine, EngineSpec, "url", "model")
+    add_flags(engine, EngineSettings, "url", "model")
     engine.add_argument("--scripted", metavar="TOKENIZER_DIR",
                         help="the scripted test engine, with this tokenizer")
     p.add_argument("--script", type=Path, help="scripted engine: JSON list of reply texts")
-    add_flags(p, EngineSpec, "token_delay", "served_name", "kind", "tokenizer")
-    add_flags(p, EngineSpec, *FORMAT, "max_model_len", "dtype", "vllm_args",
+    add_flags(p, EngineSettings, "token_delay", "served_name", "kind", "tokenizer")
+    add_flags(p, EngineSettings, *FORMAT, "max_model_len", "dtype", "vllm_args",
               "vllm_log", "read_timeout", "first_byte_timeout", "stream_interval")
-    add_flags(p, Sampling, "temperature", "top_p", "top_k", "max_tokens")
+    add_flags(p, Sampling, "temperature", "top_p", "top_k", "max_tokens", flags=SAMPLING_FLAGS)
     p.add_argument("--unset-sampling", nargs="*", default=[],
                    help="sampling fields to drop from harness requests (e.g. top_p)")
-    add_flags(p, ProxyConfig, "strict_model", "max_body_bytes", "admin_token")
+    add_flags(p, ProxySettings, "strict_model", "max_body_bytes", "admin_token")
     p.add_argument("--max-model-calls", type=at_least_one, metavar="N",
                    help="every rollout's step cap (POST /rollouts may set its own): the call "
                         "after N is refused in the harness's dialect, and recorded")
@@ -75,7 +81,7 @@ def serve(args: argparse.Namespace) -> int:
 def _serve_workers(args: argparse.Namespace) -> int:
     """`serve --workers N`: vLLM (if this command starts it) once, here; N proxy processes
     on the port, each with its own engine client (proxy/workers.py)."""
-    import dataclasses
+    import msgspec
 
     from harnessrl.proxy.engines.build import server_for
     from harnessrl.proxy.workers import Plan, supervise
@@ -86,7 +92,7 @@ def _serve_workers(args: argparse.Namespace) -> int:
     try:
         if server is not None:
             print(f"starting vLLM for {spec.model} ...", file=sys.stderr)
-            spec = dataclasses.replace(spec, url=server.start())
+            spec = msgspec.structs.replace(spec, url=server.start())
         args.run_dir.mkdir(parents=True, exist_ok=True)
         TraceReader(args.run_dir).close()  # the schema brought up to date once, not N times
         plan = Plan.make(args.host, args.port, args.workers)
@@ -99,7 +105,7 @@ def _serve_workers(args: argparse.Namespace) -> int:
             server.stop()
 
 
-def _proxy_worker(plan: Plan, index: int, args: argparse.Namespace, spec: EngineSpec) -> None:
+def _proxy_worker(plan: Plan, index: int, args: argparse.Namespace, spec: EngineSettings) -> None:
     """One worker's process (spawned by `supervise`)."""
     from harnessrl.proxy.engines.build import make
     from harnessrl.proxy.relay import serve_worker
@@ -114,23 +120,22 @@ def _announce(message: str) -> contextlib.AbstractContextManager[None]:
 
 
 def build_proxy(args: argparse.Namespace, engine: Engine) -> Proxy:
-    from harnessrl.proxy.config import ProxyConfig
+    from harnessrl.proxy.config import ProxySettings
     from harnessrl.proxy.serve import build
-    from harnessrl.types import Sampling
 
-    return build(engine, args.run_dir, sampling=Sampling.from_flags(args),
+    return build(engine, args.run_dir, sampling=sampling_from_flags(args),
                  unset_sampling=frozenset(args.unset_sampling),
-                 config=from_flags(ProxyConfig, args), max_model_calls=args.max_model_calls)
+                 config=from_flags(ProxySettings, args), max_model_calls=args.max_model_calls)
 
 
-def engine_spec(args: argparse.Namespace) -> EngineSpec:
+def engine_spec(args: argparse.Namespace) -> EngineSettings:
     """`serve`: the engine its flags describe."""
-    from harnessrl.proxy.engines.build import EngineSpec
+    from harnessrl.proxy.engines.build import EngineSettings
 
     if args.scripted:
         if args.script is None:
             raise SystemExit("--scripted needs --script FILE (a JSON list of replies)")
-        return EngineSpec(kind="scripted", tokenizer=args.scripted,
+        return EngineSettings(kind="scripted", tokenizer=args.scripted,
                           script=json.loads(args.script.read_text()),
                           served_name=args.served_model_name, token_delay=args.token_delay)
     if args.engine_mode == "token" and not (args.tokenizer or args.model):
@@ -142,7 +147,7 @@ def engine_spec(args: argparse.Namespace) -> EngineSpec:
             raise SystemExit(f"--engine-url {url!r} is not an http(s) URL, e.g. "
                              "http://127.0.0.1:8000")
     if args.model is None:
-        return from_flags(EngineSpec, args)
+        return from_flags(EngineSettings, args)
     from harnessrl.train.model_name import resolve_model
 
     # before vLLM starts: a name that cannot load ends here; vLLM's log is kept
@@ -151,7 +156,7 @@ def engine_spec(args: argparse.Namespace) -> EngineSpec:
     if log is None:
         args.run_dir.mkdir(parents=True, exist_ok=True)
         log = args.run_dir / "vllm.log"
-    return from_flags(EngineSpec, args, model=model, vllm_log=log)
+    return from_flags(EngineSettings, args, model=model, vllm_log=log)
 
 
 async def _run_proxy(args: argparse.Namespace, engine: Engine) -> None:

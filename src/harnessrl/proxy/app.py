@@ -43,7 +43,7 @@ from harnessrl.proxy.boundary import (
     read_decoded,
     request_key,
 )
-from harnessrl.proxy.config import ProxyConfig
+from harnessrl.proxy.config import ProxySettings
 from harnessrl.proxy.dialects import Endpoint, endpoints
 from harnessrl.proxy.dialects.base import (
     CountTokens,
@@ -120,11 +120,11 @@ class _Call:
 
 
 class Proxy:
-    def __init__(self, engine: Engine, sessions: Sessions, config: ProxyConfig | None = None):
+    def __init__(self, engine: Engine, sessions: Sessions, config: ProxySettings | None = None):
         self.engine = engine
         self.sessions = sessions
         self.store = sessions.store
-        self.config = config or ProxyConfig()
+        self.config = config or ProxySettings()
         self.served: list[str] = []
         self.gate = WeightGate()  # held by a weight swap (train/async_grpo/worker.py)
 

@@ -12,7 +12,7 @@ MIB = 1024 * 1024
 
 
 @dataclass
-class ProxyConfig:
+class ProxySettings:
     max_body_bytes: Annotated[int, flag(None, "--max-body-mb", parse=float,
                                         scale=1 / MIB)] = 32 * MIB
     strict_model: Annotated[bool, flag(

@@ -32,7 +32,7 @@ from harnessrl.proxy.boundary import (
     page,
     read_decoded,
 )
-from harnessrl.proxy.config import ProxyConfig
+from harnessrl.proxy.config import ProxySettings
 from harnessrl.proxy.dialects import openai_chat
 from harnessrl.proxy.dialects.base import integer
 from harnessrl.proxy.engines.base import Engine
@@ -45,7 +45,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 _MAX_CALLS = 2**63 - 1  # SQLite's integer range: the cap is stored with the rollout
 
 
-class RolloutOptions(msgspec.Struct, forbid_unknown_fields=True):
+class RolloutRequest(msgspec.Struct, forbid_unknown_fields=True):
     """The body of `POST /rollouts`; every field optional (None: the server's default)."""
 
     sampling: Sampling | None = None
@@ -55,7 +55,7 @@ class RolloutOptions(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class RolloutRoutes:
-    def __init__(self, sessions: Sessions, engine: Engine, config: ProxyConfig) -> None:
+    def __init__(self, sessions: Sessions, engine: Engine, config: ProxySettings) -> None:
         self.sessions = sessions
         self.store = sessions.store
         self.engine = engine
@@ -134,20 +134,20 @@ def _refuse_engine_setting(error: str) -> None:
     unknown = re.search(r"unknown field `([^`]+)`", error)
     name = unknown.group(1) if unknown else None
     if name in _ENGINE_SETTINGS:
-        from harnessrl.proxy.engines.build import EngineSpec
+        from harnessrl.proxy.engines.build import EngineSettings
         from harnessrl.settings import flagged
 
-        option = flagged(EngineSpec)[name].option_strings[0]
+        option = flagged(EngineSettings)[name].option_strings[0]
         raise InvalidRequest(f"`{name}` is the engine's, not a rollout's (one served model, "
                              f"one format): set it where the engine is named (`harnessrl "
                              f"serve|run|eval {option}`, the train config's [engine])",
                              param=name)
 
 
-def parse_options(raw: bytes) -> RolloutOptions:
+def parse_options(raw: bytes) -> RolloutRequest:
     """The body of `POST /rollouts`, validated: types, nesting, integer ranges, names."""
     try:
-        options = msgspec.json.decode(raw or b"{}", type=RolloutOptions)
+        options = msgspec.json.decode(raw or b"{}", type=RolloutRequest)
     except msgspec.DecodeError as exc:  # ValidationError is one too
         _refuse_engine_setting(str(exc))
         at = re.search(r"- at `\$\.(.+)`$", str(exc))  # msgspec names the field's path

@@ -18,7 +18,7 @@ import uvicorn
 import uvloop
 
 from harnessrl.proxy.app import Proxy
-from harnessrl.proxy.config import ProxyConfig
+from harnessrl.proxy.config import ProxySettings
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.vllm_server import free_port
 from harnessrl.proxy.sessions import Sessions
@@ -28,7 +28,7 @@ from harnessrl.types import Sampling
 
 def build(engine: Engine, run_dir: Path, *, sampling: Sampling | None = None,
           unset_sampling: frozenset[str] = frozenset(),
-          config: ProxyConfig | None = None, max_model_calls: int | None = None) -> Proxy:
+          config: ProxySettings | None = None, max_model_calls: int | None = None) -> Proxy:
     """The proxy in front of `engine`, recording into RUN_DIR/trace.db with the server-wide
     sampling policy and step cap (each rollout may set its own). The caller closes
     `proxy.store`, a context manager (`running` and `serve` do)."""

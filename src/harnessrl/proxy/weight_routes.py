@@ -30,7 +30,7 @@ from starlette.routing import Route
 
 from harnessrl.errors import AuthenticationFailed, EngineTimeout, InvalidRequest
 from harnessrl.proxy.boundary import as_error, bearer, error_response, read_decoded
-from harnessrl.proxy.config import ProxyConfig
+from harnessrl.proxy.config import ProxySettings
 from harnessrl.proxy.dialects import openai_chat
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.gate import GateTimeout, WeightGate
@@ -51,7 +51,7 @@ class Release(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class WeightRoutes:
-    def __init__(self, gate: WeightGate, engine: Engine, config: ProxyConfig) -> None:
+    def __init__(self, gate: WeightGate, engine: Engine, config: ProxySettings) -> None:
         self.gate = gate
         self.engine = engine
         self.config = config

@@ -37,7 +37,7 @@ from harnessrl.rollout.cluster_node import (
     decode_result,
     reach,
 )
-from harnessrl.rollout.runner import Planned, RunConfig, plan
+from harnessrl.rollout.runner import Planned, RunSettings, plan
 from harnessrl.settings import flag
 from harnessrl.store.writer import TraceStore
 from harnessrl.types import Outcome, Sampling
@@ -126,7 +126,7 @@ class ClusterRunner:
     """The runner's interface (`pending`, `run`) over the nodes of a Ray cluster, writing
     into `store` (the run's). `close` (or the `with`) kills the actors."""
 
-    def __init__(self, config: RunConfig, store: TraceStore, run_dir: Path,
+    def __init__(self, config: RunSettings, store: TraceStore, run_dir: Path,
                  engine_factory: EngineFactory, cluster: ClusterSettings, *,
                  sampling: Sampling | None = None,
                  on_outcome: Callable[[Outcome], None] = lambda _o: None,

@@ -27,7 +27,7 @@ from harnessrl.http.call import call
 from harnessrl.http.client import TransportError
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.routed import routed
-from harnessrl.rollout.runner import Planned, RunConfig
+from harnessrl.rollout.runner import Planned, RunSettings
 from harnessrl.rollout.serving import serving
 from harnessrl.types import Outcome, Rollout, Sampling, Turn
 
@@ -82,7 +82,7 @@ class RolloutNode:
     event loop, several at once (the driver keeps at most `slots` rollouts in flight)."""
 
     def __init__(self, node_id: str, shard_dir: str, engine_factory: EngineFactory,
-                 config: RunConfig, sampling: Sampling | None) -> None:
+                 config: RunSettings, sampling: Sampling | None) -> None:
         self.node_id = node_id
         self.shard_dir = Path(shard_dir)
         self._stack = contextlib.ExitStack()

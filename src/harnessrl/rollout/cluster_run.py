@@ -18,19 +18,21 @@ from rich.progress import (
 )
 
 from harnessrl.proxy.engines.base import Engine
-from harnessrl.proxy.engines.build import EngineSpec, make
+from harnessrl.proxy.engines.build import EngineSettings, make
 from harnessrl.rollout.cluster import ClusterRunner, ClusterSettings, Node
 from harnessrl.rollout.cluster_node import EngineFactory
 from harnessrl.rollout.progress import summary
-from harnessrl.rollout.runner import RunConfig
+from harnessrl.rollout.runner import RunSettings
 from harnessrl.store.writer import TraceStore
 from harnessrl.types import Outcome, Sampling
 
 
-def engines_from(specs: Sequence[EngineSpec]) -> list[Engine]:
+def engines_from(specs: Sequence[EngineSettings], template: str | None = None
+                 ) -> list[Engine]:
     """The engines of `specs`, built where this runs (on each node): pass
-    `functools.partial(engines_from, specs)` as a node's engine factory."""
-    return [make(spec) for spec in specs]
+    `functools.partial(engines_from, specs, spec.template_text())` as a node's engine
+    factory (the chat template's text travels with it: a node need not have the file)."""
+    return [make(spec, template=template) for spec in specs]
 
 
 class NodeProgress:
@@ -68,7 +70,7 @@ class NodeProgress:
             f"{node.running}/{node.slots} running · lost {node.lost}{state}"))
 
 
-def execute_on_cluster(config: RunConfig, engine_factory: EngineFactory, run_dir: Path,
+def execute_on_cluster(config: RunSettings, engine_factory: EngineFactory, run_dir: Path,
                        cluster: ClusterSettings, *, sampling: Sampling | None = None,
                        console: Console | None = None) -> list[Outcome]:
     """`rollout.run.execute` on a Ray cluster: same run directory, same resume, same

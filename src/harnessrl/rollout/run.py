@@ -18,7 +18,7 @@ from harnessrl.harnesses.base import Harness
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.policy import OraclePolicy
 from harnessrl.rollout.progress import RunProgress, summary
-from harnessrl.rollout.runner import RunConfig
+from harnessrl.rollout.runner import RunSettings
 from harnessrl.rollout.sandbox import LocalSandbox
 from harnessrl.rollout.serving import serving
 from harnessrl.rollout.tasks import Task, prepare, run_solution
@@ -105,7 +105,7 @@ def broken_pipeline(outcomes: Sequence[Outcome]) -> list[str]:
     return problems
 
 
-def oracle_check(config: RunConfig, run_dir: Path, *,
+def oracle_check(config: RunSettings, run_dir: Path, *,
                  console: Console | None = None) -> list[str]:
     """One oracle rollout per harness and task of `config`, in `run_dir`: the problems
     (empty when the whole pipeline works)."""
@@ -114,7 +114,7 @@ def oracle_check(config: RunConfig, run_dir: Path, *,
                                    console=console))
 
 
-def execute(config: RunConfig, engine: Engine, run_dir: Path, *,
+def execute(config: RunSettings, engine: Engine, run_dir: Path, *,
             sampling: Sampling | None = None, console: Console | None = None) -> list[Outcome]:
     console = console or Console()
     with serving(config, engine, run_dir, sampling=sampling) as served:

@@ -94,7 +94,7 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class RunSettings:
     harnesses: Sequence[Harness]
     tasks: Sequence[Task]
     samples: Annotated[int, flag("rollouts per task and harness", "-k", "--samples")] = 1
@@ -142,7 +142,7 @@ async def open_rollout(proxy_url: str, metadata: dict[str, Any], *,
     return await control("POST", f"{proxy_url}/rollouts", body)
 
 
-def plan(config: RunConfig, done: set[tuple[str, str, int]]) -> list[Planned]:
+def plan(config: RunSettings, done: set[tuple[str, str, int]]) -> list[Planned]:
     """Every (harness, task, sample) without an outcome yet, harnesses interleaved."""
     return [Planned(h, t, i) for t, i, h in
             itertools.product(config.tasks, range(config.samples), config.harnesses)
@@ -150,7 +150,7 @@ def plan(config: RunConfig, done: set[tuple[str, str, int]]) -> list[Planned]:
 
 
 class Runner:
-    def __init__(self, config: RunConfig, store: TraceStore, proxy_url: str, run_dir: Path,
+    def __init__(self, config: RunSettings, store: TraceStore, proxy_url: str, run_dir: Path,
                  on_outcome: Callable[[Outcome], None] = lambda _o: None, *,
                  metadata: Mapping[str, Any] | None = None,
                  sampling: Sampling | None = None) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from harnessrl.proxy.app import Proxy
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.serve import Running, running
-from harnessrl.rollout.runner import RunConfig, Runner
+from harnessrl.rollout.runner import Runner, RunSettings
 from harnessrl.store.writer import TraceStore
 from harnessrl.types import Outcome, Sampling
 
@@ -39,7 +39,7 @@ class Serving:
 
 
 @contextlib.contextmanager
-def serving(config: RunConfig, engine: Engine, run_dir: Path, *, port: int | None = None,
+def serving(config: RunSettings, engine: Engine, run_dir: Path, *, port: int | None = None,
             sampling: Sampling | None = None,
             on_outcome: Callable[[Outcome], None] = lambda _o: None) -> Iterator[Serving]:
     """The proxy in front of `engine`, recording into RUN_DIR/trace.db (served on `port`,

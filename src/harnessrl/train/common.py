@@ -8,12 +8,12 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from harnessrl.train.config import TrainConfig
+from harnessrl.train.config import TrainSettings
 from harnessrl.types import Sampling
 
 
-def sampling_of(config: TrainConfig) -> Sampling:
-    """What every call is sampled with, overriding the harness (see EngineConfig)."""
+def sampling_of(config: TrainSettings) -> Sampling:
+    """What every call is sampled with, overriding the harness (see EngineSettings)."""
     from harnessrl.train.trl import on_policy_sampling
 
     e = config.engine

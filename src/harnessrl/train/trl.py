@@ -56,7 +56,7 @@ from harnessrl.proxy.app import Proxy
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.rollout.chains import Chain, ChainStats, link, rollout_stats
 from harnessrl.rollout.rewards import Shaping
-from harnessrl.rollout.runner import Planned, RolloutSettings, RunConfig, Runner
+from harnessrl.rollout.runner import Planned, RolloutSettings, Runner, RunSettings
 from harnessrl.rollout.serving import serving
 from harnessrl.rollout.tasks import Task
 from harnessrl.store.writer import TraceStore
@@ -249,8 +249,8 @@ class HarnessRollouts:
             self.sync.engines.append(self.versioned())
         return self
 
-    def _config(self) -> RunConfig:
-        return RunConfig(harnesses=self.harnesses, tasks=self.tasks, settings=self.settings,
+    def _config(self) -> RunSettings:
+        return RunSettings(harnesses=self.harnesses, tasks=self.tasks, settings=self.settings,
                          shaping=self.shaping)
 
     def resume_samples(self, store: TraceStore) -> None:

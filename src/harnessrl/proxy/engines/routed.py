@@ -6,7 +6,7 @@ one: the call that failed is recorded as failed (the error goes to the harness),
 harness's retry goes to the new engine.
 
 Plain asyncio, no Ray: `harnessrl serve`, `run` and `train` over several engine URLs and
-every Ray node's shard build it alike, from one `EngineSpec` naming several URLs
+every Ray node's shard build it alike, from one `EngineSettings` naming several URLs
 (`build.make`).
 """
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from harnessrl.train.common import quiet, sampling_of
-from harnessrl.train.config import TrainConfig
+from harnessrl.train.config import TrainSettings
 from harnessrl.train.engines import PolicyEngines
 from harnessrl.train.runs.long_run import LongRun, is_eval_log
 
@@ -43,7 +43,7 @@ _PER_HARNESS = (*_SHARES, "reward", "pass_rate", "tool_calls", "turns", "complet
                 "agent_timeouts", "infra_errors_total")
 
 
-def check_config(config: TrainConfig) -> None:
+def check_config(config: TrainSettings) -> None:
     """Refuses, before anything starts, what `AsyncGRPOTrainer` cannot do as asked."""
     if config.grpo.beta:
         raise ValueError('grpo.beta: AsyncGRPOTrainer has no KL term; use trainer = "sync"')
@@ -70,7 +70,7 @@ def check_whole_groups(trl: dict[str, Any]) -> None:
                          "(grpo.tasks_per_step), not by a token budget")
 
 
-def check_transfer(config: TrainConfig) -> None:
+def check_transfer(config: TrainSettings) -> None:
     """TRL's NCCL transfer reaches one vLLM server, on GPUs, started to receive it."""
     if config.grpo.weight_transfer != "trl":
         return
@@ -85,7 +85,7 @@ def check_transfer(config: TrainConfig) -> None:
                          'needs CUDA; on a CPU use "file"')
 
 
-def async_config(config: TrainConfig, run_dir: Path, vllm_url: str) -> Any:
+def async_config(config: TrainSettings, run_dir: Path, vllm_url: str) -> Any:
     """TRL's `AsyncGRPOConfig` from ours."""
     import torch
 
@@ -110,7 +110,7 @@ def async_config(config: TrainConfig, run_dir: Path, vllm_url: str) -> Any:
     return async_trl().config(**{**values, **g.trl})
 
 
-def row_settings(config: TrainConfig) -> RowSettings:
+def row_settings(config: TrainSettings) -> RowSettings:
     """How the worker turns rollouts into rows, from `[grpo]`."""
     from harnessrl.train.rows.grpo import RowSettings
 
@@ -120,7 +120,7 @@ def row_settings(config: TrainConfig) -> RowSettings:
                        advantage_control=g.advantage_control, seed=g.seed)
 
 
-def importance_of(config: TrainConfig) -> Importance | None:
+def importance_of(config: TrainSettings) -> Importance | None:
     """The importance-sampling correction `[grpo]` asks for; "auto" turns it on unless
     both sides compute in float32."""
     from harnessrl.train.config import trainer_dtype
@@ -134,7 +134,7 @@ def importance_of(config: TrainConfig) -> Importance | None:
     return Importance(cap=g.importance_cap, band=g.importance_band)
 
 
-def _colocated_queue(config: TrainConfig) -> dict[str, Any]:
+def _colocated_queue(config: TrainSettings) -> dict[str, Any]:
     """Colocated (train.async_grpo.schedule), the sampler runs one step's groups ahead, no more
     (the worker's queue holds whole groups)."""
     from harnessrl.train.async_grpo.schedule import is_colocated
@@ -250,7 +250,7 @@ def _callback(path: Path, sync: VLLMWeightSync, console: Console, steps: list[di
     return AsyncStepLog()
 
 
-def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness],
+def train_async(config: TrainSettings, tasks: list[Task], harnesses: list[Harness],
                 model_dir: Path,
                 engines: PolicyEngines, run_dir: Path, console: Console,
                 on_step: Callable[[dict[str, Any]], None] | None, *,
@@ -305,7 +305,7 @@ def train_async(config: TrainConfig, tasks: list[Task], harnesses: list[Harness]
     return steps
 
 
-def _transfer(config: TrainConfig, sync: VLLMWeightSync, model_dir: Path,
+def _transfer(config: TrainSettings, sync: VLLMWeightSync, model_dir: Path,
               version: int) -> VersionedTransfer:
     """How the weights reach vLLM, every swap named `v<n>` above `version`: by file, or by
     TRL's NCCL client, which the trainer builds and hands to it (`versioned`)."""
@@ -333,7 +333,7 @@ def versioned(base: type, transfer: VersionedTransfer, version: int) -> type:
     return Versioned
 
 
-def _worker(config: TrainConfig, tasks: list[Task], harnesses: list[Harness],
+def _worker(config: TrainSettings, tasks: list[Task], harnesses: list[Harness],
             engines: PolicyEngines, run_dir: Path, tokenizer: Any, args: Any, long: LongRun,
             schedule: Schedule, transfer: VersionedTransfer, version: int
             ) -> HarnessRolloutWorker:
@@ -362,7 +362,7 @@ def _worker(config: TrainConfig, tasks: list[Task], harnesses: list[Harness],
                                 on_start=long.on_worker_start, schedule=schedule)
 
 
-def _schedule(config: TrainConfig, engines: PolicyEngines, args: Any, status: Any,
+def _schedule(config: TrainSettings, engines: PolicyEngines, args: Any, status: Any,
               on_phase: Callable[[str], None] | None) -> Schedule:
     """The run's schedule; its phase shown on the status line and given to `on_phase`."""
     from harnessrl.train.async_grpo.schedule import for_run
@@ -379,7 +379,7 @@ def _schedule(config: TrainConfig, engines: PolicyEngines, args: Any, status: An
                    on_phase=shown)
 
 
-def train_async_rank(config: TrainConfig, tasks: list[Task], model_dir: Path) -> None:
+def train_async_rank(config: TrainSettings, tasks: list[Task], model_dir: Path) -> None:
     """A process of a multi-process trainer other than the main one: no vLLM, no proxy,
     no rollouts; TRL hands it its share of every batch and gathers the weights on the
     main process for the transfer."""
@@ -403,7 +403,7 @@ def _prepare(model_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def _trainer(config: TrainConfig, tasks: list[Task], model_dir: Path, args: Any,
+def _trainer(config: TrainSettings, tasks: list[Task], model_dir: Path, args: Any,
              tokenizer: Any, worker: HarnessRolloutWorker | None,
              transfer: VersionedTransfer | None, callbacks: list[Any],
              wrap: Callable[[type], type] = lambda cls: cls) -> Any:

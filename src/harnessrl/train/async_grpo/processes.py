@@ -13,13 +13,13 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from harnessrl.train.config import TrainConfig
+from harnessrl.train.config import TrainSettings
 
 if TYPE_CHECKING:
     from accelerate import PartialState
 
 # Options that hold only in one process, and why (`check_processes`).
-_SINGLE_PROCESS: dict[str, Callable[[TrainConfig], bool]] = {
+_SINGLE_PROCESS: dict[str, Callable[[TrainSettings], bool]] = {
     'grpo.trainer = "sync" (its rollout function would run in every process; the async '
     "trainer runs one rollout worker and spreads its rows over the processes)":
         lambda c: c.grpo.trainer == "sync",
@@ -31,7 +31,7 @@ def processes() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
-def check_processes(config: TrainConfig) -> int:
+def check_processes(config: TrainSettings) -> int:
     """The number of trainer processes; refuses, before anything starts, the options that
     hold only in one."""
     count = processes()

@@ -34,7 +34,7 @@ from typing import Any
 import msgspec
 
 from harnessrl.train import lora, trl_compat
-from harnessrl.train.config import TrainConfig
+from harnessrl.train.config import TrainSettings
 
 PREFIX = "checkpoint-"
 MARKER = "COMPLETE.json"
@@ -52,7 +52,7 @@ class CheckpointError(ValueError):
 
 
 # ------------------------------------------------------------------ the run's fingerprint
-def fingerprint(config: TrainConfig, task_ids: Sequence[str]) -> dict[str, Any]:
+def fingerprint(config: TrainSettings, task_ids: Sequence[str]) -> dict[str, Any]:
     """What a resumed run must share with the one that wrote the checkpoint: the model,
     the harnesses, the task set (its spec and its ids), the group size and the seed that
     orders the tasks. Changing anything else (learning rate, steps, eval) is allowed."""
@@ -71,7 +71,7 @@ def differences(saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
 
 
 # ------------------------------------------------------------------ finding and checking
-def checkpoint_root(config: TrainConfig) -> Path:
+def checkpoint_root(config: TrainSettings) -> Path:
     return Path(config.checkpoint.dir) if config.checkpoint.dir else (
         Path(config.run_dir) / "checkpoints")
 
@@ -140,7 +140,7 @@ class Resume:
         return int(self.state["step"])
 
 
-def prepare_resume(spec: str, config: TrainConfig, task_ids: Sequence[str]) -> Resume:
+def prepare_resume(spec: str, config: TrainSettings, task_ids: Sequence[str]) -> Resume:
     """Refuses, before anything starts, a missing, half-written or corrupt checkpoint and a
     config changed in what matters; each reason names its file."""
     path = resolve(spec, checkpoint_root(config))

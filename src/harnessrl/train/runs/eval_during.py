@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harnessrl.rollout.evaluate import HarnessEval, PlotUnavailable, evaluate
-from harnessrl.rollout.runner import Planned, RolloutSettings, RunConfig, Runner
+from harnessrl.rollout.runner import Planned, RolloutSettings, Runner, RunSettings
 from harnessrl.types import Outcome, Sampling
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ class EvalDuringTraining:
             self._done.append(done)
 
     async def _rollouts(self, step: int) -> list[Outcome]:
-        config = RunConfig(harnesses=self.harnesses, tasks=self.tasks, samples=self.samples,
+        config = RunSettings(harnesses=self.harnesses, tasks=self.tasks, samples=self.samples,
                            settings=self.settings, shaping=self.shaping)
         rollouts = self.opened()
         runner = Runner(config, rollouts.store, rollouts.url, self.run_dir,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from harnessrl.train.config import TrainConfig
+from harnessrl.train.config import TrainSettings
 from harnessrl.train.runs import checkpoint as ckpt
 from harnessrl.train.runs.eval_during import PLOT_FILE, EvalDuringTraining, EvalPass, plot
 from harnessrl.train.runs.order import TaskOrder
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class LongRun:
-    config: TrainConfig
+    config: TrainSettings
     run_dir: Path
     tasks: Sequence[Task]  # the training tasks
     console: Console
@@ -175,7 +175,7 @@ def is_eval_log(logs: dict[str, Any]) -> bool:
 SPLIT_FILE = "split.json"
 
 
-def long_run(config: TrainConfig, tasks: Sequence[Task], console: Console,
+def long_run(config: TrainSettings, tasks: Sequence[Task], console: Console,
              resume: str | None) -> LongRun:
     """The run's training tasks (the eval split held out), its checked resume and its eval;
     refuses, before anything starts, a checkpoint that cannot be resumed (named)."""
@@ -196,7 +196,7 @@ def long_run(config: TrainConfig, tasks: Sequence[Task], console: Console,
     return LongRun(config, run_dir, train_tasks, console, metrics, found, evaluation)
 
 
-def _split(config: TrainConfig, tasks: list[Task], run_dir: Path
+def _split(config: TrainSettings, tasks: list[Task], run_dir: Path
            ) -> tuple[list[Task], list[Task]]:
     """(training tasks, eval tasks): a second task set, or a seeded split recorded in
     RUN_DIR/split.json."""
@@ -217,7 +217,7 @@ def _split(config: TrainConfig, tasks: list[Task], run_dir: Path
     return [t for t in tasks if t.id not in chosen], [t for t in tasks if t.id in chosen]
 
 
-def evaluation_of(config: TrainConfig, tasks: Sequence[Task], run_dir: Path
+def evaluation_of(config: TrainSettings, tasks: Sequence[Task], run_dir: Path
                   ) -> EvalDuringTraining:
     import msgspec
 
