@@ -73,7 +73,7 @@ def overhead_local(rollouts: int, root: Path) -> list[float]:
 
     from harnessrl.proxy.serve import running
     from harnessrl.rollout.runner import RolloutSettings, RunConfig, Runner
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
 
     tasks = load_tasks("bundled")
     config = RunConfig(harnesses=[INSTANT], tasks=tasks, samples=max(1, rollouts // len(tasks)),
@@ -92,9 +92,9 @@ def overhead_ray(rollouts: int, root: Path) -> list[float]:
     from rollout_overhead import INSTANT
 
     from harnessrl.proxy.store import TraceStore
-    from harnessrl.rollout.cluster import ClusterRunner, ClusterSettings
+    from harnessrl.rollout.cluster.driver import ClusterRunner, ClusterSettings
     from harnessrl.rollout.runner import RolloutSettings, RunConfig
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
 
     if not ray.is_initialized():  # the nodes' workers import this file's helpers from bench/
         ray.init(log_to_driver=False, include_dashboard=False, _node_ip_address="127.0.0.1",

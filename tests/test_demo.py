@@ -20,7 +20,7 @@ from harnessrl.demo import Chosen, brevity, choose_turn, demo_config
 from harnessrl.harnesses import get
 from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.rewards import TraceStats
-from harnessrl.rollout.tasks import Verdict, load_tasks
+from harnessrl.rollout.tasks.task import Verdict, load_tasks
 from harnessrl.train.live import Live
 from harnessrl.types import (
     ChatRequest,

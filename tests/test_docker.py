@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.rollout.docker import (
+from harnessrl.rollout.sandbox.docker import (
     BASE_IMAGE,
     RUN_LABEL,
     ContainerLimits,
@@ -27,8 +27,8 @@ from harnessrl.rollout.docker import (
     docker_problem,
     sweep,
 )
-from harnessrl.rollout.sandbox import SandboxError
-from harnessrl.rollout.tasks import (
+from harnessrl.rollout.sandbox.local import SandboxError
+from harnessrl.rollout.tasks.task import (
     BUNDLED,
     load_harbor_task,
     load_tasks,

@@ -19,7 +19,7 @@ import pytest
 from harnessrl.proxy.engines.http1 import TransportError
 from harnessrl.proxy.engines.http_call import call, fetch, refused
 from harnessrl.proxy.engines.vllm_server import VLLMServer, free_port
-from harnessrl.rollout.cluster_node import _unreachable
+from harnessrl.rollout.cluster.node import _unreachable
 from harnessrl.train.async_weights import RemoteGate
 from harnessrl.train.weights import VLLMWeightSync, WeightSyncError
 

@@ -1,4 +1,4 @@
-"""Call kinds (rollout/kinds.py) on scripted rollouts through the proxy, started from
+"""Call kinds (rollout/analysis/kinds.py) on scripted rollouts through the proxy, started from
 real harness requests (tests/recorded): opencode's title call, a Claude Code subagent
 started by its Agent tool, a scripted compaction; and the rows the training config keeps
 when it leaves a kind out."""
@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
-from harnessrl.rollout.chains import link
-from harnessrl.rollout.kinds import CALL_KINDS, HINTS, label
+from harnessrl.rollout.analysis.chains import link
+from harnessrl.rollout.analysis.kinds import CALL_KINDS, HINTS, label
 from harnessrl.train.async_grpo import score_group
 from harnessrl.train.samples import samples_for_rollout
 from harnessrl.types import Outcome
@@ -178,7 +178,7 @@ def test_the_atlas_and_the_report_command(served, tmp_path, capsys, monkeypatch)
     monkeypatch.setenv("COLUMNS", "250")  # rich would fold the cells on a narrow terminal
     from harnessrl.cli import main
     from harnessrl.proxy.store import TraceReader
-    from harnessrl.rollout.atlas import atlas
+    from harnessrl.rollout.analysis.atlas import atlas
 
     run = tmp_path / "run"
     with ServedProxy(make_proxy(served.proxy.engine, run)).running() as own:

@@ -79,7 +79,7 @@ def _config(tmp_path: Path, generations: int = 2) -> Path:
 
 
 def _save(config: TrainConfig, step: int, **state) -> Path:
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
 
     ids = [t.id for t in load_tasks(config.rollout.tasks)]
     full = {"weight_version": step + 1, "task_cursor": step,

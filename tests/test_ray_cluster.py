@@ -36,10 +36,10 @@ from harnessrl.errors import EngineUnavailable  # noqa: E402
 from harnessrl.harnesses.base import Harness  # noqa: E402
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay  # noqa: E402
 from harnessrl.proxy.store import TraceReader, TraceStore  # noqa: E402
-from harnessrl.rollout.cluster import ClusterRunner, ClusterSettings  # noqa: E402
-from harnessrl.rollout.cluster_run import execute_on_cluster  # noqa: E402
+from harnessrl.rollout.cluster.driver import ClusterRunner, ClusterSettings  # noqa: E402
+from harnessrl.rollout.cluster.run import execute_on_cluster  # noqa: E402
 from harnessrl.rollout.runner import RolloutSettings, RunConfig  # noqa: E402
-from harnessrl.rollout.tasks import load_tasks  # noqa: E402
+from harnessrl.rollout.tasks.task import load_tasks  # noqa: E402
 
 # Ray's start-up alone takes tens of seconds: the whole module is in the slow tier.
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.rollout import sandbox as sandbox_module
-from harnessrl.rollout.sandbox import (
+from harnessrl.rollout.sandbox import local as sandbox_module
+from harnessrl.rollout.sandbox.local import (
     Limits,
     LocalSandbox,
     NetworkIsolationUnavailable,

@@ -11,7 +11,7 @@ import pytest
 from harnessrl.cli import build_parser
 from harnessrl.proxy.config import ProxyConfig
 from harnessrl.proxy.engines.build import EngineSpec
-from harnessrl.rollout.cluster import ClusterSettings
+from harnessrl.rollout.cluster.driver import ClusterSettings
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.runner import RolloutSettings, RunConfig
 from harnessrl.settings import Field, add_flags, flag, flagged, from_flags

@@ -20,7 +20,7 @@ from harnessrl.proxy.app import Proxy
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
 from harnessrl.proxy.sessions import Sessions
 from harnessrl.proxy.store import TraceStore
-from harnessrl.rollout.chains import link, rollout_stats
+from harnessrl.rollout.analysis.chains import link, rollout_stats
 from tests.dialects import IDS, WIRE, WireDialect
 from tests.helpers import ServedProxy
 

@@ -26,7 +26,7 @@ from rich.table import Table
 
 from harnessrl.proxy.store import TraceReader
 from harnessrl.rollout.rewards import Shaping, TraceStats
-from harnessrl.rollout.tasks import Verdict
+from harnessrl.rollout.tasks.task import Verdict
 from harnessrl.train.config import (
     EngineConfig,
     GRPOSettings,
@@ -115,7 +115,7 @@ def oracle_first(config: TrainConfig, console: Console) -> list[str]:
     from harnessrl.harnesses import get
     from harnessrl.rollout.run import oracle_check
     from harnessrl.rollout.runner import RunConfig
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
 
     r = config.rollout
     run = RunConfig(harnesses=[get(name) for name in r.harnesses], tasks=load_tasks(r.tasks),
@@ -128,7 +128,7 @@ def _show(console: Console, store: TraceReader, model: Path,
     from transformers import AutoTokenizer
 
     from harnessrl.reports import render_report
-    from harnessrl.rollout.chains import report
+    from harnessrl.rollout.analysis.chains import report
 
     outcomes = store.outcomes()
     turns = {o.rollout: store.turns(o.rollout) for o in outcomes}

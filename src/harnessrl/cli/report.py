@@ -22,8 +22,8 @@ def run_report(args: argparse.Namespace) -> int:
 
     from harnessrl.proxy.store import TraceReader
     from harnessrl.reports import render_atlas, render_report
-    from harnessrl.rollout.atlas import atlas, atlas_dict
-    from harnessrl.rollout.chains import report
+    from harnessrl.rollout.analysis.atlas import atlas, atlas_dict
+    from harnessrl.rollout.analysis.chains import report
 
     if not (args.run_dir / "trace.db").is_file():
         print(f"harnessrl: no trace store in {args.run_dir}", file=sys.stderr)

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     from harnessrl.proxy.engines.build import EngineSpec
-    from harnessrl.rollout.cluster import ClusterSettings
+    from harnessrl.rollout.cluster.driver import ClusterSettings
     from harnessrl.rollout.rewards import Shaping
     from harnessrl.rollout.runner import RolloutSettings, RunConfig
     from harnessrl.types import Sampling
@@ -72,7 +72,7 @@ def execute_run(args: argparse.Namespace) -> list[Outcome]:
     from harnessrl.rollout.rewards import Shaping
     from harnessrl.rollout.run import execute, oracle_engine
     from harnessrl.rollout.runner import RolloutSettings, RunConfig
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
     from harnessrl.types import Sampling
 
     tasks = load_tasks(args.tasks)
@@ -99,8 +99,8 @@ def _execute_on_cluster(args: argparse.Namespace, config: RunConfig, sampling: S
     from dataclasses import replace
 
     from harnessrl.proxy.engines.build import built
-    from harnessrl.rollout.cluster import ClusterSettings
-    from harnessrl.rollout.cluster_run import engines_from, execute_on_cluster
+    from harnessrl.rollout.cluster.driver import ClusterSettings
+    from harnessrl.rollout.cluster.run import engines_from, execute_on_cluster
     from harnessrl.rollout.run import oracle_engine
 
     cluster = from_flags(ClusterSettings, args)

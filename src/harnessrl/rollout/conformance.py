@@ -26,11 +26,11 @@ from harnessrl.proxy.engines.scripted import Policy, ScriptedEngine
 from harnessrl.proxy.engines.scripted_completions import ScriptedCompletions
 from harnessrl.proxy.engines.token.engine import TokenEngine
 from harnessrl.proxy.serve import in_thread, running
-from harnessrl.rollout.atlas import Entry
-from harnessrl.rollout.chains import rollout_stats
+from harnessrl.rollout.analysis.atlas import Entry
+from harnessrl.rollout.analysis.chains import rollout_stats
 from harnessrl.rollout.rewards import TraceStats
 from harnessrl.rollout.runner import open_rollout
-from harnessrl.rollout.sandbox import Limits, LocalSandbox
+from harnessrl.rollout.sandbox.local import Limits, LocalSandbox
 from harnessrl.types import ToolResult, Turn
 
 FILENAME = "hello.txt"

@@ -19,9 +19,9 @@ from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.policy import OraclePolicy
 from harnessrl.rollout.progress import RunProgress, summary
 from harnessrl.rollout.runner import RunConfig
-from harnessrl.rollout.sandbox import LocalSandbox
+from harnessrl.rollout.sandbox.local import LocalSandbox
 from harnessrl.rollout.serving import serving
-from harnessrl.rollout.tasks import Task, prepare, run_solution
+from harnessrl.rollout.tasks.task import Task, prepare, run_solution
 from harnessrl.types import Outcome, Sampling
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ and an `Outcome` stored beside its turns. One deadline covers sandbox start, age
 verifier. Infrastructure failures (sandbox, install, engine, verifier without a score) are
 retried and reported apart from agent failures, which are results. A run is resumable:
 started again on the same run directory it skips every rollout that has an outcome.
-Each runner, when made, sweeps the sandboxes dead runners left (rollout/owners.py).
+Each runner, when made, sweeps the sandboxes dead runners left (rollout/sandbox/owners.py).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR, ExitState, Harness, RunC
 from harnessrl.proxy.engines.http1 import TransportError
 from harnessrl.proxy.engines.http_call import fetch
 from harnessrl.proxy.store import TraceStore
-from harnessrl.rollout import owners
-from harnessrl.rollout.docker import DockerBackend
 from harnessrl.rollout.rewards import Shaping, TraceStats
-from harnessrl.rollout.sandbox import ExecResult, LocalSandbox, Network, SandboxError
-from harnessrl.rollout.tasks import BUNDLED, Task, TaskError, Verdict, prepare, verify
+from harnessrl.rollout.sandbox import owners
+from harnessrl.rollout.sandbox.docker import DockerBackend
+from harnessrl.rollout.sandbox.local import ExecResult, LocalSandbox, Network, SandboxError
+from harnessrl.rollout.tasks.task import BUNDLED, Task, TaskError, Verdict, prepare, verify
 from harnessrl.settings import at_least_one, flag
 from harnessrl.types import Outcome, Sampling
 
@@ -73,7 +73,7 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     sandbox_starts: int = 2  # Docker sandbox: containers starting at once (daemon load)
     # Docker sandbox: the network `docker build` steps get. "host" (opt-in) lets a
     # Dockerfile install from the package registries this machine reaches; the agent's
-    # container stays on `--network none` either way (see rollout/docker_images.py).
+    # container stays on `--network none` either way (see rollout/sandbox/docker_images.py).
     build_network: Annotated[Literal["none", "host"], flag(
         "docker sandbox: the network of `docker build` steps; host lets a Dockerfile install "
         "from the package registries this machine reaches (the agent's container stays on "

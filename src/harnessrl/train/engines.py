@@ -150,6 +150,6 @@ def node_engines(config: TrainConfig, engines: PolicyEngines) -> Callable[[], An
         return None
     import functools
 
-    from harnessrl.rollout.cluster_run import engines_from
+    from harnessrl.rollout.cluster.run import engines_from
 
     return functools.partial(engines_from, engines.specs)

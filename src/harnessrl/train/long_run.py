@@ -28,7 +28,7 @@ from harnessrl.train.resume import first_version, mark_interrupted, resumed_stat
 if TYPE_CHECKING:
     from transformers import TrainerCallback
 
-    from harnessrl.rollout.tasks import Task
+    from harnessrl.rollout.tasks.task import Task
     from harnessrl.train.async_grpo import HarnessRolloutWorker
     from harnessrl.train.trl import HarnessRollouts
 
@@ -196,7 +196,7 @@ def _split(config: TrainConfig, tasks: list[Task], run_dir: Path
            ) -> tuple[list[Task], list[Task]]:
     """(training tasks, eval tasks): a second task set, or a seeded split recorded in
     RUN_DIR/split.json."""
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
     from harnessrl.train.order import split
 
     e = config.eval

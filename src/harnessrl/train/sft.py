@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from harnessrl.proxy.engines import openai_wire
 from harnessrl.proxy.store import TraceReader
-from harnessrl.rollout.chains import link
+from harnessrl.rollout.analysis.chains import link
 from harnessrl.train.samples import sample
 from harnessrl.train.trl import main_chain
 from harnessrl.types import ChatRequest, Message, Outcome, Turn

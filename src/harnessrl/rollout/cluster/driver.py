@@ -31,7 +31,7 @@ from typing import Annotated, Any
 import msgspec
 
 from harnessrl.proxy.store import TraceStore
-from harnessrl.rollout.cluster_node import (
+from harnessrl.rollout.cluster.node import (
     EngineFactory,
     NodeResult,
     RolloutNode,

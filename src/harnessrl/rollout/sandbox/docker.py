@@ -51,11 +51,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Re-exported: the sandbox's callers name them from here.
-from harnessrl.rollout import owners
-from harnessrl.rollout.docker_images import BASE_IMAGE as BASE_IMAGE
-from harnessrl.rollout.docker_images import BuildNetwork, Images, docker
-from harnessrl.rollout.docker_images import docker_problem as docker_problem
-from harnessrl.rollout.sandbox import (
+from harnessrl.rollout.sandbox import owners
+from harnessrl.rollout.sandbox.docker_images import BASE_IMAGE as BASE_IMAGE
+from harnessrl.rollout.sandbox.docker_images import BuildNetwork, Images, docker
+from harnessrl.rollout.sandbox.docker_images import docker_problem as docker_problem
+from harnessrl.rollout.sandbox.local import (
     OUTPUT_CAP,
     ExecResult,
     Limits,
@@ -65,7 +65,7 @@ from harnessrl.rollout.sandbox import (
     copy_tree,
     kill_marked,
 )
-from harnessrl.rollout.tasks import Task
+from harnessrl.rollout.tasks.task import BUNDLED, Task
 
 LABEL = owners.LABEL  # "<pid>:<start time>" of the process that started the container
 RUN_LABEL = "harnessrl.run"  # the run directory, for `docker ps -a --filter label=...`
@@ -202,7 +202,7 @@ def runtime_mounts(tools: Path) -> list[str]:
     if (node := shutil.which("node")) is not None:
         mounts += ["-v", f"{os.path.realpath(node)}:{RUNTIME_BIN}/node:ro"]
     # A wheel install keeps the bundled tasks (with their solutions) in site-packages.
-    bundled = _HERE / "bundled_tasks"
+    bundled = BUNDLED
     if bundled.is_relative_to(sys.prefix) or bundled.is_relative_to(sys.base_prefix):
         mounts += ["--mount", f"type=tmpfs,destination={bundled}"]
     return mounts

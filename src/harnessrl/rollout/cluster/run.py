@@ -20,8 +20,8 @@ from rich.progress import (
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.build import EngineSpec, make
 from harnessrl.proxy.store import TraceStore
-from harnessrl.rollout.cluster import ClusterRunner, ClusterSettings, Node
-from harnessrl.rollout.cluster_node import EngineFactory
+from harnessrl.rollout.cluster.driver import ClusterRunner, ClusterSettings, Node
+from harnessrl.rollout.cluster.node import EngineFactory
 from harnessrl.rollout.progress import summary
 from harnessrl.rollout.runner import RunConfig
 from harnessrl.types import Outcome, Sampling

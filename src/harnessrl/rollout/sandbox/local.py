@@ -5,7 +5,7 @@
     <root>/<name>/work    the agent's working directory (`workdir`)
     <root>/<name>/home    HOME
     <root>/<name>/tmp     TMPDIR
-    <root>/<name>/...     tests/, logs/ and solution/, made by the verifier (see tasks.py)
+    <root>/<name>/...     tests/, logs/ and solution/, made by the verifier (see tasks/task.py)
 
 Commands see only a minimal environment (PATH, HOME, LANG, TMPDIR and what the caller
 passes explicitly), so host secrets and proxy settings never reach them. Each command gets
@@ -45,11 +45,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, Self
 
-from harnessrl.rollout import owners
+from harnessrl.rollout.sandbox import owners
 
 # Re-exported: the sandboxes' callers name them from here.
-from harnessrl.rollout.owners import MARKER as MARKER
-from harnessrl.rollout.owners import kill_marked as kill_marked
+from harnessrl.rollout.sandbox.owners import MARKER as MARKER
+from harnessrl.rollout.sandbox.owners import kill_marked as kill_marked
 
 Network = Literal["host", "none", "loopback-proxy"]
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from harnessrl.rollout.sandbox import SandboxError
-from harnessrl.rollout.tasks import Task
+from harnessrl.rollout.sandbox.local import SandboxError
+from harnessrl.rollout.tasks.task import Task
 
 BASE_IMAGE = os.environ.get("HARNESSRL_BASE_IMAGE", "harnessrl/base:bookworm")
 BuildNetwork = Literal["none", "host"]

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from harnessrl.rollout.docker_images import BuildNetwork
-from harnessrl.rollout.sandbox import LocalSandbox, Sandbox, SandboxError
-from harnessrl.rollout.tasks import Task, TaskError, Verdict, prepare, run_solution, verify
+from harnessrl.rollout.sandbox.docker_images import BuildNetwork
+from harnessrl.rollout.sandbox.local import LocalSandbox, Sandbox, SandboxError
+from harnessrl.rollout.tasks.task import Task, TaskError, Verdict, prepare, run_solution, verify
 
 SandboxKind = Literal["local", "docker"]
 Attempt = Literal["solution", "empty"]
@@ -134,7 +134,7 @@ def _factory(kind: SandboxKind, root: Path, *, image: str | None,
             return await LocalSandbox.create(root, name)
         return local
     from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR
-    from harnessrl.rollout.docker import DockerBackend
+    from harnessrl.rollout.sandbox.docker import DockerBackend
 
     backend = DockerBackend(image=image, tools=Path(tools or DEFAULT_TOOLS_DIR),
                             build_network=build_network, run_label=str(root))
