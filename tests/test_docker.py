@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from harnessrl.rollout.sandbox.base import SandboxError
 from harnessrl.rollout.sandbox.docker import (
     BASE_IMAGE,
     RUN_LABEL,
@@ -27,7 +28,6 @@ from harnessrl.rollout.sandbox.docker import (
     docker_problem,
     sweep,
 )
-from harnessrl.rollout.sandbox.local import SandboxError
 from harnessrl.rollout.tasks.task import (
     BUNDLED,
     load_harbor_task,

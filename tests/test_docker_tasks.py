@@ -16,8 +16,8 @@ from rich.console import Console
 from harnessrl.cli import main
 from harnessrl.rollout.run import execute, oracle_engine
 from harnessrl.rollout.runner import RolloutSettings, RunConfig
+from harnessrl.rollout.sandbox.base import SandboxError
 from harnessrl.rollout.sandbox.docker import BASE_IMAGE, DockerBackend, DockerSandbox, Images
-from harnessrl.rollout.sandbox.local import SandboxError
 from harnessrl.rollout.tasks.task import load_harbor_task, load_tasks, prepare, run_solution, verify
 from harnessrl.rollout.tasks.taskset import check_tasks
 from tests.test_docker import PROBLEM, TOOLS

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 import harnessrl
-from harnessrl.rollout.sandbox.local import LocalSandbox, SandboxError
+from harnessrl.rollout.sandbox.base import SandboxError
+from harnessrl.rollout.sandbox.local import LocalSandbox
 from harnessrl.rollout.tasks import task as tasks_module
 from harnessrl.rollout.tasks.task import BUNDLED, load_harbor_task, verify
 

@@ -30,10 +30,15 @@ from harnessrl.proxy.engines.http1 import TransportError
 from harnessrl.proxy.engines.http_call import fetch
 from harnessrl.proxy.store import TraceStore
 from harnessrl.rollout.rewards import Shaping, TraceStats
-from harnessrl.rollout.sandbox import owners
-from harnessrl.rollout.sandbox.docker import DockerBackend
-from harnessrl.rollout.sandbox.local import ExecResult, LocalSandbox, Network, SandboxError
-from harnessrl.rollout.tasks.task import BUNDLED, Task, TaskError, Verdict, prepare, verify
+from harnessrl.rollout.sandbox import owners, registry
+from harnessrl.rollout.sandbox.base import (
+    BackendOptions,
+    ExecResult,
+    Network,
+    Sandbox,
+    SandboxError,
+)
+from harnessrl.rollout.tasks.task import Task, TaskError, Verdict, prepare, verify
 from harnessrl.settings import at_least_one, flag
 from harnessrl.types import Outcome, Sampling
 
@@ -58,7 +63,8 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         DEFAULT_TOOLS_DIR)
     network: Annotated[Network, flag("local sandbox: loopback-proxy lets the agent reach "
                                      "only the proxy")] = "host"
-    sandbox: Annotated[Literal["local", "docker"], flag()] = "local"
+    # a backend in rollout/sandbox/registry.py; another name is an error listing them
+    sandbox: Annotated[str, flag(choices=registry.names())] = "local"
     # Show the agent an empty directory where the task's source (tests, solution), the
     # bundled tasks and other rollouts' sandboxes are (local sandbox; needs root).
     hide_host: Annotated[bool, flag(
@@ -87,6 +93,9 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     max_model_calls: Annotated[Annotated[int, msgspec.Meta(ge=1)] | None, flag(
         "each rollout's step cap: the call after N is refused and the rollout is scored as "
         "it stands, marked capped", metavar="N", parse=at_least_one)] = None
+
+    def __post_init__(self) -> None:
+        registry.check(self.sandbox)
 
     @property
     def tools(self) -> Path:
@@ -163,10 +172,11 @@ class Runner:
         self.store = store
         self.proxy_url = proxy_url
         self.sandboxes = run_dir / "sandboxes"
-        self.docker = DockerBackend(image=self.settings.image, tools=self.settings.tools,
-                                    starts=self.settings.sandbox_starts,
-                                    build_network=self.settings.build_network,
-                                    run_label=str(run_dir.resolve()))
+        self.backend = registry.backend(self.settings.sandbox, BackendOptions(
+            tools=self.settings.tools, network=self.settings.network,
+            hide_host=self.settings.hide_host, image=self.settings.image,
+            starts=self.settings.sandbox_starts, build_network=self.settings.build_network,
+            run_label=str(run_dir.resolve())))
         self.on_outcome = on_outcome
         # Every runner start (run, eval, train and its resumes, each Ray node's shard)
         # cleans what runners killed before they could close their sandboxes left.
@@ -192,7 +202,7 @@ class Runner:
         try:
             return list(await asyncio.gather(*(one(p) for p in todo)))
         finally:
-            await self.docker.drain()  # no container of this run outlives it
+            await self.backend.drain()  # nothing a sandbox of this run left outlives it
 
     async def _with_retries(self, planned: Planned) -> Outcome:
         error, key = "", ""
@@ -263,15 +273,9 @@ class Runner:
             raise InfraError(f"the engine failed during the run: {engine_failures[0]}")
         return self._scored(planned, key, attempt, verdict, exit_state, run, timings)
 
-    async def _sandbox(self, name: str, task: Task) -> LocalSandbox:
-        if self.settings.sandbox == "docker":
-            return await self.docker.sandbox(self.sandboxes, name, task,
-                                             [int(self.proxy_url.rsplit(":", 1)[1])])
-        hide = [self.sandboxes, BUNDLED, *([task.source] if task.source else [])]
-        return await LocalSandbox.create(self.sandboxes, name, network=self.settings.network,
-                                         proxy_ports=[int(self.proxy_url.rsplit(":", 1)[1])],
-                                         hide=hide if self.settings.hide_host else (),
-                                         show=[self.settings.tools])
+    async def _sandbox(self, name: str, task: Task) -> Sandbox:
+        return await self.backend.sandbox(self.sandboxes, name, task,
+                                          [int(self.proxy_url.rsplit(":", 1)[1])])
 
     def _scored(self, planned: Planned, key: str, attempt: int, verdict: Verdict,
                 exit_state: ExitState, run: ExecResult, timings: dict[str, float]) -> Outcome:

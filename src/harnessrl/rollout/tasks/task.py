@@ -56,7 +56,7 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.rollout.sandbox.local import Sandbox
+from harnessrl.rollout.sandbox.base import Sandbox
 from harnessrl.rollout.tasks.reward_files import CANNOT_RUN as CANNOT_RUN
 from harnessrl.rollout.tasks.reward_files import VerdictStatus, read_reward
 
