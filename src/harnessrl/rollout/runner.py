@@ -63,7 +63,8 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         DEFAULT_TOOLS_DIR)
     network: Annotated[Network, flag("local sandbox: loopback-proxy lets the agent reach "
                                      "only the proxy")] = "host"
-    # a backend in rollout/sandbox/registry.py; another name is an error listing them
+    # the sandbox backend, local or docker (rollout/sandbox/registry.py has them); another
+    # name is an error that lists them
     sandbox: Annotated[str, flag(choices=registry.names())] = "local"
     # Show the agent an empty directory where the task's source (tests, solution), the
     # bundled tasks and other rollouts' sandboxes are (local sandbox; needs root).
