@@ -38,10 +38,10 @@ def _same_call(theirs: inspect.Signature, ours: inspect.Signature) -> bool:
 def test_each_backend_satisfies_the_backend_protocol(name: str):
     made = registry.backend(name, BackendOptions())
     wanted = _methods(registry.SandboxBackend)
-    assert set(wanted) == {"sandbox", "drain"}
+    assert set(wanted) == {"sandbox", "drain", "problem"}
     for method, signature in wanted.items():
         own = getattr(type(made), method)
-        assert inspect.iscoroutinefunction(own), f"{name}: {method} is not async"
+        assert inspect.iscoroutinefunction(own) == (method != "problem"), f"{name}: {method}"
         assert _same_call(signature, inspect.signature(own)), f"{name}: {method}{signature}"
 
 
@@ -67,6 +67,17 @@ async def test_each_backends_sandboxes_satisfy_the_sandbox_protocol(name: str, t
     finally:
         await host.close()
     assert not host.directory.exists()
+
+
+def test_a_backend_says_why_it_cannot_run_here(monkeypatch):
+    from harnessrl.rollout.sandbox import docker, local
+
+    monkeypatch.setattr(docker, "docker_problem", lambda: "no daemon")
+    monkeypatch.setattr(local, "_mount_problem", lambda: "no mount namespace")
+    assert registry.backend("docker").problem() == "no daemon"
+    assert registry.backend("local").problem() is None
+    assert registry.backend("local", BackendOptions(confine=True)).problem() == \
+        "no mount namespace"
 
 
 def test_no_backend_inherits_another():

@@ -76,18 +76,16 @@ def tasks_check(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from harnessrl.rollout.sandbox import registry
     from harnessrl.rollout.tasks.taskset import check_exit_code, check_tasks
 
     if (tasks := _load(args.tasks)) is None:
         return 2
     console = Console()
-    if args.sandbox == "docker":
-        from harnessrl.rollout.sandbox.docker import docker_problem
-
-        if (problem := docker_problem()) is not None:
-            Console(stderr=True).print(f"[bold red]error[/]: the docker sandbox is not "
-                                       f"available: {problem}", highlight=False)
-            return 2
+    if (problem := registry.backend(args.sandbox).problem()) is not None:
+        Console(stderr=True).print(f"[bold red]error[/]: the {args.sandbox} sandbox is not "
+                                   f"available: {problem}", highlight=False)
+        return 2
     with console.status(f"checking {len(tasks)} tasks in the {args.sandbox} sandbox"):
         rows = asyncio.run(check_tasks(tasks, sandbox=args.sandbox,
                                        concurrency=args.concurrency, image=args.image,

@@ -456,7 +456,7 @@ class DockerBackend:
                       proxy_ports: Sequence[int] = ()) -> DockerSandbox:
         if task is None:
             raise SandboxError("the docker sandbox runs a task's image: it needs the task")
-        problem = await asyncio.to_thread(docker_problem)
+        problem = await asyncio.to_thread(self.problem)
         if problem is not None:
             raise SandboxError(f"the docker sandbox is not available: {problem}")
         if not self._swept:
@@ -470,6 +470,9 @@ class DockerBackend:
                                             run_label=self.run_label, workdir=image.workdir)
         box.removals = self._removals
         return box
+
+    def problem(self) -> str | None:
+        return docker_problem()
 
     async def drain(self) -> None:
         """Until every container this backend's sandboxes left being removed is gone."""

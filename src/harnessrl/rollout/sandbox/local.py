@@ -320,6 +320,14 @@ class LocalBackend:
     async def drain(self) -> None:
         return None
 
+    def problem(self) -> str | None:
+        options = self.options
+        if options.network != "host" and (problem := _isolation_problem()) is not None:
+            return f"network={options.network!r} needs a network namespace: {problem}"
+        if options.hide_host or options.confine:
+            return _mount_problem()
+        return None
+
 
 def _take(path: Path) -> bytes:
     with open(path, "rb") as handle:

@@ -36,6 +36,10 @@ class SandboxBackend(Protocol):
         """Until what this backend's closed sandboxes left behind is cleaned up."""
         ...
 
+    def problem(self) -> str | None:
+        """Why this backend cannot make sandboxes here (as its options ask), or None."""
+        ...
+
 
 BackendFactory = Callable[[BackendOptions], SandboxBackend]
 
