@@ -152,7 +152,7 @@ def teacher_tasks(args: argparse.Namespace, train: Path, seed: int) -> list[Any]
     example of the SFT arm's budget (or --teacher-tasks), a fixed seeded subset."""
     import random
 
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
 
     # One task per first instruction line: the policy tells tasks apart by it, and two
     # tasks sharing it (a count question on two tables of one kind) would share a listing.

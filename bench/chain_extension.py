@@ -9,7 +9,7 @@ that only the policy's text matches), so both modes see the same conversation; t
 are still the model's own: under the constraint it picks its own tokenization of that
 text, often not the tokenizer's canonical one, as real models sometimes do.
 
-Then `harnessrl.rollout.chains.report` gives, per harness and mode, how many turns extend
+Then `harnessrl.rollout.analysis.chains.report` gives, per harness and mode, how many turns extend
 the turn before them (prompt ids = earlier prompt + completion ids + new ids).
 
   chat mode   vLLM renders the history the harness sends back and tokenizes it again
@@ -52,7 +52,7 @@ from harnessrl.proxy.engines.token.engine import TokenEngine
 from harnessrl.proxy.engines.vllm import VLLMEngine
 from harnessrl.proxy.engines.vllm_server import VLLMServer
 from harnessrl.proxy.serve import running
-from harnessrl.rollout.chains import ChainStats, link, report
+from harnessrl.rollout.analysis.chains import ChainStats, link, report
 from harnessrl.rollout.conformance import FILENAME, Result, _run, random_line
 from harnessrl.types import ChatRequest, ToolResult
 

@@ -13,7 +13,7 @@ reasoning, as an OpenAI client does) runs through the real TokenEngine:
               LFM2: the template), the same sampled completion ids
 
 and each turn that continues the conversation counts as extended when its prompt starts
-with the previous prompt + completion ids (`rollout.chains.extends`). Two samplings:
+with the previous prompt + completion ids (`rollout.analysis.chains.extends`). Two samplings:
 `canonical` (the reply's own tokenization: the best case for chat mode) and `split` (the
 first word of each reply written one character per id, as real models sometimes write a
 word: bench/chain_extension.py sees it on real harnesses with real vLLM).
@@ -37,7 +37,7 @@ from harnessrl.proxy.engines.scripted import Reply, default_logprob, detokenize,
 from harnessrl.proxy.engines.scripted_completions import Sample, ScriptedCompletions
 from harnessrl.proxy.engines.token.engine import TokenEngine
 from harnessrl.proxy.serve import in_thread
-from harnessrl.rollout.chains import extends
+from harnessrl.rollout.analysis.chains import extends
 from harnessrl.types import (
     ChatRequest,
     Message,

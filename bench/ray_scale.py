@@ -73,7 +73,7 @@ def overhead_local(rollouts: int, root: Path) -> list[float]:
 
     from harnessrl.proxy.serve import running
     from harnessrl.rollout.runner import RolloutSettings, Runner, RunSettings
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
 
     tasks = load_tasks("bundled")
     config = RunSettings(harnesses=[INSTANT], tasks=tasks, samples=max(1, rollouts // len(tasks)),
@@ -91,9 +91,9 @@ def overhead_ray(rollouts: int, root: Path) -> list[float]:
     import ray
     from rollout_overhead import INSTANT
 
-    from harnessrl.rollout.cluster import ClusterRunner, ClusterSettings
+    from harnessrl.rollout.cluster.driver import ClusterRunner, ClusterSettings
     from harnessrl.rollout.runner import RolloutSettings, RunSettings
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
     from harnessrl.store.writer import TraceStore
 
     if not ray.is_initialized():  # the nodes' workers import this file's helpers from bench/

@@ -37,7 +37,7 @@ from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
 from harnessrl.rollout.conformance import policy_tokenizer
 from harnessrl.rollout.run import execute
 from harnessrl.rollout.runner import RolloutSettings, RunSettings
-from harnessrl.rollout.tasks import load_tasks
+from harnessrl.rollout.tasks.task import load_tasks
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def measure(concurrency: int, rollouts: int, tokenizer: object,
 
 
 async def _build_images() -> None:
-    from harnessrl.rollout.docker import Images
+    from harnessrl.rollout.sandbox.docker import Images
 
     images = Images()
     for task in load_tasks("bundled"):
@@ -106,7 +106,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def measure_all(args: argparse.Namespace) -> list[dict]:
-    from harnessrl.rollout.docker import docker_problem
+    from harnessrl.rollout.sandbox.docker import docker_problem
 
     tokenizer = policy_tokenizer()
     plan = [("local", int(c)) for c in args.concurrency.split(",")]

@@ -112,7 +112,7 @@ def generated(state: State, args: argparse.Namespace, tiers: list[str], count: t
     out = state.root / "tasks" / f"seed{args.task_seed}-{'-'.join(tiers)}-{count[0]}-{count[1]}"
     if (out / "manifest.json").is_file():
         return out
-    from harnessrl.rollout import tablegen
+    from harnessrl.rollout.tasks import tablegen
 
     # The generator's keyword for the held-out count (heldout / held_out), whichever it has.
     held = next(p for p in ("heldout", "held_out")
@@ -148,7 +148,7 @@ def sample(source: Path, ids: list[str], out: Path) -> Path:
 
 
 def tier_ids(directory: Path) -> dict[str, list[str]]:
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
 
     by_tier: dict[str, list[str]] = {}
     for task in load_tasks(directory):

@@ -455,14 +455,14 @@ def harness_page() -> str:
 
 # ------------------------------------------------------------------ inside written pages
 def chain_reasons(which: str) -> str:
-    from harnessrl.rollout.chains import BREAK_REASONS, EXCLUDE_REASONS
+    from harnessrl.rollout.analysis.chains import BREAK_REASONS, EXCLUDE_REASONS
 
     reasons = BREAK_REASONS if which == "breaks" else EXCLUDE_REASONS
     return table(["reason", "what happened"], [[f"`{k}`", v] for k, v in reasons.items()])
 
 
 def drift_causes() -> str:
-    from harnessrl.rollout.drift import CAUSES
+    from harnessrl.rollout.analysis.drift import CAUSES
 
     return table(["cause", "where", "what the harness did", "for training, and how to avoid it"],
                  [[f"`{k}`", where, what, training]
@@ -470,7 +470,7 @@ def drift_causes() -> str:
 
 
 def call_kinds() -> str:
-    from harnessrl.rollout.kinds import CALL_KINDS
+    from harnessrl.rollout.analysis.kinds import CALL_KINDS
 
     return table(["kind", "what the call was for"], [[f"`{k}`", v] for k, v in CALL_KINDS.items()])
 

@@ -85,7 +85,7 @@ class RecordingTransfer:
 def main(model_dir: Path, out: Path) -> None:
     import torch
 
-    from harnessrl.rollout.tasks import Task
+    from harnessrl.rollout.tasks.task import Task
     from harnessrl.train.async_grpo.loop import _prepare, _trainer, async_config
     from harnessrl.train.async_grpo.processes import check_processes, process_state
     from harnessrl.train.config import GRPOSettings, ModelSettings, TrainSettings

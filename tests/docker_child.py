@@ -15,7 +15,7 @@ from rich.console import Console
 from harnessrl.harnesses.base import Harness
 from harnessrl.rollout.run import execute, oracle_engine
 from harnessrl.rollout.runner import RolloutSettings, RunSettings
-from harnessrl.rollout.tasks import load_tasks
+from harnessrl.rollout.tasks.task import load_tasks
 
 SLEEPER = Harness(name="sleeper", version="1", dialect="openai_chat", registry="pypi",
                   package="sleeper", binary="sleeper")

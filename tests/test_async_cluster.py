@@ -65,7 +65,7 @@ def two_vllm(tiny_model: Path):
 
 
 def _tasks(tmp_path: Path) -> list[Any]:
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
 
     tasks_file = tmp_path / "tasks.jsonl"
     tasks_file.write_text("\n".join(json.dumps(t) for t in [
@@ -240,8 +240,8 @@ def ray_cluster():
 def test_a_cluster_no_node_of_which_reaches_an_engine_is_refused(ray_cluster, tmp_path):
     from harnessrl.proxy.engines.build import EngineSettings
     from harnessrl.proxy.engines.vllm_server import free_port
-    from harnessrl.rollout.cluster import ClusterRunner, ClusterSettings
-    from harnessrl.rollout.cluster_run import engines_from
+    from harnessrl.rollout.cluster.driver import ClusterRunner, ClusterSettings
+    from harnessrl.rollout.cluster.run import engines_from
     from harnessrl.rollout.runner import RunSettings
     from harnessrl.store.writer import TraceStore
 
@@ -288,8 +288,8 @@ def _node_of(run_dir: Path, key: str) -> str | None:
 
 def test_async_grpo_on_a_ray_cluster_with_two_vllm_servers(ray_cluster, two_vllm, tiny_model,
                                                            tmp_path):
-    from harnessrl.rollout.cluster import ClusterSettings
-    from harnessrl.rollout.cluster_run import engines_from
+    from harnessrl.rollout.cluster.driver import ClusterSettings
+    from harnessrl.rollout.cluster.run import engines_from
     from harnessrl.rollout.runner import RolloutSettings
     from harnessrl.store.reader import TraceReader
     from harnessrl.train.async_grpo.transfer import FileWeightTransfer, version_number

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from harnessrl.harnesses.base import Harness
-from harnessrl.rollout.chains import link
+from harnessrl.rollout.analysis.chains import link
 from harnessrl.train.async_grpo.worker import advantages, rows_of, score_group
 from harnessrl.train.rows.grpo import RowSettings
 from harnessrl.types import Outcome
@@ -201,7 +201,7 @@ def test_async_grpo_trains_every_chain_with_weight_swaps_and_drops_stale_rows(
 
     from harnessrl.proxy.engines.vllm import VLLMEngine
     from harnessrl.rollout.runner import RolloutSettings
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
     from harnessrl.train.async_grpo.batches import group_trainer
     from harnessrl.train.async_grpo.transfer import FileWeightTransfer, install_cpu_support
     from harnessrl.train.async_grpo.worker import HarnessRolloutWorker

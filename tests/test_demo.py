@@ -19,7 +19,7 @@ from rich.console import Console
 from harnessrl.demo import Chosen, brevity, choose_turn, demo_config
 from harnessrl.harnesses import get
 from harnessrl.rollout.rewards import TraceStats
-from harnessrl.rollout.tasks import Verdict, load_tasks
+from harnessrl.rollout.tasks.task import Verdict, load_tasks
 from harnessrl.store.writer import TraceStore
 from harnessrl.train.live import Live
 from harnessrl.types import (

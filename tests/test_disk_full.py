@@ -24,7 +24,7 @@ import pytest
 
 from harnessrl.proxy.engines.vllm import VLLMEngine
 from harnessrl.proxy.serve import in_thread
-from harnessrl.rollout.chains import link
+from harnessrl.rollout.analysis.chains import link
 from tests.dialects import IDS, WIRE, WireDialect
 from tests.fake_vllm import FakeVLLM
 from tests.helpers import ServedProxy, make_proxy

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.rollout.docker import (
+from harnessrl.rollout.sandbox.base import SandboxError
+from harnessrl.rollout.sandbox.docker import (
     BASE_IMAGE,
     RUN_LABEL,
     ContainerLimits,
@@ -27,8 +28,7 @@ from harnessrl.rollout.docker import (
     docker_problem,
     sweep,
 )
-from harnessrl.rollout.sandbox import SandboxError
-from harnessrl.rollout.tasks import (
+from harnessrl.rollout.tasks.task import (
     BUNDLED,
     load_harbor_task,
     load_tasks,

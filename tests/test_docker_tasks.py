@@ -14,12 +14,12 @@ import pytest
 from rich.console import Console
 
 from harnessrl.cli import main
-from harnessrl.rollout.docker import BASE_IMAGE, DockerBackend, DockerSandbox, Images
 from harnessrl.rollout.run import execute, oracle_engine
 from harnessrl.rollout.runner import RolloutSettings, RunSettings
-from harnessrl.rollout.sandbox import SandboxError
-from harnessrl.rollout.tasks import load_harbor_task, load_tasks, prepare, run_solution, verify
-from harnessrl.rollout.taskset import check_tasks
+from harnessrl.rollout.sandbox.base import SandboxError
+from harnessrl.rollout.sandbox.docker import BASE_IMAGE, DockerBackend, DockerSandbox, Images
+from harnessrl.rollout.tasks.task import load_harbor_task, load_tasks, prepare, run_solution, verify
+from harnessrl.rollout.tasks.taskset import check_tasks
 from tests.test_docker import PROBLEM, TOOLS
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "harbor_tasks"
@@ -204,7 +204,7 @@ def test_an_oracle_run_of_the_harbor_set_in_docker(tmp_path: Path) -> None:
 @pytest.mark.slow
 async def test_generated_tasks_pass_their_check_in_docker(tmp_path: Path) -> None:
     """A sample of the generated data-analysis tasks (one per tier), in the base image."""
-    from harnessrl.rollout.tablegen import TIERS, generate_sets, write_sets
+    from harnessrl.rollout.tasks.tablegen import TIERS, generate_sets, write_sets
 
     write_sets(generate_sets(5, 0, len(TIERS)), tmp_path / "set")
     tasks = load_tasks(tmp_path / "set" / "held_out")

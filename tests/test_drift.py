@@ -1,4 +1,4 @@
-"""Drift causes (rollout/drift.py): golden cases for every cause.
+"""Drift causes (rollout/analysis/drift.py): golden cases for every cause.
 
 Each case is a scripted rollout through the real proxy (chat mode, the tiny model's
 tokenizer): a real harness request recorded in tests/recorded starts it, two turns
@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
-from harnessrl.rollout.chains import link
-from harnessrl.rollout.drift import CAUSES, classify, drifts, snippet
+from harnessrl.rollout.analysis.chains import link
+from harnessrl.rollout.analysis.drift import CAUSES, classify, drifts, snippet
 from harnessrl.types import (
     ChainBreak,
     ChatRequest,

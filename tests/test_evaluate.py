@@ -24,7 +24,7 @@ from harnessrl.rollout.evaluate import (
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.run import execute, oracle_policy
 from harnessrl.rollout.runner import RunSettings
-from harnessrl.rollout.tasks import load_tasks
+from harnessrl.rollout.tasks.task import load_tasks
 from harnessrl.types import Outcome
 
 TOOLS = Path("~/.cache/harnessrl/tools").expanduser()

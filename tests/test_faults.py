@@ -16,7 +16,7 @@ import pytest
 
 from harnessrl.proxy.engines.vllm import VLLMEngine
 from harnessrl.proxy.serve import in_thread
-from harnessrl.rollout.chains import link
+from harnessrl.rollout.analysis.chains import link
 from tests.conftest import ServedProxy, make_proxy
 from tests.dialects import IDS, WIRE, WireDialect
 from tests.fake_vllm import PROMPT_IDS, TOKENS, FakeVLLM

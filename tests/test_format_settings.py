@@ -127,7 +127,7 @@ def test_post_rollouts_naming_an_engine_setting_is_told_where_it_is_set(tmp_path
 def test_the_template_is_read_from_its_file_once_and_travels_as_text(tmp_path) -> None:
     """`chat_template` is a path in every setting; the text is read by `template_text`, and
     a Ray node builds its engines from the driver's text, without the file."""
-    from harnessrl.rollout.cluster_run import engines_from
+    from harnessrl.rollout.cluster.run import engines_from
 
     path = tmp_path / "template.jinja"
     path.write_text(TEMPLATE)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harnessrl.rollout.chains import dropped_replies, link
+from harnessrl.rollout.analysis.chains import dropped_replies, link
 from harnessrl.train.rows.grpo import (
     RowSettings,
     flagged_turns,
@@ -143,7 +143,7 @@ def _mask_by_turn(turns: list[Turn], settings: RowSettings) -> list[tuple[Any, .
 
 
 def test_rejected_and_truncated_replies_get_no_loss_by_default_row_by_row():
-    from harnessrl.rollout.chains import chains
+    from harnessrl.rollout.analysis.chains import chains
     from harnessrl.train.rows.samples import turn_spans
 
     turns = agent_turns("r", rejected=True, truncated=True)

@@ -15,7 +15,7 @@ from harnessrl.harnesses.base import RunContext
 from harnessrl.proxy.engines.vllm import VLLMEngine
 from harnessrl.proxy.engines.vllm_server import VLLMServer
 from harnessrl.rollout.conformance import instruction_for, random_line
-from harnessrl.rollout.sandbox import LocalSandbox
+from harnessrl.rollout.sandbox.local import LocalSandbox
 from harnessrl.types import Sampling
 from tests.helpers import CACHE, ServedProxy, make_proxy
 

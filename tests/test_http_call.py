@@ -19,7 +19,7 @@ import pytest
 from harnessrl.http.call import call, fetch, refused
 from harnessrl.http.client import TransportError
 from harnessrl.proxy.engines.vllm_server import VLLMServer, free_port
-from harnessrl.rollout.cluster_node import _unreachable
+from harnessrl.rollout.cluster.node import _unreachable
 from harnessrl.train.async_grpo.transfer import RemoteGate
 from harnessrl.train.weights import VLLMWeightSync, WeightSyncError
 

@@ -1,4 +1,4 @@
-"""Call kinds (rollout/kinds.py) on scripted rollouts through the proxy, started from
+"""Call kinds (rollout/analysis/kinds.py) on scripted rollouts through the proxy, started from
 real harness requests (tests/recorded): opencode's title call, a Claude Code subagent
 started by its Agent tool, a scripted compaction; and the rows the training config keeps
 when it leaves a kind out."""
@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
-from harnessrl.rollout.chains import link
-from harnessrl.rollout.kinds import CALL_KINDS, HINTS, label
+from harnessrl.rollout.analysis.chains import link
+from harnessrl.rollout.analysis.kinds import CALL_KINDS, HINTS, label
 from harnessrl.train.async_grpo.worker import score_group
 from harnessrl.train.rows.samples import samples_for_rollout
 from harnessrl.types import Outcome
@@ -177,7 +177,7 @@ def test_hints_name_known_harnesses_and_kinds() -> None:
 def test_the_atlas_and_the_report_command(served, tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "250")  # rich would fold the cells on a narrow terminal
     from harnessrl.cli import main
-    from harnessrl.rollout.atlas import atlas
+    from harnessrl.rollout.analysis.atlas import atlas
     from harnessrl.store.reader import TraceReader
 
     run = tmp_path / "run"

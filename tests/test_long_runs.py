@@ -79,7 +79,7 @@ def _config(tmp_path: Path, generations: int = 2) -> Path:
 
 
 def _save(config: TrainSettings, step: int, **state) -> Path:
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
 
     ids = [t.id for t in load_tasks(config.rollout.tasks)]
     full = {"weight_version": step + 1, "task_cursor": step,
@@ -314,7 +314,7 @@ def test_the_async_trainers_parts_are_built_by_their_constructors(tmp_path, weig
     client when TRL builds it); the run holds the trainer it built."""
     from rich.console import Console
 
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
     from harnessrl.train.async_grpo.loop import _transfer, versioned
     from harnessrl.train.async_grpo.transfer import FileMover
     from harnessrl.train.async_grpo.worker import HarnessRolloutWorker

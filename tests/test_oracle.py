@@ -20,7 +20,7 @@ from harnessrl.proxy.engines.policy import WHOLE_FILE_MARKER, OraclePolicy
 from harnessrl.proxy.engines.token.parsers import HermesParser
 from harnessrl.rollout.run import oracle_check, oracle_policy, written_by_solution
 from harnessrl.rollout.runner import RolloutSettings, RunSettings
-from harnessrl.rollout.tasks import load_tasks
+from harnessrl.rollout.tasks.task import load_tasks
 from harnessrl.types import ChatRequest, Message, Text, Tool
 
 TOOLS = Path("~/.cache/harnessrl/tools").expanduser()

@@ -35,10 +35,10 @@ from rich.console import Console  # noqa: E402
 from harnessrl.errors import EngineUnavailable  # noqa: E402
 from harnessrl.harnesses.base import Harness  # noqa: E402
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay  # noqa: E402
-from harnessrl.rollout.cluster import ClusterRunner, ClusterSettings  # noqa: E402
-from harnessrl.rollout.cluster_run import execute_on_cluster  # noqa: E402
+from harnessrl.rollout.cluster.driver import ClusterRunner, ClusterSettings  # noqa: E402
+from harnessrl.rollout.cluster.run import execute_on_cluster  # noqa: E402
 from harnessrl.rollout.runner import RolloutSettings, RunSettings  # noqa: E402
-from harnessrl.rollout.tasks import load_tasks  # noqa: E402
+from harnessrl.rollout.tasks.task import load_tasks  # noqa: E402
 from harnessrl.store.reader import TraceReader  # noqa: E402
 from harnessrl.store.writer import TraceStore  # noqa: E402
 

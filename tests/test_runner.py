@@ -16,7 +16,7 @@ from harnessrl.rollout.conformance import policy_tokenizer
 from harnessrl.rollout.rewards import Shaping, TraceStats
 from harnessrl.rollout.run import execute, oracle_policy
 from harnessrl.rollout.runner import RolloutSettings, RunSettings
-from harnessrl.rollout.tasks import Verdict, load_tasks
+from harnessrl.rollout.tasks.task import Verdict, load_tasks
 from harnessrl.store.reader import TraceReader
 
 TOOLS = Path("~/.cache/harnessrl/tools").expanduser()
@@ -169,8 +169,8 @@ def test_a_harness_that_never_calls_the_model_is_an_infra_error(tmp_path):
 def test_an_oracle_that_does_not_pass_is_a_broken_pipeline(mini, tmp_path, monkeypatch):
     """A verifier that cannot run is an infrastructure error, and an oracle rollout that is
     scored but fails names the pipeline, not the model."""
-    from harnessrl.rollout import tasks as tasks_module
     from harnessrl.rollout.run import oracle_check
+    from harnessrl.rollout.tasks import task as tasks_module
 
     good, wrong = load_tasks("bundled:create-hello-file,fizzbuzz")
     wrong = dataclasses.replace(wrong, solution_dir=None, solution_commands=("true",))

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from harnessrl.proxy.engines.scripted import Reply, ScriptedEngine
 from harnessrl.reports import render_report
-from harnessrl.rollout.chains import (
+from harnessrl.rollout.analysis.chains import (
     BREAK_REASONS,
     EXCLUDE_REASONS,
     ChainStats,

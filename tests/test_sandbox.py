@@ -11,13 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.rollout import sandbox as sandbox_module
-from harnessrl.rollout.sandbox import (
-    Limits,
-    LocalSandbox,
-    NetworkIsolationUnavailable,
-    SandboxError,
-)
+from harnessrl.rollout.sandbox import local as sandbox_module
+from harnessrl.rollout.sandbox import owners
+from harnessrl.rollout.sandbox.base import Limits, NetworkIsolationUnavailable, SandboxError
+from harnessrl.rollout.sandbox.local import LocalSandbox
 
 SECRETS = {"AWS_SECRET_ACCESS_KEY": "aws-secret", "GITHUB_TOKEN": "gh-token",
            "OPENAI_API_KEY": "sk-secret", "HTTPS_PROXY": "http://proxy.invalid:3128",
@@ -71,7 +68,7 @@ async def test_host_secrets_and_proxies_never_pass(monkeypatch, tmp_path: Path):
     assert not set(SECRETS) & set(shown)
     assert not any(value in result.stdout.decode() for value in SECRETS.values())
     assert set(shown) <= {"PATH", "HOME", "LANG", "TMPDIR", "KEEP", "PER_RUN", "PWD", "SHLVL",
-                          "_", sandbox_module.MARKER}
+                          "_", owners.MARKER}
     assert shown["HOME"] == str(box.home) and shown["TMPDIR"] == str(box.tmp)
     assert shown["KEEP"] == "yes" and shown["PER_RUN"] == "1"
 
@@ -178,7 +175,7 @@ async def test_copies_stay_inside_the_sandbox(tmp_path: Path, box: LocalSandbox)
 async def test_close_removes_everything(tmp_path: Path):
     box = await LocalSandbox.create(tmp_path, "gone")
     await box.run("mkdir -p ro/deep && touch ro/deep/f && chmod 500 ro/deep ro", timeout=10)
-    private = box._private
+    private = box.host.private
     await box.close()
     await box.close()  # idempotent
     assert not box.directory.exists() and not private.exists()

@@ -1,6 +1,6 @@
 """No sandbox outlives its run: a runner killed with SIGKILL takes its sandboxes' processes
 with it (reaper_launcher.py), what a dead runner left is swept at the next runner start and
-by `harnessrl sandboxes --remove` (rollout/owners.py), local and Docker alike."""
+by `harnessrl sandboxes --remove` (rollout/sandbox/owners.py), local and Docker alike."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.rollout import owners
+from harnessrl.rollout.sandbox import owners
 
 CHILD = Path(__file__).with_name("sandbox_child.py")
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ def _homes_under(root: Path) -> list[int]:
 RUNNER = textwrap.dedent("""
     import asyncio, sys
     from pathlib import Path
-    from harnessrl.rollout.sandbox import LocalSandbox
+    from harnessrl.rollout.sandbox.local import LocalSandbox
 
     async def main():
         box = await LocalSandbox.create(Path(sys.argv[1]), "box")
@@ -160,7 +160,7 @@ def test_entries_of_another_pid_namespace_are_listed_never_removed(tmp_path, reg
 
 
 async def test_the_reaper_passes_exit_codes_and_signals_through(tmp_path, registry):
-    from harnessrl.rollout.sandbox import LocalSandbox
+    from harnessrl.rollout.sandbox.local import LocalSandbox
 
     async with await LocalSandbox.create(tmp_path, "box") as box:
         assert (await box.run("exit 3", timeout=30)).exit_code == 3
@@ -263,7 +263,7 @@ grpo: {{trainer: sync, steps: 1, num_generations: 2, tasks_per_step: 1}}
 
 
 def _docker_problem() -> str | None:
-    from harnessrl.rollout.docker import BASE_IMAGE, docker_problem
+    from harnessrl.rollout.sandbox.docker import BASE_IMAGE, docker_problem
 
     if (problem := docker_problem()) is not None:
         return problem
@@ -297,8 +297,8 @@ def test_after_sigkill_of_harnessrl_run_no_container_is_left(watcher, tmp_path, 
     (a lost node), the next runner start sweeps it."""
     if (problem := _docker_problem()) is not None:
         pytest.skip(f"docker sandbox: {problem}")
-    from harnessrl.rollout.docker import RUN_LABEL
     from harnessrl.rollout.runner import Runner, RunSettings
+    from harnessrl.rollout.sandbox.docker import RUN_LABEL
     from harnessrl.store.writer import TraceStore
 
     run_dir = tmp_path / "run"

@@ -22,9 +22,10 @@ from pathlib import Path
 import pytest
 
 import harnessrl
-from harnessrl.rollout import tasks as tasks_module
-from harnessrl.rollout.sandbox import LocalSandbox, SandboxError
-from harnessrl.rollout.tasks import BUNDLED, load_harbor_task, verify
+from harnessrl.rollout.sandbox.base import SandboxError
+from harnessrl.rollout.sandbox.local import LocalSandbox
+from harnessrl.rollout.tasks import task as tasks_module
+from harnessrl.rollout.tasks.task import BUNDLED, load_harbor_task, verify
 
 needs_confinement = pytest.mark.skipif(
     not (LocalSandbox.confinement_available() and LocalSandbox.network_isolation_available()),
@@ -33,8 +34,8 @@ needs_confinement = pytest.mark.skipif(
 DRIVER = textwrap.dedent('''
     import asyncio, json, os, sys
     from pathlib import Path
-    from harnessrl.rollout.sandbox import LocalSandbox
-    from harnessrl.rollout.tasks import load_harbor_task, verify
+    from harnessrl.rollout.sandbox.local import LocalSandbox
+    from harnessrl.rollout.tasks.task import load_harbor_task, verify
 
     CONNECT = ("import socket, sys; s = socket.create_connection(('127.0.0.1', "
                "int(sys.argv[1])), timeout=5); s.sendall(b'ping\\\\n'); "
@@ -209,7 +210,7 @@ async def test_the_bundled_verifier_reports_a_missing_runner_without_a_reward(tm
 def test_a_tmp_directory_itself_is_never_shown_back():
     """/tmp on a PATH, however spelled, stays the sandbox's own tmp/; what lies below it
     is shown once, outermost first."""
-    from harnessrl.rollout.confine_launcher import _covered
+    from harnessrl.rollout.sandbox.confine_launcher import _covered
 
     base = tempfile.mkdtemp(prefix="hrl-covered-", dir="/tmp")
     try:

@@ -21,7 +21,7 @@ import pytest
 from harnessrl.proxy.engines.scripted import ScriptedEngine
 from harnessrl.rollout.run import oracle_policy
 from harnessrl.rollout.runner import RolloutSettings
-from harnessrl.rollout.tasks import load_tasks
+from harnessrl.rollout.tasks.task import load_tasks
 from harnessrl.train.async_grpo.schedule import Schedule
 from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
 from harnessrl.train.trl import HarnessRollouts

@@ -12,7 +12,7 @@ from harnessrl.cli import build_parser
 from harnessrl.cli.common import SAMPLING_FLAGS, sampling_from_flags
 from harnessrl.proxy.config import ProxySettings
 from harnessrl.proxy.engines.build import EngineSettings
-from harnessrl.rollout.cluster import ClusterSettings
+from harnessrl.rollout.cluster.driver import ClusterSettings
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.runner import RolloutSettings, RunSettings
 from harnessrl.settings import Field, add_flags, flag, flagged, from_flags

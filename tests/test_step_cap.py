@@ -19,7 +19,7 @@ import pytest
 from harnessrl.proxy.app import Proxy
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
 from harnessrl.proxy.sessions import Sessions
-from harnessrl.rollout.chains import link, rollout_stats
+from harnessrl.rollout.analysis.chains import link, rollout_stats
 from harnessrl.store.writer import TraceStore
 from tests.dialects import IDS, WIRE, WireDialect
 from tests.helpers import ServedProxy

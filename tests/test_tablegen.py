@@ -1,4 +1,4 @@
-"""The generated data-analysis tasks (rollout/tablegen.py): deterministic per seed, train
+"""The generated data-analysis tasks (rollout/tasks/tablegen.py): deterministic per seed, train
 and held-out sets that share no table, every reference solution passing and an empty
 attempt failing (all of them in one Python process, a sample in the local sandbox; a
 sample in Docker is in tests/test_docker_tasks.py)."""
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from harnessrl.cli import main
-from harnessrl.rollout.tablegen import TIERS, generate_sets, task_files
-from harnessrl.rollout.tasks import load_tasks
-from harnessrl.rollout.taskset import check_tasks
+from harnessrl.rollout.tasks.tablegen import TIERS, generate_sets, task_files
+from harnessrl.rollout.tasks.task import load_tasks
+from harnessrl.rollout.tasks.taskset import check_tasks
 
 
 def test_generation_is_deterministic_per_seed() -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.rollout.sandbox import LocalSandbox
-from harnessrl.rollout.tasks import (
+from harnessrl.rollout.sandbox.local import LocalSandbox
+from harnessrl.rollout.tasks.task import (
     BUNDLED,
     DIFFICULTIES,
     Task,

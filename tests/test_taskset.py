@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from harnessrl.cli import main
-from harnessrl.rollout.tasks import TaskError, load_harbor_task, load_tasks
-from harnessrl.rollout.taskset import check_tasks, describe, split_tasks
+from harnessrl.rollout.tasks.task import TaskError, load_harbor_task, load_tasks
+from harnessrl.rollout.tasks.taskset import check_tasks, describe, split_tasks
 
 EXAMPLES = Path(__file__).parent.parent / "examples" / "harbor_tasks"
 

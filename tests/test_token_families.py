@@ -18,7 +18,7 @@ from harnessrl.proxy.engines.scripted import Reply, replay
 from harnessrl.proxy.engines.scripted_completions import ScriptedCompletions
 from harnessrl.proxy.engines.token.engine import TokenEngine
 from harnessrl.proxy.serve import in_thread, running
-from harnessrl.rollout.chains import exclusion, extends
+from harnessrl.rollout.analysis.chains import exclusion, extends
 from tests.token_families import BY_NAME, FAMILIES, Family, engine_settings, family_tokenizer
 
 BASH = {"type": "object", "properties": {"command": {"type": "string"}},

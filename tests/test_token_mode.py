@@ -23,7 +23,7 @@ from harnessrl.proxy.engines.token.engine import TokenEngine
 from harnessrl.proxy.engines.token.render import Rendered, Renderer
 from harnessrl.proxy.engines.token.toolformats import Qwen3CoderParser, make_parser, typed
 from harnessrl.proxy.engines.vllm_server import VLLMServer, tool_call_parser_for
-from harnessrl.rollout.chains import rollout_stats
+from harnessrl.rollout.analysis.chains import rollout_stats
 from harnessrl.types import (
     ChatRequest,
     Message,

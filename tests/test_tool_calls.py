@@ -13,7 +13,7 @@ import pytest
 from harnessrl.harnesses import get
 from harnessrl.harnesses.base import RunContext
 from harnessrl.rollout.rewards import Shaping, TraceStats
-from harnessrl.rollout.tasks import Verdict
+from harnessrl.rollout.tasks.task import Verdict
 from tests.helpers import tool_turn as turn
 
 OUTCOMES = Path(__file__).parent / "outcomes"

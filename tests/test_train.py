@@ -23,7 +23,7 @@ from harnessrl.proxy.engines.policy import OraclePolicy
 from harnessrl.proxy.engines.scripted import Reply, ScriptedEngine, default_logprob
 from harnessrl.rollout.run import oracle_policy
 from harnessrl.rollout.runner import RolloutSettings
-from harnessrl.rollout.tasks import load_tasks
+from harnessrl.rollout.tasks.task import load_tasks
 from harnessrl.train.trl import HarnessRollouts, columns, harness_reward
 from harnessrl.types import ChatRequest, Text
 
@@ -605,7 +605,7 @@ def test_teacher_engine_sends_standard_fields_and_its_turns_are_not_trainable(tm
 
     from harnessrl.proxy.engines.openai_compat import OpenAICompatEngine
     from harnessrl.proxy.serve import in_thread
-    from harnessrl.rollout.chains import link
+    from harnessrl.rollout.analysis.chains import link
     from tests.helpers import ServedProxy, make_proxy
 
     seen: list[dict] = []
@@ -638,7 +638,7 @@ def test_teacher_engine_sends_standard_fields_and_its_turns_are_not_trainable(tm
 def test_step_metrics_per_harness_leave_infra_errors_out_of_rates():
     from collections import Counter
 
-    from harnessrl.rollout.chains import ChainStats
+    from harnessrl.rollout.analysis.chains import ChainStats
     from harnessrl.train.loop import batch_metrics
     from harnessrl.train.trl import Batch, RolloutRecord
     from harnessrl.types import Outcome, Sample

@@ -238,7 +238,7 @@ def batch(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from harnessrl.rollout.rewards import Shaping
     from harnessrl.rollout.run import execute, oracle_policy
     from harnessrl.rollout.runner import RolloutSettings, RunSettings
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
 
     harnesses = [get("mini-swe-agent"), get("claude")]
     for harness in harnesses:

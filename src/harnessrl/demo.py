@@ -26,7 +26,7 @@ from rich.table import Table
 
 from harnessrl.proxy.engines.build import EngineSettings
 from harnessrl.rollout.rewards import Shaping, TraceStats
-from harnessrl.rollout.tasks import Verdict
+from harnessrl.rollout.tasks.task import Verdict
 from harnessrl.store.reader import TraceReader
 from harnessrl.train.config import (
     GRPOSettings,
@@ -115,7 +115,7 @@ def oracle_first(config: TrainSettings, console: Console) -> list[str]:
     from harnessrl.harnesses import get
     from harnessrl.rollout.run import oracle_check
     from harnessrl.rollout.runner import RunSettings
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
 
     r = config.rollout
     run = RunSettings(harnesses=[get(name) for name in r.harnesses], tasks=load_tasks(r.tasks),
@@ -128,7 +128,7 @@ def _show(console: Console, store: TraceReader, model: Path,
     from transformers import AutoTokenizer
 
     from harnessrl.reports import render_report
-    from harnessrl.rollout.chains import report
+    from harnessrl.rollout.analysis.chains import report
 
     outcomes = store.outcomes()
     turns = {o.rollout: store.turns(o.rollout) for o in outcomes}

@@ -127,3 +127,9 @@ class ModelUnavailable(CommandError):
 
 class EngineStartFailed(CommandError):
     """A vLLM started for a command died or never became healthy while starting."""
+
+
+class UnknownBackend(CommandError, ValueError):
+    """A sandbox backend named in a config, a flag or a call that the registry
+    (`rollout/sandbox/registry.py`) does not have; the message lists the known ones. A
+    ValueError too, so a config's validation reports it at the field that named it."""

@@ -45,7 +45,7 @@ from harnessrl.types import ChatRequest, Message, Outcome, Turn
 
 if TYPE_CHECKING:
     from harnessrl.rollout.runner import RolloutSettings
-    from harnessrl.rollout.tasks import Task
+    from harnessrl.rollout.tasks.task import Task
 
 
 def training_turns(turns: Sequence[Turn]) -> list[TrainingTurn]:
@@ -143,7 +143,7 @@ class HarnessSessionFactory(ResourceSessionFactory[HarnessSession]):
         from harnessrl.harnesses import get
         from harnessrl.proxy.engines.vllm import VLLMEngine
         from harnessrl.rollout.runner import RolloutSettings
-        from harnessrl.rollout.tasks import load_tasks
+        from harnessrl.rollout.tasks.task import load_tasks
         from harnessrl.train.trl import HarnessRollouts, on_policy_sampling
         from harnessrl.train.weights import VLLMWeightSync
 

@@ -1,5 +1,5 @@
 """Report tables for the command line (`harnessrl report`, the demo): rich renderings of
-what `harnessrl.rollout.chains` computes."""
+what `harnessrl.rollout.analysis.chains` computes."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections import Counter
 from rich.console import Group
 from rich.table import Table
 
-from harnessrl.rollout.atlas import Atlas, Entry
-from harnessrl.rollout.chains import ChainStats, Report
+from harnessrl.rollout.analysis.atlas import Atlas, Entry
+from harnessrl.rollout.analysis.chains import ChainStats, Report
 
 _COLUMNS = ("rollouts", "turns", "trainable", "chains", "extended", "ext. rate", "breaks",
             "excluded", "capped")

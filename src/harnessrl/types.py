@@ -264,12 +264,12 @@ class Rollout(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 # ------------------------------------------------------------------ training samples
-# Why a chain of turns started (see `harnessrl.rollout.chains.BREAK_REASONS` for the
+# Why a chain of turns started (see `harnessrl.rollout.analysis.chains.BREAK_REASONS` for the
 # exact rules) and why a turn was left out of every chain (`EXCLUDE_REASONS`).
 BreakReason = Literal["first", "side_call", "history_rewritten", "rewound"]
 ExcludeReason = Literal["failed", "cancelled", "flagged", "no_tokens", "retried"]
 # Why a chain broke, finer than `BreakReason`: what lies where the new prompt first differs
-# from the closest chain (`harnessrl.rollout.drift` says what each means).
+# from the closest chain (`harnessrl.rollout.analysis.drift` says what each means).
 DriftCause = Literal[
     # inside an earlier completion
     "whitespace", "tool_json_reserialized", "reasoning_removed", "completion_changed",
@@ -282,7 +282,7 @@ DriftCause = Literal[
     "rewound", "side_call",
     "unclassified",
 ]
-# What the harness used a model call for (`harnessrl.rollout.kinds`).
+# What the harness used a model call for (`harnessrl.rollout.analysis.kinds`).
 CallKind = Literal["main", "side", "subagent", "compaction"]
 
 

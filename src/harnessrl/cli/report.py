@@ -21,8 +21,8 @@ def run_report(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from harnessrl.reports import render_atlas, render_report
-    from harnessrl.rollout.atlas import atlas, atlas_dict
-    from harnessrl.rollout.chains import report
+    from harnessrl.rollout.analysis.atlas import atlas, atlas_dict
+    from harnessrl.rollout.analysis.chains import report
     from harnessrl.store.reader import TraceReader
 
     if not (args.run_dir / "trace.db").is_file():

@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     from harnessrl.proxy.engines.build import EngineSettings
-    from harnessrl.rollout.cluster import ClusterSettings
+    from harnessrl.rollout.cluster.driver import ClusterSettings
     from harnessrl.rollout.rewards import Shaping
     from harnessrl.rollout.runner import RolloutSettings, RunSettings
     from harnessrl.types import Sampling
@@ -78,7 +78,7 @@ def execute_run(args: argparse.Namespace) -> list[Outcome]:
     from harnessrl.rollout.rewards import Shaping
     from harnessrl.rollout.run import execute, oracle_engine
     from harnessrl.rollout.runner import RolloutSettings, RunSettings
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
 
     tasks = load_tasks(args.tasks)
     config = from_flags(RunSettings, args, harnesses=harnesses(args.harness.split(",")),
@@ -105,8 +105,8 @@ def _execute_on_cluster(args: argparse.Namespace, config: RunSettings, sampling:
     import msgspec
 
     from harnessrl.proxy.engines.build import built
-    from harnessrl.rollout.cluster import ClusterSettings
-    from harnessrl.rollout.cluster_run import engines_from, execute_on_cluster
+    from harnessrl.rollout.cluster.driver import ClusterSettings
+    from harnessrl.rollout.cluster.run import engines_from, execute_on_cluster
     from harnessrl.rollout.run import oracle_engine
 
     cluster = from_flags(ClusterSettings, args)

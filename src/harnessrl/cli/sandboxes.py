@@ -1,6 +1,6 @@
 """`harnessrl sandboxes [--remove]`: the sandboxes on this machine and their owners; what
 runners that died (SIGKILL, a lost node) left behind, removed on demand. Every runner start
-sweeps the same leftovers (rollout/owners.py)."""
+sweeps the same leftovers (rollout/sandbox/owners.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from harnessrl.rollout.owners import Entry
+    from harnessrl.rollout.sandbox.owners import Entry
 
 HELP = ("the sandboxes (local and Docker) on this machine, whose runner is gone; --remove "
         "removes those")
@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def sandboxes(args: argparse.Namespace) -> int:
-    from harnessrl.rollout import owners
+    from harnessrl.rollout.sandbox import owners
 
     listed = owners.entries()
     removed = {e.token for e in owners.sweep()} if args.remove else set()

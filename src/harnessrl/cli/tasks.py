@@ -1,5 +1,5 @@
 """`harnessrl tasks check|list|split|generate`: a task set as its author handles it (the
-logic is in rollout/taskset.py and, for generated sets, rollout/tablegen.py)."""
+logic is in rollout/tasks/taskset.py and, for generated sets, rollout/tasks/tablegen.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from harnessrl.settings import add_flags
 
 if TYPE_CHECKING:
-    from harnessrl.rollout.tasks import Task
+    from harnessrl.rollout.tasks.task import Task
 
 SET_HELP = "a task dir, a directory of tasks, a .jsonl file, or bundled[:...]"
 
@@ -61,7 +61,7 @@ def add_arguments(tasks: argparse.ArgumentParser) -> None:
 def _load(spec: str) -> list[Task] | None:
     from rich.console import Console
 
-    from harnessrl.rollout.tasks import TaskError, load_tasks
+    from harnessrl.rollout.tasks.task import TaskError, load_tasks
 
     try:
         return load_tasks(spec)
@@ -76,18 +76,16 @@ def tasks_check(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from harnessrl.rollout.taskset import check_exit_code, check_tasks
+    from harnessrl.rollout.sandbox import registry
+    from harnessrl.rollout.tasks.taskset import check_exit_code, check_tasks
 
     if (tasks := _load(args.tasks)) is None:
         return 2
     console = Console()
-    if args.sandbox == "docker":
-        from harnessrl.rollout.docker import docker_problem
-
-        if (problem := docker_problem()) is not None:
-            Console(stderr=True).print(f"[bold red]error[/]: the docker sandbox is not "
-                                       f"available: {problem}", highlight=False)
-            return 2
+    if (problem := registry.backend(args.sandbox).problem()) is not None:
+        Console(stderr=True).print(f"[bold red]error[/]: the {args.sandbox} sandbox is not "
+                                   f"available: {problem}", highlight=False)
+        return 2
     with console.status(f"checking {len(tasks)} tasks in the {args.sandbox} sandbox"):
         rows = asyncio.run(check_tasks(tasks, sandbox=args.sandbox,
                                        concurrency=args.concurrency, image=args.image,
@@ -118,7 +116,7 @@ def tasks_list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from harnessrl.rollout.taskset import describe
+    from harnessrl.rollout.tasks.taskset import describe
 
     if (tasks := _load(args.tasks)) is None:
         return 2
@@ -140,8 +138,8 @@ def tasks_list(args: argparse.Namespace) -> int:
 def tasks_split(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from harnessrl.rollout.tasks import TaskError
-    from harnessrl.rollout.taskset import split_task_set
+    from harnessrl.rollout.tasks.task import TaskError
+    from harnessrl.rollout.tasks.taskset import split_task_set
 
     if (tasks := _load(args.tasks)) is None:
         return 2
@@ -158,7 +156,7 @@ def tasks_split(args: argparse.Namespace) -> int:
 def tasks_generate(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from harnessrl.rollout.tablegen import TIERS, generate_sets, write_sets
+    from harnessrl.rollout.tasks.tablegen import TIERS, generate_sets, write_sets
 
     tiers = tuple(args.tiers.split(",")) if args.tiers else TIERS
     try:

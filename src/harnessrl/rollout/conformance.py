@@ -26,11 +26,13 @@ from harnessrl.proxy.engines.scripted import Policy, ScriptedEngine
 from harnessrl.proxy.engines.scripted_completions import ScriptedCompletions
 from harnessrl.proxy.engines.token.engine import TokenEngine
 from harnessrl.proxy.serve import in_thread, running
-from harnessrl.rollout.atlas import Entry
-from harnessrl.rollout.chains import rollout_stats
+from harnessrl.rollout.analysis.atlas import Entry
+from harnessrl.rollout.analysis.chains import rollout_stats
 from harnessrl.rollout.rewards import TraceStats
 from harnessrl.rollout.runner import open_rollout
-from harnessrl.rollout.sandbox import Limits, LocalSandbox
+from harnessrl.rollout.sandbox import registry
+from harnessrl.rollout.sandbox.base import BackendOptions, Limits
+from harnessrl.rollout.sandbox.local import confinement_available
 from harnessrl.types import ToolResult, Turn
 
 FILENAME = "hello.txt"
@@ -143,8 +145,9 @@ async def _run(harness: Harness, rollout: dict[str, Any], tools_dir: Path, root:
                line: str, timeout: float, result: Result) -> str:
     # Confined as the runner confines it, so conformance proves the harness works there.
     limits = Limits(memory_bytes=harness.memory_bytes) if harness.memory_bytes else Limits()
-    sandbox = await LocalSandbox.create(root, f"sandbox-{harness.slug}", limits=limits,
-                                        confine=LocalSandbox.confinement_available())
+    backend = registry.backend("local", BackendOptions(limits=limits,
+                                                       confine=confinement_available()))
+    sandbox = await backend.sandbox(root, f"sandbox-{harness.slug}")
     try:
         ctx = RunContext(home=sandbox.home, workdir=sandbox.workdir,
                          proxy_root=rollout["base_url"], key=rollout["key"],

@@ -21,7 +21,7 @@ from typing import Annotated, Literal, cast
 
 import msgspec
 
-from harnessrl.rollout.tasks import Verdict
+from harnessrl.rollout.tasks.task import Verdict
 from harnessrl.settings import at_least_one, flag
 from harnessrl.types import Turn
 

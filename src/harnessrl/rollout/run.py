@@ -19,9 +19,9 @@ from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.policy import OraclePolicy
 from harnessrl.rollout.progress import RunProgress, summary
 from harnessrl.rollout.runner import RunSettings
-from harnessrl.rollout.sandbox import LocalSandbox
+from harnessrl.rollout.sandbox import registry
 from harnessrl.rollout.serving import serving
-from harnessrl.rollout.tasks import Task, prepare, run_solution
+from harnessrl.rollout.tasks.task import Task, prepare, run_solution
 from harnessrl.types import Outcome, Sampling
 
 if TYPE_CHECKING:
@@ -59,11 +59,14 @@ async def _all_written(tasks: Sequence[Task]) -> dict[str, dict[str, str]]:
 async def written_by_solution(task: Task, root: Path, name: str) -> dict[str, str]:
     """The text files the task's reference solution creates or changes in a fresh workdir
     (path relative to it -> text), found by running it once in a sandbox of its own."""
-    async with await LocalSandbox.create(root, name) as sandbox:
+    sandbox = await registry.backend("local").sandbox(root, name, task)
+    try:
         await prepare(task, sandbox)
         before = _files(sandbox.workdir)
         await run_solution(task, sandbox)
         after = _files(sandbox.workdir)
+    finally:
+        await sandbox.close()
     written = {}
     for path, data in after.items():
         if before.get(path) != data:

@@ -7,7 +7,7 @@ and an `Outcome` stored beside its turns. One deadline covers sandbox start, age
 verifier. Infrastructure failures (sandbox, install, engine, verifier without a score) are
 retried and reported apart from agent failures, which are results. A run is resumable:
 started again on the same run directory it skips every rollout that has an outcome.
-Each runner, when made, sweeps the sandboxes dead runners left (rollout/owners.py).
+Each runner, when made, sweeps the sandboxes dead runners left (rollout/sandbox/owners.py).
 """
 
 from __future__ import annotations
@@ -28,11 +28,16 @@ from harnessrl.errors import HarnessRLError
 from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR, ExitState, Harness, RunContext
 from harnessrl.http.call import fetch
 from harnessrl.http.client import TransportError
-from harnessrl.rollout import owners
-from harnessrl.rollout.docker import DockerBackend
 from harnessrl.rollout.rewards import Shaping, TraceStats
-from harnessrl.rollout.sandbox import ExecResult, LocalSandbox, Network, SandboxError
-from harnessrl.rollout.tasks import BUNDLED, Task, TaskError, Verdict, prepare, verify
+from harnessrl.rollout.sandbox import owners, registry
+from harnessrl.rollout.sandbox.base import (
+    BackendOptions,
+    ExecResult,
+    Network,
+    Sandbox,
+    SandboxError,
+)
+from harnessrl.rollout.tasks.task import Task, TaskError, Verdict, prepare, verify
 from harnessrl.settings import at_least_one, flag
 from harnessrl.store.writer import TraceStore
 from harnessrl.types import Outcome, Sampling
@@ -58,7 +63,9 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         DEFAULT_TOOLS_DIR)
     network: Annotated[Network, flag("local sandbox: loopback-proxy lets the agent reach "
                                      "only the proxy")] = "host"
-    sandbox: Annotated[Literal["local", "docker"], flag()] = "local"
+    # the sandbox backend, local or docker (rollout/sandbox/registry.py has them); another
+    # name is an error that lists them
+    sandbox: Annotated[str, flag(choices=registry.names())] = "local"
     # Show the agent an empty directory where the task's source (tests, solution), the
     # bundled tasks and other rollouts' sandboxes are (local sandbox; needs root).
     hide_host: Annotated[bool, flag(
@@ -73,7 +80,7 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     sandbox_starts: int = 2  # Docker sandbox: containers starting at once (daemon load)
     # Docker sandbox: the network `docker build` steps get. "host" (opt-in) lets a
     # Dockerfile install from the package registries this machine reaches; the agent's
-    # container stays on `--network none` either way (see rollout/docker_images.py).
+    # container stays on `--network none` either way (see rollout/sandbox/docker_images.py).
     build_network: Annotated[Literal["none", "host"], flag(
         "docker sandbox: the network of `docker build` steps; host lets a Dockerfile install "
         "from the package registries this machine reaches (the agent's container stays on "
@@ -87,6 +94,9 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     max_model_calls: Annotated[Annotated[int, msgspec.Meta(ge=1)] | None, flag(
         "each rollout's step cap: the call after N is refused and the rollout is scored as "
         "it stands, marked capped", metavar="N", parse=at_least_one)] = None
+
+    def __post_init__(self) -> None:
+        registry.check(self.sandbox)
 
     @property
     def tools(self) -> Path:
@@ -163,10 +173,11 @@ class Runner:
         self.store = store
         self.proxy_url = proxy_url
         self.sandboxes = run_dir / "sandboxes"
-        self.docker = DockerBackend(image=self.settings.image, tools=self.settings.tools,
-                                    starts=self.settings.sandbox_starts,
-                                    build_network=self.settings.build_network,
-                                    run_label=str(run_dir.resolve()))
+        self.backend = registry.backend(self.settings.sandbox, BackendOptions(
+            tools=self.settings.tools, network=self.settings.network,
+            hide_host=self.settings.hide_host, image=self.settings.image,
+            starts=self.settings.sandbox_starts, build_network=self.settings.build_network,
+            run_label=str(run_dir.resolve())))
         self.on_outcome = on_outcome
         # Every runner start (run, eval, train and its resumes, each Ray node's shard)
         # cleans what runners killed before they could close their sandboxes left.
@@ -192,7 +203,7 @@ class Runner:
         try:
             return list(await asyncio.gather(*(one(p) for p in todo)))
         finally:
-            await self.docker.drain()  # no container of this run outlives it
+            await self.backend.drain()  # nothing a sandbox of this run left outlives it
 
     async def _with_retries(self, planned: Planned) -> Outcome:
         error, key = "", ""
@@ -263,15 +274,9 @@ class Runner:
             raise InfraError(f"the engine failed during the run: {engine_failures[0]}")
         return self._scored(planned, key, attempt, verdict, exit_state, run, timings)
 
-    async def _sandbox(self, name: str, task: Task) -> LocalSandbox:
-        if self.settings.sandbox == "docker":
-            return await self.docker.sandbox(self.sandboxes, name, task,
-                                             [int(self.proxy_url.rsplit(":", 1)[1])])
-        hide = [self.sandboxes, BUNDLED, *([task.source] if task.source else [])]
-        return await LocalSandbox.create(self.sandboxes, name, network=self.settings.network,
-                                         proxy_ports=[int(self.proxy_url.rsplit(":", 1)[1])],
-                                         hide=hide if self.settings.hide_host else (),
-                                         show=[self.settings.tools])
+    async def _sandbox(self, name: str, task: Task) -> Sandbox:
+        return await self.backend.sandbox(self.sandboxes, name, task,
+                                          [int(self.proxy_url.rsplit(":", 1)[1])])
 
     def _scored(self, planned: Planned, key: str, attempt: int, verdict: Verdict,
                 exit_state: ExitState, run: ExecResult, timings: dict[str, float]) -> Outcome:

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from harnessrl.proxy.engines.build import EngineSettings
-from harnessrl.rollout.cluster import ClusterSettings
+from harnessrl.rollout.cluster.driver import ClusterSettings
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.runner import RolloutSettings
 from harnessrl.settings import file_keys
@@ -73,7 +73,7 @@ class GRPOSettings(_Section):
     # left out of training, excluded as `retried`: the harness went on from the later
     # attempt. true: judge it as any other turn (an ok reply is then trained).
     train_retried: bool = False
-    # async: the call kinds whose chains become rows (rollout/kinds.py: main, side,
+    # async: the call kinds whose chains become rows (rollout/analysis/kinds.py: main, side,
     # subagent, compaction), e.g. ["main", "subagent", "compaction"] to leave out titles;
     # every kind by default (sync trains one chain per rollout, the main one)
     call_kinds: list[CallKind] = msgspec.field(

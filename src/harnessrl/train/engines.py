@@ -148,6 +148,6 @@ def node_engines(config: TrainSettings, engines: PolicyEngines) -> Callable[[], 
         return None
     import functools
 
-    from harnessrl.rollout.cluster_run import engines_from
+    from harnessrl.rollout.cluster.run import engines_from
 
     return functools.partial(engines_from, engines.specs, engines.specs[0].template_text())

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from harnessrl.rollout.chains import ChainStats
+from harnessrl.rollout.analysis.chains import ChainStats
 from harnessrl.train.async_grpo.loop import (
     check_config,
     row_settings,
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from trl import GRPOConfig
 
     from harnessrl.harnesses.base import Harness
-    from harnessrl.rollout.tasks import Task
+    from harnessrl.rollout.tasks.task import Task
     from harnessrl.train.trl import HarnessRollouts
 
 METRICS_FILE = "metrics.jsonl"
@@ -182,7 +182,7 @@ def train(config: TrainSettings, *, console: Console | None = None,
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     from harnessrl.harnesses import get
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
 
     tasks = load_tasks(config.rollout.tasks)
     harnesses = [get(name) for name in config.rollout.harnesses]

@@ -54,11 +54,11 @@ from transformers import TrainerCallback
 from harnessrl.harnesses.base import Harness
 from harnessrl.proxy.app import Proxy
 from harnessrl.proxy.engines.base import Engine
-from harnessrl.rollout.chains import Chain, ChainStats, link, rollout_stats
+from harnessrl.rollout.analysis.chains import Chain, ChainStats, link, rollout_stats
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.runner import Planned, RolloutSettings, Runner, RunSettings
 from harnessrl.rollout.serving import serving
-from harnessrl.rollout.tasks import Task
+from harnessrl.rollout.tasks.task import Task
 from harnessrl.store.writer import TraceStore
 from harnessrl.train.rows.grpo import RowSettings, flagged_turns, masked_chain
 from harnessrl.train.rows.samples import sample
@@ -66,8 +66,8 @@ from harnessrl.train.weights import Gate, Versioned, VLLMWeightSync, version_nam
 from harnessrl.types import Outcome, Sample, Sampling, Turn
 
 if TYPE_CHECKING:  # Ray is imported only by a run on a cluster
-    from harnessrl.rollout.cluster import ClusterRunner, ClusterSettings, ShardedVersion
-    from harnessrl.rollout.cluster_node import EngineFactory
+    from harnessrl.rollout.cluster.driver import ClusterRunner, ClusterSettings, ShardedVersion
+    from harnessrl.rollout.cluster.node import EngineFactory
 
 Mix = Literal["group", "generation"]
 NAN = float("nan")
@@ -193,7 +193,7 @@ class HarnessRollouts:
     train_retried: bool = False  # grpo.train_retried: turns a client retried are trained
     on_outcome: Callable[[Outcome], None] = lambda _o: None
     batches: list[Batch] = field(default_factory=list)
-    # The rollouts run on a Ray cluster (`rollout.cluster.ClusterSettings`), each node's
+    # The rollouts run on a Ray cluster (`rollout.cluster.driver.ClusterSettings`), each node's
     # proxy shard with the engines `engine_factory` builds there; `engine` is then unused.
     cluster: ClusterSettings | None = None
     engine_factory: EngineFactory | None = None
@@ -233,7 +233,7 @@ class HarnessRollouts:
         return self
 
     def _enter_cluster(self, cluster: ClusterSettings) -> HarnessRollouts:
-        from harnessrl.rollout.cluster import ClusterRunner
+        from harnessrl.rollout.cluster.driver import ClusterRunner
 
         if self.engine_factory is None:
             raise ValueError("HarnessRollouts on a cluster needs an engine_factory")
@@ -275,7 +275,7 @@ class HarnessRollouts:
         every shard's (`ClusterGate`)."""
         if self.cluster is None:
             return [self.proxy.gate]
-        from harnessrl.rollout.cluster import ClusterGate
+        from harnessrl.rollout.cluster.driver import ClusterGate
 
         return [ClusterGate(self._cluster_runner())]
 
@@ -285,13 +285,13 @@ class HarnessRollouts:
         if self.cluster is None:
             return self.engine
         if self._sharded is None:
-            from harnessrl.rollout.cluster import ShardedVersion
+            from harnessrl.rollout.cluster.driver import ShardedVersion
 
             self._sharded = ShardedVersion(self._cluster_runner())
         return self._sharded
 
     def _cluster_runner(self) -> ClusterRunner:
-        from harnessrl.rollout.cluster import ClusterRunner
+        from harnessrl.rollout.cluster.driver import ClusterRunner
 
         if not isinstance(self._runner, ClusterRunner):
             raise RuntimeError("use HarnessRollouts as a context manager (with ...:)")

@@ -225,9 +225,9 @@ class RunReader:
         return self._store.turns(key)
 
     def atlas(self) -> list[dict[str, Any]]:
-        """The run's drift atlas (`rollout.atlas`): every rollout read once, with its
+        """The run's drift atlas (`rollout.analysis.atlas`): every rollout read once, with its
         messages; kept until the run has more turns."""
-        from harnessrl.rollout.atlas import atlas, atlas_dict
+        from harnessrl.rollout.analysis.atlas import atlas, atlas_dict
 
         count = self._store.count_turns()
         with self._lock:

@@ -1,7 +1,7 @@
 """The tokens page: one turn's sampled ids with their logprobs, the environment's inserted
 ids apart from them, and the rollout's chains with the reason for every break.
 
-Chains come from `harnessrl.rollout.chains.link`, the same code that builds training
+Chains come from `harnessrl.rollout.analysis.chains.link`, the same code that builds training
 samples, so what the page shows is what training gets. Ids are turned into text only with
 a real tokenizer (the one given with `--tokenizer`, or the run's model when its name is a
 local model directory); without one the page shows ids, never guessed text.
@@ -16,9 +16,9 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.rollout.chains import BREAK_REASONS, EXCLUDE_REASONS, Linked, link
-from harnessrl.rollout.drift import CAUSES, Drift, drifts
-from harnessrl.rollout.kinds import label
+from harnessrl.rollout.analysis.chains import BREAK_REASONS, EXCLUDE_REASONS, Linked, link
+from harnessrl.rollout.analysis.drift import CAUSES, Drift, drifts
+from harnessrl.rollout.analysis.kinds import label
 from harnessrl.types import Turn
 
 WINDOW = 2000  # prompt / inserted ids sent per request; the page pages through the rest

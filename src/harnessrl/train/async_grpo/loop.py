@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from transformers import TrainerCallback
 
     from harnessrl.harnesses.base import Harness
-    from harnessrl.rollout.tasks import Task
+    from harnessrl.rollout.tasks.task import Task
     from harnessrl.train.async_grpo.schedule import Schedule
     from harnessrl.train.async_grpo.transfer import VersionedTransfer
     from harnessrl.train.async_grpo.worker import HarnessRolloutWorker

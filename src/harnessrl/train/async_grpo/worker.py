@@ -48,7 +48,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from harnessrl.rollout.chains import link
+from harnessrl.rollout.analysis.chains import link
 from harnessrl.train.async_grpo.batches import GroupItem
 from harnessrl.train.async_grpo.transfer import VersionedTransfer, version_number
 from harnessrl.train.rows.grpo import (

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harnessrl.proxy.engines import openai_wire
-from harnessrl.rollout.chains import link
+from harnessrl.rollout.analysis.chains import link
 from harnessrl.store.reader import TraceReader
 from harnessrl.train.rows.samples import sample
 from harnessrl.train.trl import main_chain

@@ -9,7 +9,7 @@ rollout the loss leaves out or penalises.
   Population std, as the worker always used.
 - **Spread.** A group whose scored rewards are all equal has no advantage to learn from.
 - **Rejected and truncated replies.** A reply the harness dropped from its history
-  (`rollout.chains.dropped_replies`) and a reply cut by `max_tokens` (finish reason
+  (`rollout.analysis.chains.dropped_replies`) and a reply cut by `max_tokens` (finish reason
   `length`) are, per setting, masked out of the loss (`mask`), trained on their own with
   the advantage `-format_penalty` (`penalty`: a second row of the chain whose loss mask
   holds only those replies) or trained like every other reply (`train`).
@@ -24,7 +24,7 @@ from typing import Literal
 
 import msgspec
 
-from harnessrl.rollout.chains import Chain, dropped_replies, link, tokens
+from harnessrl.rollout.analysis.chains import Chain, dropped_replies, link, tokens
 from harnessrl.train.rows.samples import sample, turn_spans
 from harnessrl.types import CallKind, Sample, Turn
 

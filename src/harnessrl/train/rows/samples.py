@@ -1,6 +1,6 @@
 """Samples: each chain of a rollout becomes one training sequence, never re-tokenized.
 
-A chain (`harnessrl.rollout.chains`) is one `Sample`: the first prompt, then every turn's
+A chain (`harnessrl.rollout.analysis.chains`) is one `Sample`: the first prompt, then every turn's
 sampled ids (mask 1, with the engine's logprobs) and the ids inserted between turns (mask
 0, no logprob).
 """
@@ -12,8 +12,8 @@ from itertools import groupby
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
-from harnessrl.rollout.chains import Chain, extends, length, link, tokens
-from harnessrl.rollout.kinds import chain_kind, label
+from harnessrl.rollout.analysis.chains import Chain, extends, length, link, tokens
+from harnessrl.rollout.analysis.kinds import chain_kind, label
 from harnessrl.types import CallKind, Sample, Turn
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 def sample(chain: Chain, kind: CallKind = "main") -> Sample:
     """The chain as one sequence; raises ValueError if its turns do not extend each other.
-    `kind`: what the chain's calls were for (`rollout.kinds`), carried on the row."""
+    `kind`: what the chain's calls were for (`rollout.analysis.kinds`), carried on the row."""
     turns = chain.turns
     ids: list[int] = []
     mask: list[int] = []

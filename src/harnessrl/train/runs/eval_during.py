@@ -34,7 +34,7 @@ from harnessrl.types import Outcome, Sampling
 if TYPE_CHECKING:
     from harnessrl.harnesses.base import Harness
     from harnessrl.rollout.rewards import Shaping
-    from harnessrl.rollout.tasks import Task
+    from harnessrl.rollout.tasks.task import Task
     from harnessrl.train.trl import HarnessRollouts
 
 PURPOSE = "eval"

@@ -29,7 +29,7 @@ from harnessrl.train.trl_compat import with_checkpoint_saver
 if TYPE_CHECKING:
     from transformers import TrainerCallback
 
-    from harnessrl.rollout.tasks import Task
+    from harnessrl.rollout.tasks.task import Task
     from harnessrl.train.trl import HarnessRollouts
 
 
@@ -200,7 +200,7 @@ def _split(config: TrainSettings, tasks: list[Task], run_dir: Path
            ) -> tuple[list[Task], list[Task]]:
     """(training tasks, eval tasks): a second task set, or a seeded split recorded in
     RUN_DIR/split.json."""
-    from harnessrl.rollout.tasks import load_tasks
+    from harnessrl.rollout.tasks.task import load_tasks
     from harnessrl.train.runs.order import split
 
     e = config.eval

@@ -23,7 +23,7 @@ from typing import Literal
 
 import msgspec
 
-from harnessrl.rollout.chains import Chain
+from harnessrl.rollout.analysis.chains import Chain
 from harnessrl.types import (
     CallKind,
     ChainBreak,
@@ -381,7 +381,7 @@ def region(cause: DriftCause) -> Region:
 def drifts(chains: Sequence[Chain], kinds: Mapping[int, CallKind] | None = None
            ) -> list[Drift]:
     """The drift behind every break of one rollout's chains (`chains.link`). With the
-    turns' call `kinds` (`rollout.kinds.label`), a break between calls of two kinds (a
+    turns' call `kinds` (`rollout.analysis.kinds.label`), a break between calls of two kinds (a
     title call, then the agent's conversation with the same system prompt) is a
     `side_call`, whatever the messages say."""
     chain_of = {t.index: c for c in chains for t in c.turns}

@@ -19,8 +19,8 @@ from rich.progress import (
 
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.engines.build import EngineSettings, make
-from harnessrl.rollout.cluster import ClusterRunner, ClusterSettings, Node
-from harnessrl.rollout.cluster_node import EngineFactory
+from harnessrl.rollout.cluster.driver import ClusterRunner, ClusterSettings, Node
+from harnessrl.rollout.cluster.node import EngineFactory
 from harnessrl.rollout.progress import summary
 from harnessrl.rollout.runner import RunSettings
 from harnessrl.store.writer import TraceStore

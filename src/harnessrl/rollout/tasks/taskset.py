@@ -20,19 +20,29 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from harnessrl.rollout.docker_images import BuildNetwork
-from harnessrl.rollout.sandbox import LocalSandbox, Sandbox, SandboxError
-from harnessrl.rollout.tasks import Task, TaskError, Verdict, prepare, run_solution, verify
+from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR
+from harnessrl.rollout.sandbox import registry
+from harnessrl.rollout.sandbox.base import BackendOptions, BuildNetwork, Sandbox, SandboxError
+from harnessrl.rollout.tasks.task import Task, TaskError, Verdict, prepare, run_solution, verify
 
-SandboxKind = Literal["local", "docker"]
 Attempt = Literal["solution", "empty"]
-# One sandbox per attempt: (task, a name unique in the check) -> a started sandbox.
-SandboxFactory = Callable[[Task, str], Awaitable[Sandbox]]
+
+
+@dataclass(frozen=True)
+class Sandboxes:
+    """Where a check's attempts get their sandboxes: one per attempt, from `backend`, at
+    `root/<a name unique in the check>`."""
+
+    backend: registry.SandboxBackend
+    root: Path
+
+    async def make(self, task: Task, name: str) -> Sandbox:
+        return await self.backend.sandbox(self.root, name, task)
 
 
 @dataclass(frozen=True)
@@ -54,8 +64,8 @@ def _reason(verdict: Verdict) -> str:
     return f"{verdict.status}: {why}" + (f"; verifier output: {tail}" if tail else "")
 
 
-async def _attempt(task: Task, make: SandboxFactory, name: str, attempt: Attempt) -> Verdict:
-    sandbox = await make(task, name)
+async def _attempt(task: Task, boxes: Sandboxes, name: str, attempt: Attempt) -> Verdict:
+    sandbox = await boxes.make(task, name)
     try:
         await prepare(task, sandbox)
         if attempt == "solution":
@@ -65,7 +75,7 @@ async def _attempt(task: Task, make: SandboxFactory, name: str, attempt: Attempt
         await sandbox.close()
 
 
-async def check_task(task: Task, make: SandboxFactory, name: str) -> CheckRow:
+async def check_task(task: Task, boxes: Sandboxes, name: str) -> CheckRow:
     """Both attempts of one task (one after the other: each may build or start an image)."""
     started = time.monotonic()
     problems: list[str] = []
@@ -74,7 +84,7 @@ async def check_task(task: Task, make: SandboxFactory, name: str) -> CheckRow:
         problems.append("no reference solution (solution/solve.sh or 'solution')")
     else:
         try:
-            solved = await _attempt(task, make, f"{name}-solution", "solution")
+            solved = await _attempt(task, boxes, f"{name}-solution", "solution")
             solution = "passes" if solved.passed else "fails"
             if not solved.passed:
                 problems.append(f"the reference solution does not pass ({_reason(solved)})")
@@ -82,7 +92,7 @@ async def check_task(task: Task, make: SandboxFactory, name: str) -> CheckRow:
             solution = "error"
             problems.append(f"reference solution: {error}")
     try:
-        empty_verdict = await _attempt(task, make, f"{name}-empty", "empty")
+        empty_verdict = await _attempt(task, boxes, f"{name}-empty", "empty")
         if empty_verdict.status != "scored":
             empty = "no score"
             problems.append("an empty attempt is not scored (a runner would count every "
@@ -100,20 +110,23 @@ async def check_task(task: Task, make: SandboxFactory, name: str) -> CheckRow:
     return CheckRow(task.id, solution, empty, tuple(problems), time.monotonic() - started)
 
 
-async def check_tasks(tasks: Sequence[Task], *, sandbox: SandboxKind = "local",
+async def check_tasks(tasks: Sequence[Task], *, sandbox: str = "local",
                       concurrency: int = 2, image: str | None = None,
                       build_network: BuildNetwork = "none", tools: Path | None = None,
                       root: Path | None = None) -> list[CheckRow]:
-    """Every task's check, `concurrency` tasks at a time, in task order."""
+    """Every task's check, `concurrency` tasks at a time, in task order, in sandboxes of
+    the backend called `sandbox` (registry.py)."""
     with tempfile.TemporaryDirectory(prefix="hrl-check-") as scratch:
         base = Path(root or scratch)
-        make = _factory(sandbox, base, image=image, build_network=build_network,
-                        tools=tools)
+        backend = registry.backend(sandbox, BackendOptions(
+            tools=Path(tools or DEFAULT_TOOLS_DIR), image=image, build_network=build_network,
+            run_label=str(base)))
+        boxes = Sandboxes(backend, base)
         gate = asyncio.Semaphore(max(1, concurrency))
 
         async def one(number: int, task: Task) -> CheckRow:
             async with gate:
-                row = await check_task(task, make, f"t{number}")
+                row = await check_task(task, boxes, f"t{number}")
             if sandbox == "local" and task.own_image and not row.ok:
                 hint = ("the local sandbox runs no Dockerfile and no docker_image; this task "
                         "may need its image: --sandbox docker")
@@ -123,27 +136,7 @@ async def check_tasks(tasks: Sequence[Task], *, sandbox: SandboxKind = "local",
         try:
             return list(await asyncio.gather(*(one(n, t) for n, t in enumerate(tasks))))
         finally:
-            if (drain := getattr(make, "drain", None)) is not None:
-                await drain()
-
-
-def _factory(kind: SandboxKind, root: Path, *, image: str | None,
-             build_network: BuildNetwork, tools: Path | None) -> SandboxFactory:
-    if kind == "local":
-        async def local(task: Task, name: str) -> Sandbox:
-            return await LocalSandbox.create(root, name)
-        return local
-    from harnessrl.harnesses.base import DEFAULT_TOOLS_DIR
-    from harnessrl.rollout.docker import DockerBackend
-
-    backend = DockerBackend(image=image, tools=Path(tools or DEFAULT_TOOLS_DIR),
-                            build_network=build_network, run_label=str(root))
-
-    async def docker(task: Task, name: str) -> Sandbox:
-        return await backend.sandbox(root, name, task, ())
-
-    docker.drain = backend.drain  # type: ignore[attr-defined]
-    return docker
+            await backend.drain()
 
 
 def check_exit_code(rows: Sequence[CheckRow]) -> int:

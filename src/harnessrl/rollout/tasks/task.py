@@ -56,11 +56,11 @@ from typing import Any
 
 import msgspec
 
-from harnessrl.rollout.reward_files import CANNOT_RUN as CANNOT_RUN
-from harnessrl.rollout.reward_files import VerdictStatus, read_reward
-from harnessrl.rollout.sandbox import Sandbox
+from harnessrl.rollout.sandbox.base import Sandbox
+from harnessrl.rollout.tasks.reward_files import CANNOT_RUN as CANNOT_RUN
+from harnessrl.rollout.tasks.reward_files import VerdictStatus, read_reward
 
-BUNDLED = Path(__file__).with_name("bundled_tasks")
+BUNDLED = Path(__file__).parent.parent / "bundled_tasks"  # rollout/bundled_tasks
 DIFFICULTIES = ("easy", "medium", "hard")
 
 

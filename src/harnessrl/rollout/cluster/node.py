@@ -8,7 +8,7 @@ and every turn with its exact token ids, packed as msgpack; the driver writes it
 the run's store, the one source of truth. The shard's store stays on the node as that
 node's own record.
 
-This module imports no Ray: the driver (`cluster.py`) wraps the class as an actor.
+This module imports no Ray: the driver (`cluster/driver.py`) wraps the class as an actor.
 """
 
 from __future__ import annotations

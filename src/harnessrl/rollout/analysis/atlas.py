@@ -1,6 +1,6 @@
 """The drift atlas: per harness and model family, how a run's turns sort into chains, why
-chains broke (`rollout.drift` causes, an example each) and what each call was for
-(`rollout.kinds`). `harnessrl report`, the viewer and `conformance --drift` show it.
+chains broke (`rollout.analysis.drift` causes, an example each) and what each call was for
+(`rollout.analysis.kinds`). `harnessrl report`, the viewer and `conformance --drift` show it.
 
 Causes and kinds need the turns' canonical requests: the store is read one rollout at a
 time with bodies (`TraceReader.turns`), never the layout underneath.
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from harnessrl.rollout.chains import ChainStats, harness_of, link, rollout_stats
-from harnessrl.rollout.drift import Drift, drifts
-from harnessrl.rollout.kinds import label
+from harnessrl.rollout.analysis.chains import ChainStats, harness_of, link, rollout_stats
+from harnessrl.rollout.analysis.drift import Drift, drifts
+from harnessrl.rollout.analysis.kinds import label
 from harnessrl.types import Rollout, Turn
 
 if TYPE_CHECKING:

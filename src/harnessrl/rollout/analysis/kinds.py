@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 
-from harnessrl.rollout.chains import Chain
+from harnessrl.rollout.analysis.chains import Chain
 from harnessrl.types import CallKind, ChatRequest, Message, Text, ToolCall, Turn
 
 CALL_KINDS: dict[CallKind, str] = {

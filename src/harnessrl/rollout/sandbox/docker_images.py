@@ -33,13 +33,11 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-from harnessrl.rollout.sandbox import SandboxError
-from harnessrl.rollout.tasks import Task
+from harnessrl.rollout.sandbox.base import BuildNetwork, SandboxError
+from harnessrl.rollout.tasks.task import Task
 
 BASE_IMAGE = os.environ.get("HARNESSRL_BASE_IMAGE", "harnessrl/base:bookworm")
-BuildNetwork = Literal["none", "host"]
 BUILD_NETWORKS: tuple[BuildNetwork, ...] = ("none", "host")
 
 

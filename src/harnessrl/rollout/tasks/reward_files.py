@@ -1,5 +1,5 @@
 """Reading what a verifier wrote: reward.json or reward.txt in its logs directory, into a
-reward and a status (`verify` in tasks.py), never inventing a score."""
+reward and a status (`verify` in task.py), never inventing a score."""
 
 from __future__ import annotations
 

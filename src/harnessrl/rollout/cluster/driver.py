@@ -30,7 +30,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from harnessrl.rollout.cluster_node import (
+from harnessrl.rollout.cluster.node import (
     EngineFactory,
     NodeResult,
     RolloutNode,

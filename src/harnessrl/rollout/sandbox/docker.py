@@ -51,21 +51,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Re-exported: the sandbox's callers name them from here.
-from harnessrl.rollout import owners
-from harnessrl.rollout.docker_images import BASE_IMAGE as BASE_IMAGE
-from harnessrl.rollout.docker_images import BuildNetwork, Images, docker
-from harnessrl.rollout.docker_images import docker_problem as docker_problem
-from harnessrl.rollout.sandbox import (
+from harnessrl.rollout.sandbox import owners
+from harnessrl.rollout.sandbox.base import (
     OUTPUT_CAP,
+    BackendOptions,
+    BuildNetwork,
     ExecResult,
-    Limits,
-    LocalSandbox,
+    HostDirectory,
     SandboxError,
     check_env,
     copy_tree,
-    kill_marked,
 )
-from harnessrl.rollout.tasks import Task
+from harnessrl.rollout.sandbox.docker_images import BASE_IMAGE as BASE_IMAGE
+from harnessrl.rollout.sandbox.docker_images import Images, docker
+from harnessrl.rollout.sandbox.docker_images import docker_problem as docker_problem
+from harnessrl.rollout.sandbox.owners import kill_marked
+from harnessrl.rollout.tasks.task import BUNDLED, Task
 
 LABEL = owners.LABEL  # "<pid>:<start time>" of the process that started the container
 RUN_LABEL = "harnessrl.run"  # the run directory, for `docker ps -a --filter label=...`
@@ -202,7 +203,7 @@ def runtime_mounts(tools: Path) -> list[str]:
     if (node := shutil.which("node")) is not None:
         mounts += ["-v", f"{os.path.realpath(node)}:{RUNTIME_BIN}/node:ro"]
     # A wheel install keeps the bundled tasks (with their solutions) in site-packages.
-    bundled = _HERE / "bundled_tasks"
+    bundled = BUNDLED
     if bundled.is_relative_to(sys.prefix) or bundled.is_relative_to(sys.base_prefix):
         mounts += ["--mount", f"type=tmpfs,destination={bundled}"]
     return mounts
@@ -221,10 +222,32 @@ def _path(given: str, image_first: bool) -> str:
 
 # -- the sandbox -----------------------------------------------------------------------------
 
-class DockerSandbox(LocalSandbox):
-    container: str = ""
-    image: str = ""
+class DockerSandbox:
+    """A container with the sandbox's host directory mounted (`host`, the local sandbox's
+    kind of directory, by composition): commands run with `docker exec`."""
+
     removals: set[asyncio.Future[None]] | None = None
+
+    def __init__(self, host: HostDirectory, *, image: str, kill_grace: float,
+                 workdir: str | None) -> None:
+        self.host = host
+        self.directory = host.directory
+        self.home = host.home
+        self.tmp = host.tmp
+        self.kill_grace = kill_grace
+        self.container = f"harnessrl-{host.directory.name[:80]}-{host.token[:8]}"
+        self.image = image
+        self.image_workdir = workdir is not None
+        self.workdir = Path(workdir) if workdir is not None else host.directory / "work"
+        self.task_root = Path("/") if workdir is not None else host.directory
+
+    @property
+    def token(self) -> str:
+        return self.host.token
+
+    @property
+    def closed(self) -> bool:
+        return self.host.closed
 
     @classmethod
     async def start(cls, root: Path, name: str, *, image: str, tools: Path,
@@ -236,11 +259,8 @@ class DockerSandbox(LocalSandbox):
         (the image's WORKDIR, for a task's own image) commands work there on the image's
         files, and the task's tests/, logs/ and solution/ go to the container's /tests,
         /logs and /solution, as in Harbor; without, in the mounted host workdir."""
-        box = await cls.create(root, name, allowed_env=allowed_env, kill_grace=kill_grace,
-                               limits=Limits(None, None, None, None))
-        box.container, box.image = f"harnessrl-{name[:80]}-{box.token[:8]}", image
-        if workdir is not None:
-            box.workdir, box.task_root, box.image_workdir = Path(workdir), Path("/"), True
+        box = cls(HostDirectory.make(root, name, allowed_env), image=image,
+                  kill_grace=kill_grace, workdir=workdir)
         try:
             await box._start_container(tools, proxy_ports, limits, run_label)
             await box._check()
@@ -251,26 +271,22 @@ class DockerSandbox(LocalSandbox):
 
     async def _start_container(self, tools: Path, ports: Sequence[int],
                                limits: ContainerLimits, run_label: str) -> None:
-        try:
-            await self._start_relays(ports)
-        except OSError as error:
-            raise SandboxError(f"cannot start the proxy relay: {error}") from error
-        relays = [a for port, path in self._relays for a in ("--relay", f"{port}={path}")]
+        await self.host.start_relays(ports)
         python = os.path.realpath(sys.executable)
         mounts = ["-v", f"{self.directory}:{self.directory}",
-                  "-v", f"{self._relay_dir}:{self._relay_dir}", *runtime_mounts(tools)]
+                  "-v", f"{self.host.relay_dir}:{self.host.relay_dir}", *runtime_mounts(tools)]
         if self.image_workdir and (clash := workdir_clash(self.workdir,
                                                           mount_targets(mounts))):
             raise SandboxError(f"image {self.image!r}: {clash}")
         _install_cleanup()
         _LIVE.add(self.container)
-        owners.register(self.token, self.directory, self._private, self.container)
+        owners.register(self.token, self.directory, self.host.private, self.container)
         started = await docker(
             "run", "-d", "--name", self.container, "--label", f"{LABEL}={owners.owner()}",
             "--label", f"{RUN_LABEL}={run_label}", "--network", "none", "--init",
             "--security-opt", "no-new-privileges", *limits.args(), *mounts,
             "-w", str(self.workdir), "--entrypoint", python, self.image,
-            "-I", _FILES["netns_launcher.py"], *relays, "--", *self._probe())
+            "-I", _FILES["netns_launcher.py"], *self.host.relay_args(), "--", *self._probe())
         if started.returncode != 0:
             raise SandboxError(f"docker run {self.image} failed: {started.stdout.strip()[-800:]}")
 
@@ -278,14 +294,15 @@ class DockerSandbox(LocalSandbox):
         """The container's first command after the relay listens: the self-check, its
         report written to `ready`, then it waits, keeping the container up."""
         node = ["--node", f"{RUNTIME_BIN}/node"] if shutil.which("node") else []
-        ports = [str(port) for port, _path in self._relays]
+        ports = [str(port) for port, _path in self.host.relays]
         return [os.path.realpath(sys.executable), "-I", _FILES["sandbox_probe.py"], *node,
-                "--report", str(self._relay_dir / "ready"), *ports, "--", str(self.workdir)]
+                "--report", str(self.host.relay_dir / "ready"), *ports, "--",
+                str(self.workdir)]
 
     async def _check(self) -> None:
         """The runtimes run in this image and the relayed proxy answers, or why not."""
         await self._relay_ready()
-        report = self._relay_dir / "ready"
+        report = self.host.relay_dir / "ready"
         detail = report.read_text().strip() if report.exists() else "no self-check report"
         if report.exists() and not detail:
             return
@@ -300,7 +317,7 @@ class DockerSandbox(LocalSandbox):
     async def _relay_ready(self, wait: float = 30.0) -> None:
         """Until the first process wrote its self-check's report (`ready`), or it died."""
         deadline = time.monotonic() + wait
-        ready, polls = self._relay_dir / "ready", 0
+        ready, polls = self.host.relay_dir / "ready", 0
         while not ready.exists() and time.monotonic() < deadline:
             polls += 1
             if polls % 25 == 0:
@@ -314,7 +331,7 @@ class DockerSandbox(LocalSandbox):
         if self.closed:
             raise SandboxError(f"sandbox {self.directory} is closed")
         check_env(env or {})
-        merged = {k: v for k, v in self._env.items() if k != "PATH"} | dict(env or {})
+        merged = {k: v for k, v in self.host.env.items() if k != "PATH"} | dict(env or {})
         # The image's own PATH (not the host's), Node first.
         merged["PATH"] = _path(merged.get("PATH") or IMAGE_PATH, self.image_workdir)
         argv = ["docker", "exec", "-w", str(self._inside(str(cwd or self.workdir)))]
@@ -355,7 +372,7 @@ class DockerSandbox(LocalSandbox):
 
     def _inside(self, path: str) -> Path:
         if not self.image_workdir:
-            return super()._inside(path)
+            return self.host.inside(path, self.workdir)
         # A container path: normalised (not resolved: the host has no such tree).
         return Path(posixpath.normpath(posixpath.join(str(self.workdir), path)))
 
@@ -365,7 +382,7 @@ class DockerSandbox(LocalSandbox):
     async def copy_in(self, src: Path, dest: str) -> None:
         target = self._inside(dest)
         if self._mounted(target):  # resolved on the host: a link cannot lead out
-            target = LocalSandbox._inside(self, str(target))
+            target = self.host.inside(str(target), self.workdir)
             return await asyncio.to_thread(copy_tree, Path(src), target)
         src = Path(src)
         made = await self.run(["mkdir", "-p", str(target if src.is_dir() else target.parent)],
@@ -383,7 +400,7 @@ class DockerSandbox(LocalSandbox):
     async def copy_out(self, src: str, dest: Path) -> None:
         source = self._inside(src)
         if self._mounted(source):
-            source = LocalSandbox._inside(self, str(source.parent)) / source.name
+            source = self.host.inside(str(source.parent), self.workdir) / source.name
             return await asyncio.to_thread(copy_tree, source, Path(dest))
         # Through a fresh host directory: `docker cp` copies links as links (never follows
         # one the agent made), and puts a directory inside an existing destination.
@@ -408,7 +425,7 @@ class DockerSandbox(LocalSandbox):
                 removal = asyncio.ensure_future(self._remove())
                 self.removals.add(removal)
                 removal.add_done_callback(self.removals.discard)
-        await super().close()
+        await self.host.close()
 
     async def _remove(self) -> None:
         await docker("rm", "-f", self.container, timeout=120)
@@ -416,9 +433,10 @@ class DockerSandbox(LocalSandbox):
 
 
 class DockerBackend:
-    """One runner's docker side: task images, a cap on concurrent container starts (apart
-    from the rollouts' concurrency), the start-up sweep of dead runners' containers, and
-    the containers still being removed (`drain` before the runner returns)."""
+    """The `docker` backend: one runner's docker side: task images, a cap on concurrent
+    container starts (apart from the rollouts' concurrency), the start-up sweep of dead
+    runners' containers, and the containers still being removed (`drain` before the runner
+    returns)."""
 
     def __init__(self, *, image: str | None, tools: Path, starts: int = 2,
                  run_label: str = "", build_network: BuildNetwork = "none") -> None:
@@ -429,9 +447,16 @@ class DockerBackend:
         self._swept = False
         self._removals: set[asyncio.Future[None]] = set()
 
-    async def sandbox(self, root: Path, name: str, task: Task,
-                      proxy_ports: Sequence[int]) -> DockerSandbox:
-        problem = await asyncio.to_thread(docker_problem)
+    @classmethod
+    def of(cls, options: BackendOptions) -> DockerBackend:
+        return cls(image=options.image, tools=options.tools, starts=options.starts,
+                   run_label=options.run_label, build_network=options.build_network)
+
+    async def sandbox(self, root: Path, name: str, task: Task | None = None,
+                      proxy_ports: Sequence[int] = ()) -> DockerSandbox:
+        if task is None:
+            raise SandboxError("the docker sandbox runs a task's image: it needs the task")
+        problem = await asyncio.to_thread(self.problem)
         if problem is not None:
             raise SandboxError(f"the docker sandbox is not available: {problem}")
         if not self._swept:
@@ -445,6 +470,9 @@ class DockerBackend:
                                             run_label=self.run_label, workdir=image.workdir)
         box.removals = self._removals
         return box
+
+    def problem(self) -> str | None:
+        return docker_problem()
 
     async def drain(self) -> None:
         """Until every container this backend's sandboxes left being removed is gone."""
