@@ -7,11 +7,11 @@ one Markdown file (bench/results.md) that the docs site's Benchmarks page includ
     .venv/bin/python bench/run.py --full=load    # only the load at full length (10 minutes)
     .venv/bin/python bench/run.py --only samples,load
 
-Sections come from SECTIONS below: a title, a module in bench/ and its arguments. A module
-gives its rows through `rows(argv)` (a list of `table.Row`); a module with only `run(argv)`
-or `main(argv)` is run as is, and what it prints (Markdown) is kept under the table. A
-section whose file is missing is skipped with a note; one that fails is reported as failed,
-and the others still run.
+Sections come from SECTIONS below: a title, a module in a bench/ group folder (proxy/,
+store/, rollouts/, train/) and its arguments. A module gives its rows through `rows(argv)`
+(a list of `table.Row`); a module with only `run(argv)` or `main(argv)` is run as is, and
+what it prints (Markdown) is kept under the table. A section whose file is missing is
+skipped with a note; one that fails is reported as failed, and the others still run.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from types import ModuleType
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # the sections import their siblings (table.py) by name
+sys.path.insert(0, str(HERE / "common"))  # table.py; each section puts its own folder on the path
 
 from table import Row, machine_line, md_table  # noqa: E402
 
@@ -45,7 +45,7 @@ from table import Row, machine_line, md_table  # noqa: E402
 class Section:
     key: str
     title: str
-    module: str  # bench/<module>.py
+    module: str  # bench/<group>/<module>.py, without the .py
     quick: tuple[str, ...] = ()
     full: tuple[str, ...] = ()
     adapter: Callable[[ModuleType, list[str]], list[Row]] | None = None
@@ -118,17 +118,17 @@ def _proxy_row(module: ModuleType, cells: list[Any], workload: str, dialect: str
 
 SECTIONS: tuple[Section, ...] = (
     Section("proxy", "proxy overhead, four dialects (vs the engine called directly)",
-            "proxy_overhead",
-            ("--quick", "--phases", "floor", "--dialects", "all", "--out", "bench/proxy.md"),
+            "proxy/proxy_overhead",
+            ("--quick", "--phases", "floor", "--dialects", "all", "--out", "bench/proxy/proxy.md"),
             ("--phases", "cells,floor,soak,idle", "--concurrency", "1,16", "--dialects", "all",
-             "--out", "bench/proxy.md"), proxy_rows,
+             "--out", "bench/proxy/proxy.md"), proxy_rows,
             "each dialect is called through its own SDK (openai, anthropic, google-genai) and "
             "the engine directly through the openai SDK, so a dialect's added time includes "
             "its SDK's own cost; on 2 shared cores c=16 rows vary by tens of ms run to run",
-            ("bench/proxy.md", "bench/proxy.md")),
+            ("bench/proxy/proxy.md", "bench/proxy/proxy.md")),
     Section("stream_cpu", "proxy CPU per streamed token and per call (vs the proxy before "
             "issue 19, three byte-copying relays and the reference proxy, same run)",
-            "stream_cpu",
+            "proxy/stream_cpu",
             ("--blocks", "4", "--calls", "4", "--paced", "20,50,100"),
             ("--blocks", "8", "--calls", "6", "--paced", "20,50,100"),
             note="this proxy (as served by default, and with `--stream-interval-ms` 20, 50 "
@@ -136,7 +136,7 @@ SECTIONS: tuple[Section, ...] = (
                  "streams are a multiple of each, so the reply time barely grows here, "
                  "where in general the last token waits up to the interval), the one before "
                  "issue 19, three relays that only copy the engine's "
-                 "bytes (bench/floor_relay.py: raw asyncio, and a bare ASGI app under "
+                 "bytes (bench/proxy/floor_relay.py: raw asyncio, and a bare ASGI app under "
                  "uvicorn: the floor under any Python proxy here; and socat, in C, passing "
                  "on the proxy's own engine request: the floor under a relay in any "
                  "language, what the kernel and the VM charge for a read and a write) and "
@@ -149,42 +149,42 @@ SECTIONS: tuple[Section, ...] = (
                  "call's, not a stream's. On 2 shared cores the absolute µs move by 2x "
                  "between runs; the ratios are the figures"),
     Section("stream_path", "the proxy's own CPU per streamed token, no sockets (vs the proxy "
-            "before issue 19, same run)", "stream_path",
+            "before issue 19, same run)", "proxy/stream_path",
             ("--calls", "5", "--rounds", "2", "--repeats", "2"),
             ("--calls", "10", "--rounds", "3", "--repeats", "3"),
             note="the real app driven by raw ASGI calls, the engine's answer replayed from "
                  "recorded vLLM SSE bytes (one read per token): what the proxy's own code "
                  "costs, without uvicorn, the socket reads and the kernel"),
     Section("latency", "latency and time to first token added at c=1, one raw HTTP client "
-            "for every side (vs the engine called directly, same run)", "latency",
+            "for every side (vs the engine called directly, same run)", "proxy/latency",
             ("--calls", "60"), ("--calls", "200"),
             note="the same aiohttp loop calls the engine directly (chat) and each dialect "
                  "through the proxy, calls interleaved, so no SDK's cost is in the figure "
                  "(the proxy section's are through each dialect's SDK)"),
     Section("call_stages", "where a non-streamed 4k-token call's CPU goes, stage by stage "
-            "(vs the whole call in-process, same run)", "call_stages", ("--repeats", "200"),
+            "(vs the whole call in-process, same run)", "proxy/call_stages", ("--repeats", "200"),
             ("--repeats", "1000"),
             note="each stage is the proxy's own function run on that call's real input; the "
                  "store's write is the row encoded on the caller's thread plus the writer "
                  "thread's commit, per turn; the rest of the whole "
                  "call (measured as stream_path does) is routing, ASGI and the event loop"),
     Section("rollout_memory", "memory per open rollout, idle and after 100 turns (vs the "
-            "proxy's RSS after warm-up, same run)", "rollout_memory", ("--idle", "2000"),
+            "proxy's RSS after warm-up, same run)", "proxy/rollout_memory", ("--idle", "2000"),
             ("--idle", "10000", "--busy", "32"),
             note="RSS from /proc; the 100-turn figure is a second round's, after a first "
                  "round paid the allocator's high-water mark for the longest requests"),
     Section("workers", "req/s at saturation, instant engine: `serve --workers N` against one "
-            "worker (same run)", "workers", ("--seconds", "8", "--warmup", "2"),
+            "worker (same run)", "proxy/workers", ("--seconds", "8", "--warmup", "2"),
             ("--seconds", "20"),
             note="raw HTTP/1.1 keep-alive clients (32 connections, one rollout each) in the "
                  "bench's own process, an instant engine (load_server.py's) in every worker; "
                  "the client and "
                  "every other process on the machine share its cores, so the load average "
                  "is printed beside each figure"),
-    Section("samples", "sample building (vs reading the same turns)", "sample_build",
+    Section("samples", "sample building (vs reading the same turns)", "store/sample_build",
             ("--turns", "10000"), ("--turns", "10000")),
     Section("store", "the trace store: schema v4's layout (every turn whole) vs v5's (what is "
-            "new against an earlier turn), same run", "store",
+            "new against an earlier turn), same run", "store/store",
             ("--repeats", "2", "--store-turns", "20000", "--old-store-turns", "5000"),
             ("--repeats", "3", "--store-turns", "100000", "--old-store-turns", "10000"),
             note="both layouts written by the same TraceStore (v4's through a subclass that "
@@ -194,18 +194,18 @@ SECTIONS: tuple[Section, ...] = (
                  "this repository's text tokenized by the tiny model's tokenizer (4,096 "
                  "ids); the many-turn store is scaled down from the issue's million turns "
                  "(v4 at ~200 KiB/turn would be ~200 GB): rates, not totals, are compared"),
-    Section("rollouts", "rollout overhead (vs the agent's own time)", "rollout_overhead",
+    Section("rollouts", "rollout overhead (vs the agent's own time)", "rollouts/rollout_overhead",
             ("--rollouts", "32"), ("--rollouts", "64"),
-            details=("bench/rollouts.md", "bench/rollouts.md")),
-    Section("load", "load: 256 streaming rollouts, four dialects", "load",
+            details=("bench/rollouts/rollouts.md", "bench/rollouts/rollouts.md")),
+    Section("load", "load: 256 streaming rollouts, four dialects", "proxy/load",
             ("--duration", "60", "--out", "-"), ("--duration", "600"),
             note="a short run's memory is not judged: its warm-up is shorter than the longest "
-                 "conversation; `--full=load` runs the 10 minutes (bench/load.md)",
-            details=("", "bench/load.md")),
-    Section("token_render", "token-mode render (vs a full re-render)", "token_render",
+                 "conversation; `--full=load` runs the 10 minutes (bench/proxy/load.md)",
+            details=("", "bench/proxy/load.md")),
+    Section("token_render", "token-mode render (vs a full re-render)", "proxy/token_render",
             ("--repeat", "3"), ()),
     Section("async_training", "the async trainer locally vs on a 2-node Ray cluster, and the "
-            "hold per weight swap with 1 vs 2 vLLM servers (same run)", "async_training",
+            "hold per weight swap with 1 vs 2 vLLM servers (same run)", "train/async_training",
             ("--steps", "3", "--runs", "async,async-cluster", "--swaps", "6"),
             ("--steps", "6", "--runs", "sync,async,async-cluster", "--swaps", "12"),
             note="real `harnessrl train` runs (tiny model, mini-swe-agent, one vLLM) and a "
@@ -213,19 +213,19 @@ SECTIONS: tuple[Section, ...] = (
                  "servers and the trainer share its cores, so neither table measures "
                  "scale-out, and two reloads at once can only beat one after the other where "
                  "each server has cores of its own (about 5 minutes quick, 15 full)",
-            details=("bench/async_training.md", "bench/async_training.md")),
+            details=("bench/train/async_training.md", "bench/train/async_training.md")),
     Section("long_runs", "a long run's checkpoint and eval pass (vs a training step, same "
-            "run)", "long_runs", ("--steps", "6"), ("--steps", "6"),
+            "run)", "train/long_runs", ("--steps", "6"), ("--steps", "6"),
             note="a real async `harnessrl train` (tiny model, the scripted agent of "
                  "tests/long_run_agent.py, a checkpoint every 2 steps, an eval pass every 3) "
                  "and SmolLM2-135M's optimizer step against its checkpoint (no vLLM)"),
     Section("ray_scale", "Ray: overhead per rollout (vs local) and open rollouts held by "
-            "1, 2, 4 proxy shards", "ray_scale",
+            "1, 2, 4 proxy shards", "rollouts/ray_scale",
             ("--shards", "1,4", "--rollouts", "200", "--duration", "60", "--stagger", "10"),
             ("--shards", "1,2,4", "--rollouts", "1000", "--duration", "600"),
             note="the quick run holds 200 open rollouts for 60 s; `--full=ray_scale` the "
                  "issue's 1,000 for 10 minutes per shard count (over 30 minutes)",
-            details=("bench/ray_scale.md", "bench/ray_scale.md")),
+            details=("bench/rollouts/ray_scale.md", "bench/rollouts/ray_scale.md")),
 )
 
 
@@ -268,7 +268,9 @@ def child(section: Section, full: bool, answer: Path) -> int:
     rows: list[Row] = []
     printed = note = ""
     try:
-        module = importlib.import_module(section.module)
+        folder, name = section.module.split("/")
+        sys.path.insert(0, str(HERE / folder))  # its siblings import each other by name
+        module = importlib.import_module(name)
         if section.adapter is not None:
             rows = section.adapter(module, argv)
         elif hasattr(module, "rows"):

@@ -7,7 +7,7 @@ Why not aiohttp, which this replaced on the engine side: a streamed call gets on
 read per token from an engine no faster than the proxy, and aiohttp's read path (its
 StreamReader, a read timeout re-armed on every read, flow-control bookkeeping) cost 40-50 µs
 of CPU per read on this machine, about as much as the rest of the proxy's work on a token
-(bench/stream.md). Here a read is one parser feed and, when the caller waits, one future.
+(bench/proxy/stream.md). Here a read is one parser feed and, when the caller waits, one future.
 
 Every response framing HTTP/1.1 allows is read (RFC 9112 section 6): Content-Length,
 chunked (extensions and trailers too), a body that ends when the server closes the

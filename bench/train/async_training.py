@@ -18,9 +18,9 @@ the trainer's calls wait it out) with 1 vLLM server, 2 reloaded one after the ot
 reloaded at once, the three interleaved so the machine's load falls on each alike.
 Figures only; nothing is asserted.
 
-    .venv/bin/python bench/async_training.py [--steps 3] [--inflight 4]
+    .venv/bin/python bench/train/async_training.py [--steps 3] [--inflight 4]
         [--runs sync,async,async-cluster] [--swaps 6] [--harnesses mini-swe-agent]
-        [--tasks bundled:create-hello-file,reverse-words] [--out bench/async_training.md]
+        [--tasks bundled:create-hello-file,reverse-words] [--out bench/train/async_training.md]
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def run_one(trainer: str, args: argparse.Namespace, root: Path, url: str,
 
 def report(results: list[dict], args: argparse.Namespace) -> str:
     lines = [f"# Sync vs async GRPO ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
-             "", f"Command: `python bench/async_training.py --steps {args.steps} --inflight "
+             "", f"Command: `python bench/train/async_training.py --steps {args.steps} --inflight "
              f"{args.inflight} --runs {args.runs} --swaps {args.swaps} --harnesses "
              f"{args.harnesses} --tasks {args.tasks}`; model "
              f"{args.model}, max_tokens {args.max_tokens}, {os.cpu_count()} cores, load average "
@@ -221,7 +221,7 @@ def run(argv: list[str] | None = None) -> str:
     parser.add_argument("--agent-timeout", type=float, default=60)
     parser.add_argument("--harnesses", default="mini-swe-agent")
     parser.add_argument("--tasks", default="bundled:create-hello-file,reverse-words")
-    parser.add_argument("--out", type=Path, default=Path("bench/async_training.md"))
+    parser.add_argument("--out", type=Path, default=Path("bench/train/async_training.md"))
     args = parser.parse_args(argv)
     console = Console(stderr=True)
     from harnessrl.proxy.engines.vllm_server import VLLMServer

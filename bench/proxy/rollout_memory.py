@@ -8,7 +8,7 @@ from /proc before and after making `--idle` rollouts, then before and after driv
 `--busy` rollouts through `--turns` turns each, twice: the second round is what each more
 rollout costs. The baseline is the proxy's RSS after its warm-up, in the same run.
 
-    .venv/bin/python bench/rollout_memory.py [--idle 2000] [--busy 16] [--turns 100]
+    .venv/bin/python bench/proxy/rollout_memory.py [--idle 2000] [--busy 16] [--turns 100]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent / "common")]  # bench/ is not a package
 
 import proxy_overhead as po  # noqa: E402
 import stream_cpu  # noqa: E402

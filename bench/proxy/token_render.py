@@ -20,7 +20,7 @@ as the engine does. At turns 10, 50 and 100 the next prompt is rendered, in the 
 Each is timed `--repeat` times; the median is reported, split into template and
 tokenizing. Uses the tiny model's tokenizer (built locally on first use).
 
-    .venv/bin/python bench/token_render.py [--turns 100] [--tokens 50000]
+    .venv/bin/python bench/proxy/token_render.py [--turns 100] [--tokens 50000]
 """
 
 from __future__ import annotations

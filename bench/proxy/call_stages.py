@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where a non-streamed call's proxy CPU goes, stage by stage, per dialect: the same ~4,000-
-token call `bench/stream_cpu.py` and `bench/stream_path.py` measure whole.
+token call `bench/proxy/stream_cpu.py` and `bench/proxy/stream_path.py` measure whole.
 
 Each stage is the proxy's own function on that call's real input, run `--repeats` times in
 this process (CPU time, after a warm-up); the store's write is the row encoded on the
@@ -9,7 +9,7 @@ The baseline is the whole call in-process (the real app driven by raw ASGI calls
 stream_path.py does): what the stages leave out of it is routing, the ASGI plumbing and
 the event loop.
 
-    .venv/bin/python bench/call_stages.py [--dialects chat,gemini] [--repeats 300]
+    .venv/bin/python bench/proxy/call_stages.py [--dialects chat,gemini] [--repeats 300]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent / "common")]  # bench/ is not a package
 
 from table import Row, figure_table  # noqa: E402
 

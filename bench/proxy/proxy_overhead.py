@@ -13,8 +13,8 @@ folder, never copied), and checks the figures against the proxy's targets:
   soak     10,000 non-streamed turns at c=16, engine delay 0, RSS at 1k / 5k / 10k
   idle     RSS per idle open rollout (POST /rollouts N times)
 
-    .venv/bin/python bench/proxy_overhead.py [--quick] [--profile] [--dialects all]
-                                             [--out bench/proxy.md]
+    .venv/bin/python bench/proxy/proxy_overhead.py [--quick] [--profile] [--dialects all]
+                                             [--out bench/proxy/proxy.md]
 
 The Markdown report goes to --out; the raw proxy_bench JSON and the logs stay in the work
 directory when --keep is given (or when a phase fails).
@@ -46,7 +46,7 @@ from typing import Any
 import httpx
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_TOOLS = HERE.parent.parent / "shared" / "tools"
+DEFAULT_TOOLS = HERE.parents[2] / "shared" / "tools"
 PHASES = ("cells", "floor", "profile", "soak", "idle")
 ENGINE_TOKENS, ENGINE_DELAY_MS = 200, 5
 FLAT_MEMORY_MIB = 10.0  # allowed RSS growth between the first and the last soak checkpoint
@@ -652,7 +652,7 @@ def render_memory(report: Report) -> list[str]:
 def source_state() -> str:
     """The harnessrl source measured: git HEAD and how many files under src/ differ from it."""
     def git(*argv: str) -> str:
-        return subprocess.run(["git", "-C", str(HERE.parent), *argv], capture_output=True,
+        return subprocess.run(["git", "-C", str(HERE.parents[1]), *argv], capture_output=True,
                               text=True, check=True).stdout
 
     try:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""`bench/rollouts.py`, the name issue 16 gives the rollout benchmark: it is
-`rollout_overhead.py` (same flags, same report, bench/rollouts.md)."""
+"""`bench/rollouts/rollouts.py`, the name issue 16 gives the rollout benchmark: it is
+`rollout_overhead.py` (same flags, same report, bench/rollouts/rollouts.md)."""
 
 from __future__ import annotations
 

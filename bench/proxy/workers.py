@@ -2,7 +2,7 @@
 """Requests per second at saturation through `serve --workers N`, 1 worker against N, with
 an instant engine: what more cores buy.
 
-The engine is instant and cheap (bench/load_server.py's pre-tokenized reply pool, each
+The engine is instant and cheap (bench/proxy/load_server.py's pre-tokenized reply pool, each
 reply in one chunk), so the proxy's own work is what is measured. The client is as cheap
 as a client can be, so that on a small machine the proxy, not the client, saturates: raw
 HTTP/1.1 on uvloop, one kept-alive connection per rollout, requests prebuilt, answers
@@ -11,7 +11,7 @@ parsed only for their status and length. Each rollout is made through the shared
 `shared` keeps talking to the shared port, where the kernel's choice of worker relays
 about (N-1)/N of the calls to their owner.
 
-    .venv/bin/python bench/workers.py --workers 1,2 --seconds 10 --connections 32
+    .venv/bin/python bench/proxy/workers.py --workers 1,2 --seconds 10 --connections 32
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import httpx
 import uvloop
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent / "common")]  # bench/ is not a package
 
 from table import Row, figure_table  # noqa: E402
 

@@ -16,9 +16,9 @@ and each turn that continues the conversation counts as extended when its prompt
 with the previous prompt + completion ids (`rollout.analysis.chains.extends`). Two samplings:
 `canonical` (the reply's own tokenization: the best case for chat mode) and `split` (the
 first word of each reply written one character per id, as real models sometimes write a
-word: bench/chain_extension.py sees it on real harnesses with real vLLM).
+word: bench/store/chain_extension.py sees it on real harnesses with real vLLM).
 
-    PYTHONPATH=src:. .venv/bin/python bench/family_chains.py [--families qwen3,lfm2]
+    PYTHONPATH=src:. .venv/bin/python bench/store/family_chains.py [--families qwen3,lfm2]
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ bodies included, is encoded the same). Sections:
             to ~32k tokens, synthetic ids): file size, write rate, samples built per
             second, a viewer page's latency
 
-    .venv/bin/python bench/store.py [--store-turns 20000] [--old-store-turns 5000]
+    .venv/bin/python bench/store/store.py [--store-turns 20000] [--old-store-turns 5000]
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from table import Row, figure_table, verdict
 
 from harnessrl.store import layout
 from harnessrl.store.layout import Prepared, Staged
@@ -67,7 +66,12 @@ from harnessrl.types import (
 )
 from harnessrl.ui.queries import RunReader
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "common")]  # bench/ is not a package
+
+from table import Row, figure_table, verdict  # noqa: E402
+
+ROOT = HERE.parents[1]
 TOKENIZER = Path("~/.cache/harnessrl/models/tiny-qwen2").expanduser()
 _encode = msgspec.json.Encoder().encode
 

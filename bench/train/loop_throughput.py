@@ -21,8 +21,8 @@ Last, the like-for-like baseline: the rows the colocated arm trained, replayed t
 TRL's own trainer (same batches, its packed tree attention) with nothing else running.
 Figures only; nothing is asserted. A JSON of each arm is written as soon as it ends.
 
-    flock /tmp/heavy.lock nice .venv/bin/python bench/loop_throughput.py
-        [--arms colocated,today] [--steps 2] [--out bench/loop_throughput.json]
+    flock /tmp/heavy.lock nice .venv/bin/python bench/train/loop_throughput.py
+        [--arms colocated,today] [--steps 2] [--out bench/train/loop_throughput.json]
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--arms", default="colocated,today")
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("bench/loop_throughput.json"))
+    parser.add_argument("--out", type=Path, default=Path("bench/train/loop_throughput.json"))
     args = parser.parse_args()
     console = Console()
     alone_hf = trainer_alone(console)

@@ -11,7 +11,7 @@ driver sees them (everything a rollout costs end to end, the first one left out)
 share is the difference of the two medians. Target: Ray adds <= 0.2 s per rollout.
 
 `shards`: N proxy shards, each the real app and store in its own process with the scripted
-engine paced at `--rate` tokens/s per stream (`bench/load_server.py`), and `--rollouts`
+engine paced at `--rate` tokens/s per stream (`bench/proxy/load_server.py`), and `--rollouts`
 open rollouts spread over them by a stable hash of their index (as a router would). Each
 rollout streams `--tokens`-token chat replies (`--min-turns`-`--max-turns` calls that
 resend the growing history, `--think` s of pause between calls, as an agent's tool runs),
@@ -19,15 +19,15 @@ then a new rollout starts in its place, until `--duration` s are over and the ca
 flight finish. Reported per shard count: errors (HTTP, error events, broken streams),
 lost turns (a completed call with no `ok` turn in its shard's store), duplicated turns,
 time to first token p50/p99, turns completed, and the CPU of the shards and the client.
-The client is one uvloop process with raw aiohttp SSE clients (`bench/load.py`'s).
+The client is one uvloop process with raw aiohttp SSE clients (`bench/proxy/load.py`'s).
 Target: 4 shards hold >= 1,000 open rollouts for 10 minutes with 0 errors, 0 lost turns.
 
-    .venv/bin/python bench/ray_scale.py                       # both parts, defaults below
-    .venv/bin/python bench/ray_scale.py --parts shards --shards 4 --rollouts 1000 \\
+    .venv/bin/python bench/rollouts/ray_scale.py                       # both parts, defaults below
+    .venv/bin/python bench/rollouts/ray_scale.py --parts shards --shards 4 --rollouts 1000 \\
         --duration 600                                          # the issue's full figure
-    .venv/bin/python bench/ray_scale.py --parts overhead --overhead-rollouts 32
+    .venv/bin/python bench/rollouts/ray_scale.py --parts overhead --overhead-rollouts 32
 
-Writes `--out` (bench/ray_scale.md).
+Writes `--out` (bench/rollouts/ray_scale.md).
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+# this group, bench/common and bench/proxy (the load bench's client, server and /proc readers)
+PATHS = [str(HERE), str(HERE.parent / "common"), str(HERE.parent / "proxy")]
 # Ray would resolve 127.0.0.1 to this machine's outward address; this keeps it on loopback.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
@@ -98,7 +100,7 @@ def overhead_ray(rollouts: int, root: Path) -> list[float]:
 
     if not ray.is_initialized():  # the nodes' workers import this file's helpers from bench/
         ray.init(log_to_driver=False, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 runtime_env={"env_vars": {"PYTHONPATH": str(HERE)}})
+                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(PATHS)}})
     tasks = load_tasks("bundled")
     config = RunSettings(harnesses=[INSTANT], tasks=tasks, samples=max(1, rollouts // len(tasks)),
                        settings=RolloutSettings(concurrency=1, retries=0))
@@ -120,7 +122,7 @@ def _check_done(outcomes: list[Any], where: str) -> None:
 
 
 def measure_overhead(args: argparse.Namespace) -> dict[str, Any]:
-    sys.path.insert(0, str(HERE))
+    sys.path[:0] = PATHS
     local: list[float] = []
     ray_: list[float] = []
     loads = [os.getloadavg()[0]]
@@ -140,11 +142,11 @@ def measure_overhead(args: argparse.Namespace) -> dict[str, Any]:
 @contextlib.contextmanager
 def shard_processes(count: int, args: argparse.Namespace, work: Path
                     ) -> Iterator[list[tuple[int, str, Path]]]:
-    """`count` proxy shards (bench/load_server.py), each with its own store: (pid, url,
+    """`count` proxy shards (bench/proxy/load_server.py), each with its own store: (pid, url,
     run dir)."""
     from load import free_port, wait_healthy
 
-    server = [sys.executable, str(HERE / "load_server.py")]
+    server = [sys.executable, str(HERE.parent / "proxy" / "load_server.py")]
     pool = ["--pool", str(work / "pool.json"), "--seed", str(args.seed)]
     if not (work / "pool.json").exists():
         subprocess.run([*server, *pool, "--write-pool", "--min-tokens", str(args.tokens),
@@ -238,7 +240,7 @@ def measure_shards(args: argparse.Namespace, count: int, work: Path) -> dict[str
     import uvloop
     from load import check_store
 
-    sys.path.insert(0, str(HERE))
+    sys.path[:0] = PATHS
     with shard_processes(count, args, work) as shards:
         result = uvloop.run(open_rollouts(args, shards))
     stores = [check_store(run_dir / "trace.db", tally)
@@ -272,7 +274,7 @@ def render(args: argparse.Namespace, overhead: dict[str, Any] | None,
     from table import machine_line
 
     lines = [f"# Ray scale-out (issue 17), {time.strftime('%Y-%m-%d %H:%M')}", "",
-             f"Command: `python bench/ray_scale.py {' '.join(sys.argv[1:])}`", "",
+             f"Command: `python bench/rollouts/ray_scale.py {' '.join(sys.argv[1:])}`", "",
              machine_line() + " (shared: the load average is the machine's, other work "
              "included)", ""]
     if overhead is not None:
@@ -339,7 +341,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sys.path.insert(0, str(HERE))
+    sys.path[:0] = PATHS
     parts = set(args.parts.split(","))
     overhead = measure_overhead(args) if "overhead" in parts else None
     shards = []

@@ -15,7 +15,7 @@ store and in the same run:
 Each is timed `--repeat` times after one untimed pass (so the file is in the page cache
 for both); the median is reported.
 
-    .venv/bin/python bench/sample_build.py [--turns 10000]
+    .venv/bin/python bench/store/sample_build.py [--turns 10000]
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
-from table import Row, figure_table
 
 from harnessrl.store.writer import TraceStore
 from harnessrl.train.rows.samples import iter_samples
@@ -47,6 +46,11 @@ from harnessrl.types import (
     Turn,
     Usage,
 )
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "common")]  # bench/ is not a package
+
+from table import Row, figure_table  # noqa: E402
 
 VOCAB = 150_000
 

@@ -13,7 +13,7 @@ parameters. Medians over the steps after the first (the first builds AdamW's sta
 
 Figures only; nothing is asserted. Run under the heavy lock:
 
-    flock /tmp/heavy.lock .venv/bin/python bench/lora.py [--model tiny|smollm2]
+    flock /tmp/heavy.lock .venv/bin/python bench/train/lora.py [--model tiny|smollm2]
         [--steps 4] [--rank 16] [--out bench/lora.md]
 """
 
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.long_run_agent
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.long_run_agent
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

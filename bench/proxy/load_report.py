@@ -1,15 +1,20 @@
-"""Figures and the Markdown report of `bench/load.py`."""
+"""Figures and the Markdown report of `bench/proxy/load.py`."""
 
 from __future__ import annotations
 
 import math
 import os
 import statistics
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from table import Row, figure_table, machine_line, md_table, pct, verdict
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "common")]  # bench/ is not a package
+
+from table import Row, figure_table, machine_line, md_table, pct, verdict  # noqa: E402
 
 FLAT = 0.10  # allowed RSS deviation from the first sample after the warm-up
 TURNS_TARGET = 20_000  # at the default duration (10 minutes)
@@ -134,7 +139,7 @@ def render(result: Any, command: str, system_words: int) -> str:
                           f"{s.client_cpu:.0f}", f"{s.cpu_wait:.1f}")
                          for s in thin(result.samples, 24)]), "",
               "Lag is measured inside the proxy process by a task that sleeps 10 ms and "
-              "records how late it wakes (bench/load_server.py). Memory is VmRSS of the "
+              "records how late it wakes (bench/proxy/load_server.py). Memory is VmRSS of the "
               "proxy process, sampled every "
               f"{args.sample_every:g} s. Lost and duplicated turns are checked against the "
               "store after the proxy stopped: each request the client saw complete must "

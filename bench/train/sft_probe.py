@@ -6,7 +6,7 @@ the harness could act on: a tool call that parses (Hermes `<tool_call>` JSON nam
 of the request's tools) or, for a harness that only writes files (aider), a file listing.
 Figures, not a test; it says nothing about whether the action is right.
 
-    python bench/sft_probe.py --model runs/seed_table/models/sft-s0 \\
+    python bench/train/sft_probe.py --model runs/seed_table/models/sft-s0 \\
         --runs runs/seed_table/work/eval__base__s0__{mini-swe-agent,aider,pi} --per-harness 5
 """
 

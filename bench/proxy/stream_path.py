@@ -5,8 +5,8 @@ store) driven in-process by raw ASGI calls, with the engine's HTTP answer replac
 recorded vLLM SSE bytes (one read per token, as a 2 ms/token engine arrives). What is left
 out is what the proxy does not own here: uvicorn, the socket reads, the kernel.
 
-    .venv/bin/python bench/stream_path.py                      # this checkout vs 9b86db5
-    .venv/bin/python bench/stream_path.py --baseline HEAD~2 --rounds 5
+    .venv/bin/python bench/proxy/stream_path.py                      # this checkout vs 9b86db5
+    .venv/bin/python bench/proxy/stream_path.py --baseline HEAD~2 --rounds 5
 
 Each side runs in its own process (`--src` on PYTHONPATH), alternating rounds, so the
 machine's load hits both alike; the figure is the median round, the ratio this/baseline.
@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent / "common")]  # bench/ is not a package
 
-ROOT = HERE.parent
+ROOT = HERE.parents[1]
 TOKENS = 200
 STREAMS = (True, False)
 DIALECTS = ("chat", "responses", "anthropic", "gemini")

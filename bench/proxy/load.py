@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Load: many concurrent streaming rollouts in all four dialects against one proxy.
 
-The proxy runs in its own process (`bench/load_server.py`: the real app, a paced scripted
+The proxy runs in its own process (`bench/proxy/load_server.py`: the real app, a paced scripted
 engine, an event-loop lag probe); this process is the load generator (raw aiohttp streaming
 clients on uvloop, so the client side stays cheap). Each of `--streams` workers holds one
 conversation at a time in its dialect (chat, responses, anthropic, gemini in turn): it
@@ -20,8 +20,8 @@ Reported, each against a baseline from the same run:
                     idle proxy's before the load starts
   throughput        turns/s and tokens/s; turn time against the engine's own pace
 
-    .venv/bin/python bench/load.py                  # 256 streams, 10 minutes
-    .venv/bin/python bench/load.py --duration 30    # a quick check
+    .venv/bin/python bench/proxy/load.py                  # 256 streams, 10 minutes
+    .venv/bin/python bench/proxy/load.py --duration 30    # a quick check
 """
 
 from __future__ import annotations
@@ -48,8 +48,12 @@ from typing import Any
 import aiohttp
 import msgspec
 import uvloop
-from load_report import figures, render
-from procstat import (
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "common")]  # bench/ is not a package
+
+from load_report import figures, render  # noqa: E402
+from procstat import (  # noqa: E402
     busy_percent,
     cpu_s,
     machine_ticks,
@@ -58,9 +62,8 @@ from procstat import (
     rss_mib,
     run_delay_s,
 )
-from table import Row, figure_table
+from table import Row, figure_table  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 DIALECTS = ("chat", "responses", "anthropic", "gemini")
 SYSTEM = ("You are a coding agent working in a small Python repository. Read files before "
           "editing them, keep changes small, run the tests after each edit, and explain "
@@ -255,8 +258,11 @@ def free_port() -> int:
 def proxy_process(args: argparse.Namespace, work: Path) -> Iterator[tuple[int, str]]:
     # `--release DIR`: the proxy (its load_server.py and its sources) from another
     # checkout, e.g. an older release, driven by this client.
-    root = args.release or HERE.parent
-    port, server = free_port(), [sys.executable, str(root / "bench" / "load_server.py")]
+    root = args.release or HERE.parents[1]
+    server_py = root / "bench" / "proxy" / "load_server.py"
+    if not server_py.exists():  # a release from before bench/ had group folders
+        server_py = root / "bench" / "load_server.py"
+    port, server = free_port(), [sys.executable, str(server_py)]
     path = [str(root / "src"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     pool = ["--pool", str(work / "pool.json"), "--seed", str(args.seed)]
@@ -447,7 +453,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--calls", type=int, help="end once this many calls are complete (a "
                     "soak: the report gives the proxy's RSS at 1,000-call marks)")
     ap.add_argument("--release", type=Path, help="run the proxy from this checkout (its "
-                    "bench/load_server.py and src/), e.g. a worktree of an older release")
+                    "bench/proxy/load_server.py and src/), e.g. a worktree of an older release")
     args = ap.parse_args(argv)
     if args.warmup is None:  # the longest conversations have run once (RSS has its peak)
         longest = args.max_turns * (args.min_tokens + args.max_tokens) / 2 / args.rate
@@ -460,15 +466,15 @@ def rows(argv: list[str] | None = None) -> list[Row]:
     result = run(argv)
     if str(result.args.out) != "-":
         result.args.out.write_text(render(
-            result, f"python bench/load.py {' '.join(argv or [])}", len(SYSTEM.split())))
+            result, f"python bench/proxy/load.py {' '.join(argv or [])}", len(SYSTEM.split())))
     return figures(result)
 
 
 def main(argv: list[str] | None = None) -> int:
     result = run(argv)
     args = result.args
-    command = "python bench/load.py" + ("" if not argv and len(sys.argv) < 2 else " " + " ".join(
-        argv if argv is not None else sys.argv[1:]))
+    given = argv if argv is not None else sys.argv[1:]
+    command = "python bench/proxy/load.py" + ("" if not given else " " + " ".join(given))
     print("\n".join(figure_table(figures(result))))
     for sample in result.tally.error_samples:
         print(f"  error: {sample}")

@@ -2,7 +2,7 @@
 """What the proxy adds to a call's latency at c=1, with one raw HTTP client on both sides:
 the engine called directly against each dialect through the proxy, calls interleaved.
 
-bench/proxy_overhead.py measures the same through each dialect's own SDK (as the anchor
+bench/proxy/proxy_overhead.py measures the same through each dialect's own SDK (as the anchor
 benchmark does), so there a dialect's figure includes its SDK's cost against the openai
 SDK's. Here the client is the same aiohttp loop for every side, so the difference is the
 proxy's own: request parsing, the engine call, re-encoding, the store's commit.
@@ -21,8 +21,8 @@ Two more sides split the figure:
   (engine at `--delay-ms` per token, so the first token comes apart from the role chunk;
   20 tokens a reply).
 
-    .venv/bin/python bench/latency.py [--calls 100] [--dialects chat,gemini]
-    .venv/bin/python bench/latency.py --baseline HEAD~1   # and a revision's proxy beside it
+    .venv/bin/python bench/proxy/latency.py [--calls 100] [--dialects chat,gemini]
+    .venv/bin/python bench/proxy/latency.py --baseline HEAD~1   # and a revision's proxy beside it
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any
 import aiohttp
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent / "common")]  # bench/ is not a package
 
 import proxy_overhead as po  # noqa: E402
 import stream_cpu  # noqa: E402
@@ -153,7 +153,7 @@ def rows(argv: Sequence[str] | None = None) -> list[Row]:
         what = ("latency added p50, non-streamed" if mode == "json"
                 else "time to first token added p50, streamed")
         out.append(Row(f"{what}: two more socket hops alone (a TCP relay that copies "
-                       "bytes, bench/floor_relay.py --server tcp), c=1",
+                       "bytes, bench/proxy/floor_relay.py --server tcp), c=1",
                        f"{relay - direct:+.2f} ms",
                        f"engine called directly: p50 {direct:.2f} ms", "", ""))
         out.append(Row(f"{what}: the engine's own part, answering the capture request "

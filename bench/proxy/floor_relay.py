@@ -14,7 +14,8 @@ parses nothing: each client connection gets its own engine connection and bytes 
 copied both ways, so the client's own request reaches the engine (`latency.py`: what two
 more socket hops cost a call).
 
-    python bench/floor_relay.py --port 9000 --engine-url http://127.0.0.1:8000 [--server uvicorn]
+    python bench/proxy/floor_relay.py --port 9000 --engine-url http://127.0.0.1:8000 \
+        [--server uvicorn]
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ phases from the outcomes' own timings: create (sandbox start and task files), ve
 verifier, tests copied in, its pre-check) and the rest (teardown, the proxy's rollout
 open/close, the store), and says the load average when it started. `--repeats` runs the
 whole plan again, interleaved, so both sandboxes see the same load.
-`bench/rollouts.py` (the name issue 16 uses) is this module.
+`bench/rollouts/rollouts.py` (the name issue 16 uses) is this module.
 
-    .venv/bin/python bench/rollout_overhead.py [--rollouts 64] [--concurrency 1,4,16]
+    .venv/bin/python bench/rollouts/rollout_overhead.py [--rollouts 64] [--concurrency 1,4,16]
                                                [--docker-concurrency 1,4] [--repeats 1]
-                                               [--out bench/rollouts.md]
+                                               [--out bench/rollouts/rollouts.md]
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ import argparse
 import asyncio
 import os
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from table import Row, verdict
 
 from harnessrl.harnesses.base import Harness
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
@@ -38,6 +38,11 @@ from harnessrl.rollout.conformance import policy_tokenizer
 from harnessrl.rollout.run import execute
 from harnessrl.rollout.runner import RolloutSettings, RunSettings
 from harnessrl.rollout.tasks.task import load_tasks
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "common")]  # bench/ is not a package
+
+from table import Row, verdict  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--docker-concurrency", default="1,4", help="'' to skip docker")
     parser.add_argument("--repeats", type=int, default=1, help="run the whole plan N times")
-    parser.add_argument("--out", type=Path, default=Path("bench/rollouts.md"))
+    parser.add_argument("--out", type=Path, default=Path("bench/rollouts/rollouts.md"))
     return parser.parse_args(argv)
 
 

@@ -13,7 +13,7 @@
 
 Figures only; nothing is asserted. Run under the heavy lock:
 
-    flock /tmp/harnessrl-heavy.lock .venv/bin/python bench/long_runs.py [--steps 6]
+    flock /tmp/harnessrl-heavy.lock .venv/bin/python bench/train/long_runs.py [--steps 6]
         [--every 2] [--eval-every 3] [--skip-smollm2] [--out bench/long_runs.md]
 """
 
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.long_run_agent
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.long_run_agent
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The proxy as `bench/load.py` drives it: its own process, a paced scripted engine, and an
+"""The proxy as `bench/proxy/load.py` drives it: its own process, a paced scripted engine, and an
 event-loop lag probe. Bench-only, so the production server carries no probe.
 
 The engine is `ScriptedEngine` with its two costly steps taken out of the measurement: the
@@ -9,8 +9,8 @@ renders and tokenizes the prompt, not the proxy, so neither belongs to the proxy
 Tokens leave at `--rate` per second per stream, on an absolute schedule, so a late wake-up
 does not slow the stream down further.
 
-    .venv/bin/python bench/load_server.py --pool pool.json --write-pool
-    .venv/bin/python bench/load_server.py --pool pool.json --port 8123 --run-dir /tmp/run
+    .venv/bin/python bench/proxy/load_server.py --pool pool.json --write-pool
+    .venv/bin/python bench/proxy/load_server.py --pool pool.json --port 8123 --run-dir /tmp/run
 
 Bench-only routes: GET /_bench/lag (lag percentiles since the last reset), POST
 /_bench/lag/reset.

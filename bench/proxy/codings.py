@@ -9,7 +9,7 @@
            size, the time until it is refused, and the process's peak memory before and
            after (a fresh process)
 
-    .venv/bin/python bench/codings.py
+    .venv/bin/python bench/proxy/codings.py
 """
 
 from __future__ import annotations

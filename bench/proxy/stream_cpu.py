@@ -2,9 +2,9 @@
 """Proxy CPU per streamed token and per call, per dialect, against a baseline proxy in the
 same run.
 
-    .venv/bin/python bench/stream_cpu.py                     # baseline: 9b86db5 (before issue 19)
-    .venv/bin/python bench/stream_cpu.py --baseline HEAD~3   # any revision's proxy
-    .venv/bin/python bench/stream_cpu.py --quick
+    .venv/bin/python bench/proxy/stream_cpu.py                   # baseline: 9b86db5 (before 19)
+    .venv/bin/python bench/proxy/stream_cpu.py --baseline HEAD~3 # any revision's proxy
+    .venv/bin/python bench/proxy/stream_cpu.py --quick
 
 Two proxies run side by side on one fake vLLM (`../shared/tools/bench_engine.py`): this
 checkout's `src/` and a baseline (`git archive <rev> src`, unpacked into a temporary
@@ -15,7 +15,7 @@ read from the proxy's `/proc/<pid>/task/*/schedstat` (ns, all threads), so the m
 other load hits both sides alike. The ratio column (this / baseline) is the figure to
 trust on a loaded box; the absolute µs move with the load.
 
-Beside them, on the same calls: unless `--floors ''`, bench/floor_relay.py, relays that
+Beside them, on the same calls: unless `--floors ''`, bench/proxy/floor_relay.py, relays that
 only copy the engine's bytes (raw asyncio, and a bare ASGI app under uvicorn), the floor any
 proxy on this machine stands on (kernel, event loop, HTTP parsing) and uvicorn's share;
 `socat` (Debian's, in C: poll, read, write), given the proxy's own engine request and
@@ -53,13 +53,13 @@ from typing import Any
 import aiohttp
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent / "common")]  # bench/ is not a package
 
 import proxy_overhead as po  # noqa: E402  (its Service, engine and proxy starters)
 from table import Row  # noqa: E402
 from table import verdict as verdict_of  # noqa: E402
 
-ROOT = HERE.parent
+ROOT = HERE.parents[1]
 TOKENS = 200
 # What the proxy adds to a chat body for the engine (openai_wire.chat_body): a floor that
 # passes the client's request on unchanged (socat) is sent this, the proxy's own request.
@@ -102,7 +102,7 @@ def request(dialect: str, stream: bool, nonce: int) -> tuple[str, dict[str, Any]
 class Side:
     name: str
     src: Path
-    floor: str = ""  # bench/floor_relay.py --server <floor> instead of a harnessrl proxy
+    floor: str = ""  # bench/proxy/floor_relay.py --server <floor> instead of a harnessrl proxy
     reference: Path | None = None  # the reference proxy's venv instead of a harnessrl proxy
     pace_ms: float = 0.0  # this proxy with `serve --stream-interval-ms`
     proxy: po.Service | None = None
@@ -365,8 +365,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="venv of the reference proxy (openenv==0.10.0's capture server); "
                          "'auto' builds one once in the cache, 'none' leaves it out")
     ap.add_argument("--floors", default="raw,uvicorn,socat",
-                    help="byte-copying relays to run beside the proxies (bench/floor_relay.py "
-                         "--server raw|uvicorn, and socat), '' for none")
+                    help="byte-copying relays to run beside the proxies (bench/proxy/floor_relay.py"
+                         " --server raw|uvicorn, and socat), '' for none")
     ap.add_argument("--paced", default="20",
                     help="stream intervals (ms, comma-separated) at which this proxy also "
                          "runs (serve --stream-interval-ms), '' for none")

@@ -15,10 +15,10 @@ the turn before them (prompt ids = earlier prompt + completion ids + new ids).
   chat mode   vLLM renders the history the harness sends back and tokenizes it again
   token mode  the proxy renders it and reuses the ids the model sampled (`--engine-mode token`)
 
-    .venv/bin/python bench/chain_extension.py [--harness mini-swe-agent,hermes] [--out FILE]
+    .venv/bin/python bench/store/chain_extension.py [--harness mini-swe-agent,hermes] [--out FILE]
 
 Per model family (no vLLM per family can run here: no weights, no hub), `--per-family`
-runs `bench/family_chains.py` instead: each family's tokenizer built at test time, the
+runs `bench/store/family_chains.py` instead: each family's tokenizer built at test time, the
 scripted completions engine sampling its markup, token mode vs the history re-rendered
 as chat mode would.
 """
@@ -167,7 +167,7 @@ def markdown(results: dict[str, tuple[dict[str, ChainStats], dict[str, str]]],
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "--per-family" in argv:  # per family, scripted: bench/family_chains.py
+    if "--per-family" in argv:  # per family, scripted: bench/store/family_chains.py
         import family_chains  # type: ignore[import-not-found]  (beside this file)
 
         rest = [a for a in argv if a != "--per-family"]
