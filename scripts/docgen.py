@@ -503,7 +503,8 @@ def layout_page() -> str:
     for folder, rows in module_rows(Path(harnessrl.__file__).parent):
         out += [f"## `{folder}/`", "", table(["module", "what it is"], rows), ""]
     out += ["Beside it: `tests/` (the suite; `helpers.py`, `dialects.py`, recorded requests "
-            "and outcomes of each harness), `bench/` (every benchmark; `bench/run.py` writes "
+            "and outcomes of each harness), `bench/` (every benchmark, by what it measures: "
+            "`proxy/`, `store/`, `rollouts/`, `train/`; `bench/run.py` writes "
             "`bench/results.md`), `docs/` (this site), `scripts/` (setup, the demo, the docs "
             "tooling: `docgen.py`, `mkdocs_hooks.py`), `examples/` (a train config).", ""]
     return "\n".join(out)
