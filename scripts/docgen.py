@@ -429,7 +429,7 @@ def harness_rows() -> list[list[str]]:
     for name in sorted(MODULES):
         found = variants_of(name)
         base = found[0]
-        module = importlib.import_module(f"harnessrl.harnesses.{MODULES[name]}")
+        module = importlib.import_module(f"harnessrl.harnesses.agents.{MODULES[name]}")
         runtime = f"Python {base.python}" if base.registry == "pypi" else (
             f"Node from `{base.runtime}`" if base.runtime else "Node")
         rows.append([f"`{name}`", f"{base.registry} `{base.package}`", f"`{base.version}`",

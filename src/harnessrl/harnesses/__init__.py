@@ -1,6 +1,6 @@
-"""Real harnesses, one module per harness, each defining `HARNESS` (and, where the harness
-can speak another dialect through its own config, `VARIANTS`: dialect -> `Harness`,
-selected as `name@variant`, e.g. `pi@anthropic`)."""
+"""Real harnesses, one module per harness under `agents/`, each defining `HARNESS` (and,
+where the harness can speak another dialect through its own config, `VARIANTS`: dialect ->
+`Harness`, selected as `name@variant`, e.g. `pi@anthropic`); `base.py` the shared type."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import importlib
 
 from harnessrl.harnesses.base import Harness
 
-# name -> module under harnessrl.harnesses
+# name -> module under harnessrl.harnesses.agents
 MODULES = {
     "aider": "aider",
     "claude": "claude",
@@ -38,7 +38,7 @@ def get(name: str) -> Harness:
     base, _, variant = name.partition("@")
     if base not in MODULES:
         raise KeyError(f"unknown harness {base!r}; known: {', '.join(sorted(MODULES))}")
-    module = importlib.import_module(f"harnessrl.harnesses.{MODULES[base]}")
+    module = importlib.import_module(f"harnessrl.harnesses.agents.{MODULES[base]}")
     if not variant:
         return module.HARNESS
     variants: dict[str, Harness] = getattr(module, "VARIANTS", {})
@@ -54,7 +54,7 @@ def all_harnesses() -> list[Harness]:
 
 def variants_of(name: str) -> list[Harness]:
     """The harness and each of its dialect variants, the harness first."""
-    module = importlib.import_module(f"harnessrl.harnesses.{MODULES[name]}")
+    module = importlib.import_module(f"harnessrl.harnesses.agents.{MODULES[name]}")
     return [module.HARNESS, *(module.VARIANTS[v] for v in sorted(getattr(module, "VARIANTS",
                                                                         {})))]
 

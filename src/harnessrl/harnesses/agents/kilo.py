@@ -28,8 +28,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from harnessrl.harnesses.agents.opencode import PROVIDER, provider_config, run_flags, run_outcome
 from harnessrl.harnesses.base import Harness, RunContext
-from harnessrl.harnesses.opencode import PROVIDER, provider_config, run_flags, run_outcome
 
 PLATFORM_PACKAGE = "@kilocode/cli-linux-x64"
 
