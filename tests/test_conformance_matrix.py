@@ -105,3 +105,22 @@ def test_conformance_refuses_an_unknown_mode(capsys) -> None:
 
     assert main(["conformance", "--mode", "chat,tokens", "pi"]) == 2
     assert "--mode takes chat, token" in capsys.readouterr().err
+
+
+def test_a_sandbox_that_cannot_start_fails_its_row_and_says_why(tmp_path, monkeypatch):
+    """A broken machine (the sandbox's self-check fails) is that row's infrastructure
+    problem, named, and the matrix goes on: it does not end the conformance run."""
+    import asyncio
+
+    from harnessrl.rollout import conformance
+    from harnessrl.rollout.sandbox.base import SandboxError
+
+    class Broken:
+        async def sandbox(self, *_args, **_kwargs):
+            raise SandboxError("the sandbox failed its self-check (exit 1)")
+
+    monkeypatch.setattr(conformance.registry, "backend", lambda *_a, **_k: Broken())
+    result = asyncio.run(conformance.check(get("pi"), tokenizer=conformance.policy_tokenizer(),
+                                           tools_dir=tmp_path / "tools", root=tmp_path))
+    assert not result.passed
+    assert result.problems == ["infrastructure: the sandbox failed its self-check (exit 1)"]

@@ -219,3 +219,26 @@ def test_a_tmp_directory_itself_is_never_shown_back():
             f"{base}/a"]
     finally:
         shutil.rmtree(base)
+
+
+@pytest.mark.parametrize(("still_mounted", "raises"), [(False, False), (True, True)])
+def test_a_mount_that_vanished_before_its_read_only_remount_is_skipped(monkeypatch,
+                                                                       still_mounted, raises):
+    """A container's overlay listed in the mount table, gone by the time it is remounted
+    read-only (Docker stopped the container meanwhile): nothing left to protect, so the
+    sandbox starts; a mount still there that cannot be made read-only stops it."""
+    from harnessrl.rollout.sandbox import confine_launcher
+
+    point = "/var/lib/docker/overlay2/abc/merged"
+
+    def mount(*args: str) -> None:
+        raise subprocess.CalledProcessError(32, ["mount", *args])
+
+    monkeypatch.setattr(confine_launcher, "mount", mount)
+    monkeypatch.setattr(confine_launcher, "_mount_points",
+                        lambda: ["/", point] if still_mounted else ["/"])
+    if raises:
+        with pytest.raises(subprocess.CalledProcessError):
+            confine_launcher._read_only(point)
+    else:
+        confine_launcher._read_only(point)

@@ -31,7 +31,7 @@ from harnessrl.rollout.analysis.chains import rollout_stats
 from harnessrl.rollout.rewards import TraceStats
 from harnessrl.rollout.runner import open_rollout
 from harnessrl.rollout.sandbox import registry
-from harnessrl.rollout.sandbox.base import BackendOptions, Limits
+from harnessrl.rollout.sandbox.base import BackendOptions, Limits, SandboxError
 from harnessrl.rollout.sandbox.local import confinement_available
 from harnessrl.types import ToolResult, Turn
 
@@ -116,7 +116,11 @@ async def check(harness: Harness, *, tokenizer: Any, tools_dir: Path, root: Path
     with _engine(mode, tokenizer, policy, backend, token_options) as engine, \
             running(engine, root / "run") as served:
         rollout = await open_rollout(served.url, {"harness": harness.name})
-        output = await _run(harness, rollout, tools_dir, root, line, timeout, result)
+        try:
+            output = await _run(harness, rollout, tools_dir, root, line, timeout, result)
+        except SandboxError as exc:  # the machine's fault, not the harness's: this row only
+            result.problems.append(f"infrastructure: {exc}")
+            return result
         result.output = output[-4000:]
         result.seconds = time.monotonic() - started
         turns = served.store.turns(rollout["key"])

@@ -51,6 +51,18 @@ def _mount_points() -> list[str]:
     return [p.encode().decode("unicode_escape") for p in points]
 
 
+def _read_only(point: str) -> None:
+    """Remount `point` read-only. A bind remount changes this mount in this namespace only,
+    not the filesystem. A mount that went away since the table was read (a container's
+    overlay, seen while Docker stopped one) has nothing left to protect; any other failure
+    stops the sandbox."""
+    try:
+        mount("-o", "remount,bind,ro", point)
+    except subprocess.CalledProcessError:
+        if point in _mount_points():
+            raise
+
+
 def _under(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
@@ -91,8 +103,7 @@ def main(argv: list[str]) -> None:
     for point in _mount_points():
         if _under(point, writable) or _under(point, [*_LEAVE, *hidden]):
             continue
-        # A bind remount changes this mount in this namespace only, not the filesystem.
-        mount("-o", "remount,bind,ro", point)
+        _read_only(point)
     for path in hidden:
         if os.path.isdir(path) and not keep.startswith(path.rstrip("/") + "/"):
             mount("-o", "remount,ro", path)
