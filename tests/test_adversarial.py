@@ -16,8 +16,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
 from harnessrl.proxy.engines.vllm import VLLMEngine
-from harnessrl.proxy.nesting import MAX_DEPTH
 from harnessrl.proxy.serve import in_thread
+from harnessrl.proxy.wire.nesting import MAX_DEPTH
 from harnessrl.types import Chunk, EngineEvent, Finished, Started
 from tests.conftest import ServedProxy, make_proxy
 from tests.fake_vllm import FakeVLLM

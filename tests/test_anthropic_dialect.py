@@ -25,7 +25,7 @@ from harnessrl.errors import (
 from harnessrl.proxy.dialects import anthropic as dialect
 from harnessrl.proxy.dialects import anthropic_request
 from harnessrl.proxy.dialects.base import ReplyContext
-from harnessrl.proxy.sse import SSEDecoder, SSEEvent
+from harnessrl.proxy.wire.sse import SSEDecoder, SSEEvent
 from harnessrl.types import (
     Chunk,
     Completion,

@@ -1,4 +1,4 @@
-"""Request content codings (`proxy/codings.py`): every coding and stack of codings round
+"""Request content codings (`proxy/wire/codings.py`): every coding and stack of codings round
 trips, the decoded size is capped while decoding, damaged and cut-short bodies are
 refused, and bodies written by other encoders (gzip and zstd's own tools) decode."""
 
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from harnessrl.errors import CorruptCoding as Corrupt
 from harnessrl.errors import InvalidRequest, TooLarge, UnsupportedCoding
-from harnessrl.proxy import codings
-from harnessrl.proxy.codings import decode, parse
+from harnessrl.proxy.wire import codings
+from harnessrl.proxy.wire.codings import decode, parse
 
 
 def _raw_deflate(data: bytes, level: int = 6) -> bytes:
@@ -166,7 +166,7 @@ def test_a_zstd_frame_over_the_window_cap_is_too_large() -> None:
 _BOMB = """
 import resource, sys, zstandard
 from harnessrl.errors import TooLarge
-from harnessrl.proxy.codings import decode
+from harnessrl.proxy.wire.codings import decode
 out = zstandard.ZstdCompressor(level=3).compressobj()
 zeros = b"\\0" * (1 << 24)
 frame = b"".join([out.compress(zeros) for _ in range(64)] + [out.flush()])

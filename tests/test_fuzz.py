@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
 from harnessrl.proxy.engines.vllm import VLLMEngine
-from harnessrl.proxy.nesting import MAX_DEPTH
 from harnessrl.proxy.serve import in_thread
+from harnessrl.proxy.wire.nesting import MAX_DEPTH
 from tests.conftest import make_proxy
 from tests.dialects import BY_NAME, IDS, WIRE, WireDialect
 from tests.fuzzing import (

@@ -20,11 +20,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harnessrl.proxy.boundary import MAX_PAGE
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
 from harnessrl.proxy.engines.vllm import VLLMEngine
-from harnessrl.proxy.nesting import MAX_DEPTH
 from harnessrl.proxy.serve import in_thread
+from harnessrl.proxy.wire.boundary import MAX_PAGE
+from harnessrl.proxy.wire.nesting import MAX_DEPTH
 from harnessrl.types import MAX_TOKEN_ID
 from tests.conftest import make_proxy
 from tests.dialects import BY_NAME, IDS, WIRE, WireDialect, openai_shape

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harnessrl.errors import EngineUnavailable, InvalidRequest, NotFound
-from harnessrl.proxy import sse
 from harnessrl.proxy.dialects import gemini, gemini_request
 from harnessrl.proxy.dialects.base import ReplyContext
+from harnessrl.proxy.wire import sse
 from harnessrl.types import (
     Chunk,
     Completion,

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harnessrl.errors import EngineUnavailable, InvalidRequest, NotFound
-from harnessrl.proxy import sse
 from harnessrl.proxy.dialects import openai_responses as responses
 from harnessrl.proxy.dialects import openai_responses_request as responses_request
 from harnessrl.proxy.dialects.base import ReplyContext
+from harnessrl.proxy.wire import sse
 from harnessrl.types import (
     ChatRequest,
     Chunk,

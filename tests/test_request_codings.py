@@ -20,8 +20,8 @@ import zstandard
 from google import genai
 from google.genai import types as genai_types
 
-from harnessrl.proxy import codings
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
+from harnessrl.proxy.wire import codings
 from tests.dialects import IDS, WIRE, WireDialect
 from tests.helpers import ServedProxy, make_proxy
 from tests.test_codings import encode

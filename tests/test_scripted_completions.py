@@ -12,12 +12,12 @@ import openai
 import pytest
 
 from harnessrl.harnesses import get
-from harnessrl.proxy.accumulate import accumulate
 from harnessrl.proxy.engines.policy import WriteFilePolicy
 from harnessrl.proxy.engines.scripted import Reply, default_logprob, replay
 from harnessrl.proxy.engines.scripted_completions import FIELD, ScriptedCompletions
 from harnessrl.proxy.engines.token.engine import TokenEngine
 from harnessrl.proxy.serve import in_thread, running
+from harnessrl.proxy.wire.accumulate import accumulate
 from harnessrl.rollout.conformance import Result, _check_trace
 from harnessrl.types import ChatRequest, Message, Sampling, Text, Tool
 from tests.helpers import DropsAToken, engine_events

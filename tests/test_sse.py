@@ -1,7 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harnessrl.proxy.sse import SSEDecoder, SSEEvent, encode
+from harnessrl.proxy.wire.sse import SSEDecoder, SSEEvent, encode
 
 STREAM = (
     b": comment\r\n"

@@ -688,7 +688,7 @@ def _events(fake, tiny_model, *, stream: bool, mode: str = "ok") -> list:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_engine_wire_and_events(fake, tiny_model, stream) -> None:
-    from harnessrl.proxy.accumulate import accumulate
+    from harnessrl.proxy.wire.accumulate import accumulate
 
     acc = accumulate(_events(fake, tiny_model, stream=stream))
     [body] = fake.bodies
@@ -703,7 +703,7 @@ def test_engine_wire_and_events(fake, tiny_model, stream) -> None:
 
 def test_engine_faults(fake, tiny_model) -> None:
     from harnessrl.errors import EngineError, InvalidRequest
-    from harnessrl.proxy.accumulate import accumulate
+    from harnessrl.proxy.wire.accumulate import accumulate
 
     with pytest.raises(InvalidRequest, match="maximum context length"):
         _events(fake, tiny_model, stream=False, mode="error400")

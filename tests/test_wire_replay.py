@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
-from harnessrl.proxy.sse import SSEDecoder
+from harnessrl.proxy.wire.sse import SSEDecoder
 from tests.helpers import ServedProxy, make_proxy, recorded_requests
 
 WIRE = recorded_requests()

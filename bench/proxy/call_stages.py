@@ -53,11 +53,11 @@ def _call(dialect_name: str) -> dict[str, Any]:
     from stream_cpu import request
     from stream_path import vllm_answer
 
-    from harnessrl.proxy.accumulate import Accumulator
-    from harnessrl.proxy.boundary import decode_json
     from harnessrl.proxy.dialects import DIALECTS as ALL
     from harnessrl.proxy.dialects.base import ReplyContext
     from harnessrl.proxy.engines.vllm import _events_from_completion
+    from harnessrl.proxy.wire.accumulate import Accumulator
+    from harnessrl.proxy.wire.boundary import decode_json
     from harnessrl.types import Sampling
 
     dialect = next(d for d in ALL if d.name == DIALECTS[dialect_name])
@@ -79,10 +79,10 @@ def _call(dialect_name: str) -> dict[str, Any]:
 
 def stages(dialect_name: str, repeats: int) -> dict[str, float]:
     """µs per call of each stage of one non-streamed call in `dialect_name`."""
-    from harnessrl.proxy.accumulate import Accumulator
-    from harnessrl.proxy.boundary import decode_json
     from harnessrl.proxy.engines.vllm import VLLMEngine, _events_from_completion
-    from harnessrl.proxy.history import check_arguments, check_tool_results, restore_arguments
+    from harnessrl.proxy.wire.accumulate import Accumulator
+    from harnessrl.proxy.wire.boundary import decode_json
+    from harnessrl.proxy.wire.history import check_arguments, check_tool_results, restore_arguments
     from harnessrl.store.rows import turn_row
     from harnessrl.types import Timings, Turn
 

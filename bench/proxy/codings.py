@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Request content codings (`proxy/codings.py`): what the cap costs, in one run.
+"""Request content codings (`proxy/wire/codings.py`): what the cap costs, in one run.
 
   decode   a chat body of 16 KiB, 256 KiB and 4 MiB (distinct words, so it compresses
            like real history, ~2.6x) coded as zstd (level 3), gzip and br (quality 5):
@@ -9,7 +9,7 @@
            size, the time until it is refused, and the process's peak memory before and
            after (a fresh process)
 
-    .venv/bin/python bench/proxy/codings.py
+    .venv/bin/python bench/proxy/wire/codings.py
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable
 import brotli
 import zstandard
 
-from harnessrl.proxy import codings
+from harnessrl.proxy.wire import codings
 
 LIMIT = 64 << 20
 
@@ -73,7 +73,7 @@ def decode_table() -> None:
 _BOMB = """
 import resource, time, zstandard
 from harnessrl.errors import TooLarge
-from harnessrl.proxy.codings import decode
+from harnessrl.proxy.wire.codings import decode
 out = zstandard.ZstdCompressor(level=3).compressobj()
 zeros = b"\\0" * (1 << 24)
 frame = b"".join([out.compress(zeros) for _ in range(64)] + [out.flush()])

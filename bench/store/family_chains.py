@@ -32,11 +32,11 @@ from typing import Any
 
 from tests.token_families import BY_NAME, FAMILIES, Family, engine_settings, family_tokenizer
 
-from harnessrl.proxy.accumulate import accumulate
 from harnessrl.proxy.engines.scripted import Reply, default_logprob, detokenize, replay
 from harnessrl.proxy.engines.scripted_completions import Sample, ScriptedCompletions
 from harnessrl.proxy.engines.token.engine import TokenEngine
 from harnessrl.proxy.serve import in_thread
+from harnessrl.proxy.wire.accumulate import accumulate
 from harnessrl.rollout.analysis.chains import extends
 from harnessrl.types import (
     ChatRequest,

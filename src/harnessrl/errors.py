@@ -49,7 +49,7 @@ class AuthenticationFailed(HarnessRLError):
 
 
 class UnsupportedCoding(InvalidRequest):
-    """A request body in a content coding the proxy cannot undo (`proxy/codings.py`):
+    """A request body in a content coding the proxy cannot undo (`proxy/wire/codings.py`):
     HTTP's 415, in each dialect's shape for a request error."""
 
     status = 415
@@ -57,7 +57,7 @@ class UnsupportedCoding(InvalidRequest):
 
 class CorruptCoding(InvalidRequest):
     """A request body in a content coding that does not decode: damaged, cut short, or
-    with data after its end (`proxy/codings.py`)."""
+    with data after its end (`proxy/wire/codings.py`)."""
 
 
 class NotFound(HarnessRLError):

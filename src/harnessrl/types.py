@@ -240,7 +240,7 @@ class Turn(msgspec.Struct, frozen=True, omit_defaults=True):
     reply_id: str | None = None  # the id the client saw (chatcmpl-…, msg_…, resp_…)
     error_kind: str | None = None
     # `raw_request`'s Content-Encoding as received (e.g. "zstd"): the stored bytes are the
-    # coded ones, `proxy.codings.undo` gives the JSON. None: sent uncoded.
+    # coded ones, `proxy.wire.codings.undo` gives the JSON. None: sent uncoded.
     content_encoding: str | None = None
     # The client's own count of earlier attempts at this call (`x-stainless-retry-count`);
     # None when it sent none. `retry_of`: the turn of the same rollout this call repeated

@@ -29,20 +29,6 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from harnessrl.errors import EngineError, HarnessRLError, NotFound, StoreFailed
-from harnessrl.proxy import nesting
-from harnessrl.proxy.accumulate import Accumulator
-from harnessrl.proxy.boundary import (
-    RELAYED,
-    TURN,
-    Wire,
-    as_error,
-    client_gone,
-    decode_json,
-    error_response,
-    read_body,
-    read_decoded,
-    request_key,
-)
 from harnessrl.proxy.config import ProxySettings
 from harnessrl.proxy.dialects import Endpoint, endpoints
 from harnessrl.proxy.dialects.base import (
@@ -57,10 +43,24 @@ from harnessrl.proxy.dialects.base import (
 )
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.gate import WeightGate
-from harnessrl.proxy.history import check_arguments, check_tool_results, restore_arguments
 from harnessrl.proxy.rollout_routes import RolloutRoutes
 from harnessrl.proxy.sessions import OpenRollout, Sessions
 from harnessrl.proxy.weight_routes import WeightRoutes
+from harnessrl.proxy.wire import nesting
+from harnessrl.proxy.wire.accumulate import Accumulator
+from harnessrl.proxy.wire.boundary import (
+    RELAYED,
+    TURN,
+    Wire,
+    as_error,
+    client_gone,
+    decode_json,
+    error_response,
+    read_body,
+    read_decoded,
+    request_key,
+)
+from harnessrl.proxy.wire.history import check_arguments, check_tool_results, restore_arguments
 from harnessrl.types import (
     ChatRequest,
     Chunk,

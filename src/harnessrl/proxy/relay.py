@@ -32,7 +32,9 @@ from starlette.types import Receive, Scope, Send
 
 from harnessrl.errors import HarnessRLError, TooLarge, WorkerUnavailable
 from harnessrl.http.client import Client, Response, TransportError
-from harnessrl.proxy.boundary import (
+from harnessrl.proxy.dialects import Endpoint, endpoints, openai_chat
+from harnessrl.proxy.dialects.base import Dialect
+from harnessrl.proxy.wire.boundary import (
     RELAYED,
     TURN,
     as_error,
@@ -41,8 +43,6 @@ from harnessrl.proxy.boundary import (
     receive_body,
     request_key,
 )
-from harnessrl.proxy.dialects import Endpoint, endpoints, openai_chat
-from harnessrl.proxy.dialects.base import Dialect
 from harnessrl.proxy.workers import Plan, owner
 
 Answer = tuple[int, bytes]

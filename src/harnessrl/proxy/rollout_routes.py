@@ -23,8 +23,13 @@ from harnessrl.errors import (
     NotFound,
     StoreFailed,
 )
-from harnessrl.proxy import nesting
-from harnessrl.proxy.boundary import (
+from harnessrl.proxy.config import ProxySettings
+from harnessrl.proxy.dialects import openai_chat
+from harnessrl.proxy.dialects.base import integer
+from harnessrl.proxy.engines.base import Engine
+from harnessrl.proxy.sessions import Sessions
+from harnessrl.proxy.wire import nesting
+from harnessrl.proxy.wire.boundary import (
     as_error,
     bearer,
     credential,
@@ -32,11 +37,6 @@ from harnessrl.proxy.boundary import (
     page,
     read_decoded,
 )
-from harnessrl.proxy.config import ProxySettings
-from harnessrl.proxy.dialects import openai_chat
-from harnessrl.proxy.dialects.base import integer
-from harnessrl.proxy.engines.base import Engine
-from harnessrl.proxy.sessions import Sessions
 from harnessrl.types import Sampling
 
 _encode = msgspec.json.Encoder().encode

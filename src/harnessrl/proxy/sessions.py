@@ -37,7 +37,7 @@ class OpenRollout:
     # or refused for its input; only the calls refused for the cap itself are not counted
     calls: int = 0
     # call id -> the argument text the model sampled, to restore it when a dialect's wire
-    # loses the exact text (see proxy/history.py)
+    # loses the exact text (see proxy/wire/history.py)
     issued_calls: dict[str, str] = field(default_factory=dict)
     # (length, CRC-32) of each of the latest request bodies -> the turn that sent it last
     bodies: dict[tuple[int, int], int] = field(default_factory=dict)

@@ -29,11 +29,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from harnessrl.errors import AuthenticationFailed, EngineTimeout, InvalidRequest
-from harnessrl.proxy.boundary import as_error, bearer, error_response, read_decoded
 from harnessrl.proxy.config import ProxySettings
 from harnessrl.proxy.dialects import openai_chat
 from harnessrl.proxy.engines.base import Engine
 from harnessrl.proxy.gate import GateTimeout, WeightGate
+from harnessrl.proxy.wire.boundary import as_error, bearer, error_response, read_decoded
 
 _T = TypeVar("_T")
 

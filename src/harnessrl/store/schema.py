@@ -122,7 +122,7 @@ _MIGRATIONS = {
     # in these columns and is read as it is, whole: nothing is rewritten.
     4: _Step(tuple(("turns", column, "INTEGER") for column in
                    ("layout", "prompt_parent", "prompt_keep", "prompt_len", "body_base"))),
-    # v6: the request body's content coding, and the client's retry count (proxy/codings.py,
+    # v6: the request body's content coding, and the client's retry count (proxy/wire/codings.py,
     # docs/concepts/retries.md); NULL in older rows: sent uncoded, no count seen.
     5: _Step((("turns", "content_encoding", "TEXT"), ("turns", "retry_count", "INTEGER"),
               ("turns", "retry_of", "INTEGER"))),

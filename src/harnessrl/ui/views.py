@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from harnessrl.errors import HarnessRLError
-from harnessrl.proxy import codings
+from harnessrl.proxy.wire import codings
 from harnessrl.types import Message, Turn
 
 CLIP = 20_000

@@ -27,7 +27,6 @@ from typing import Any
 import msgspec
 
 from harnessrl.errors import HarnessRLError
-from harnessrl.proxy import nesting, sse
 from harnessrl.proxy.dialects.anthropic_request import (
     RAW_ARGUMENTS,
     parse_request,
@@ -44,6 +43,7 @@ from harnessrl.proxy.dialects.base import (
     StreamOptions,
     fixed,
 )
+from harnessrl.proxy.wire import nesting, sse
 from harnessrl.types import (
     ChatRequest,
     Chunk,

@@ -25,7 +25,6 @@ from typing import Any
 import msgspec
 
 from harnessrl.errors import HarnessRLError, NotFound
-from harnessrl.proxy import nesting, sse
 from harnessrl.proxy.dialects.base import (
     CountTokens,
     Dialect,
@@ -38,6 +37,7 @@ from harnessrl.proxy.dialects.base import (
     fixed,
 )
 from harnessrl.proxy.dialects.gemini_request import OWN_SIGNATURE, parse_request
+from harnessrl.proxy.wire import nesting, sse
 from harnessrl.types import (
     ChatRequest,
     Chunk,

@@ -7,7 +7,6 @@ from typing import Any
 import msgspec
 
 from harnessrl.errors import HarnessRLError, InvalidRequest
-from harnessrl.proxy import sse
 from harnessrl.proxy.dialects import openai_common
 from harnessrl.proxy.dialects.base import (
     NO_OPTIONS,
@@ -24,6 +23,7 @@ from harnessrl.proxy.dialects.base import (
     optional,
     stop_list,
 )
+from harnessrl.proxy.wire import sse
 from harnessrl.types import (
     ChatRequest,
     Chunk,

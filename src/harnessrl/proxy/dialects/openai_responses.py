@@ -15,7 +15,6 @@ from typing import Any
 import msgspec
 
 from harnessrl.errors import HarnessRLError
-from harnessrl.proxy import sse
 from harnessrl.proxy.dialects import openai_common
 from harnessrl.proxy.dialects.base import (
     NO_OPTIONS,
@@ -32,6 +31,7 @@ from harnessrl.proxy.dialects.openai_responses_request import (
     previous_reply,
     seal,
 )
+from harnessrl.proxy.wire import sse
 from harnessrl.types import (
     ChatRequest,
     Chunk,

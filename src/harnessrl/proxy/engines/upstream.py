@@ -28,7 +28,7 @@ import msgspec
 
 from harnessrl.errors import EngineError, EngineTimeout, EngineUnavailable, InvalidRequest
 from harnessrl.http.client import Client, Response, TransportError, split
-from harnessrl.proxy.sse import SSEDecoder
+from harnessrl.proxy.wire.sse import SSEDecoder
 
 FIRST_BYTE_TIMEOUT = 30.0
 _Data = TypeVar("_Data", str, bytes | str)

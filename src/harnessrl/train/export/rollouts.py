@@ -10,7 +10,7 @@ from typing import Any, Literal
 import msgspec
 
 from harnessrl.errors import HarnessRLError
-from harnessrl.proxy import codings
+from harnessrl.proxy.wire import codings
 from harnessrl.store.reader import TraceReader
 from harnessrl.types import Rollout, Turn
 

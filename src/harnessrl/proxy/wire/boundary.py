@@ -16,8 +16,8 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from harnessrl.errors import HarnessRLError, InvalidRequest, TooLarge
-from harnessrl.proxy import codings, nesting
 from harnessrl.proxy.dialects.base import Dialect
+from harnessrl.proxy.wire import codings, nesting
 
 log = logging.getLogger("harnessrl.proxy.app")
 

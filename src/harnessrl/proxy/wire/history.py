@@ -16,7 +16,7 @@ import json
 import msgspec
 
 from harnessrl.errors import InvalidRequest
-from harnessrl.proxy import nesting
+from harnessrl.proxy.wire import nesting
 from harnessrl.types import ChatRequest, Message, ToolCall, ToolResult
 
 
