@@ -145,6 +145,14 @@ def _summary(h: History, body: dict) -> tuple[History, dict]:
     return [*h[:_n(h)], summary], body
 
 
+def _reply_rejected(h: History, body: dict) -> tuple[History, dict]:
+    """mini-swe-agent on a reply it cannot parse: the reply (and its result) left out, a
+    format error sent in its place (seen with SmolLM2's unparsed `<tool_call>` replies)."""
+    error = {"role": "user", "content": "Tool call error:\n\n<error>\nNo tool calls found "
+             "in the response. Every response MUST include at least one tool call.\n</error>"}
+    return [*h[:-2], error], body
+
+
 def _rewind(h: History, body: dict) -> tuple[History, dict]:
     return h[:_n(h)], body
 
@@ -176,6 +184,7 @@ GOLDEN: dict[str, tuple[Mutation, DriftCause, str | None]] = {
     "messages_dropped": (_drop_first_exchange, "messages_dropped", "completion"),
     "messages_reordered": (_swap_exchanges, "messages_reordered", "completion"),
     "summary_replaced_turns": (_summary, "summary_replaced_turns", "prompt"),
+    "reply_rejected": (_reply_rejected, "messages_dropped", "prompt"),
     "rewound": (_rewind, "rewound", None),
     "side_call": (_title, "side_call", None),
     "ambiguous": (_tools_and_system, "unclassified", "prompt"),

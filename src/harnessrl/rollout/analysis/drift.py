@@ -324,6 +324,12 @@ def _message_cause(a: Message | None, b: Message | None, old: Sequence[Message],
     if (moved := _moved(a, b, old, new, i)) is not None:
         return moved
     if len(new) <= len(old):  # shorter than the history it continues, with a new message
+        # One reply gone and a message in its place: the harness rejected the reply (a
+        # format error sent back instead, as mini-swe-agent does); more gone: a summary.
+        kept = {_key(m) for m in new}
+        gone = [m for m in old[i:] if _key(m) not in kept]
+        if len(gone) == 1 and gone[0].role == "assistant":
+            return "messages_dropped"
         return "summary_replaced_turns"
     return "message_changed"
 
