@@ -212,6 +212,23 @@ def test_the_sync_trainer_refuses_what_only_the_async_one_does(grpo, says):
     check_sync(TrainSettings(grpo=GRPOSettings(trainer="sync")))  # the defaults run
 
 
+@pytest.mark.parametrize("trl", [{"num_iterations": 2}, {"steps_per_generation": 2}])
+def test_the_sync_trainer_refuses_a_checkpoint_inside_a_generation(trl):
+    """TRL's checkpoint does not hold its buffered rows: a generation spanning optimizer
+    steps is refused with checkpoints or a resume, and runs without them."""
+    from harnessrl.train.config import CheckpointSettings, GRPOSettings, TrainSettings
+    from harnessrl.train.loop import check_sync
+
+    grpo = GRPOSettings(trainer="sync", trl=trl)
+    with pytest.raises(ValueError, match="cannot be checkpointed"):
+        check_sync(TrainSettings(grpo=grpo, checkpoint=CheckpointSettings(every_steps=2)))
+    with pytest.raises(ValueError, match="cannot be checkpointed"):
+        check_sync(TrainSettings(grpo=grpo), resume="latest")
+    check_sync(TrainSettings(grpo=grpo))
+    check_sync(TrainSettings(grpo=GRPOSettings(trainer="sync", trl={
+        "gradient_accumulation_steps": 2, "steps_per_generation": 2})), resume="latest")
+
+
 # ------------------------------------------------------------------ the worker, scripted
 class ScriptedRollouts:
     """`HarnessRollouts`' face to the worker, with a scripted engine (the turns of

@@ -315,7 +315,7 @@ def test_the_async_trainers_parts_are_built_by_their_constructors(tmp_path, weig
     from rich.console import Console
 
     from harnessrl.rollout.tasks.task import load_tasks
-    from harnessrl.train.async_grpo.loop import _transfer, versioned
+    from harnessrl.train.async_grpo.loop import ASYNC, _transfer, versioned
     from harnessrl.train.async_grpo.transfer import FileMover
     from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
     from harnessrl.train.runs.long_run import LongRun
@@ -324,7 +324,7 @@ def test_the_async_trainers_parts_are_built_by_their_constructors(tmp_path, weig
     config = msgspec.structs.replace(config, grpo=msgspec.structs.replace(
         config.grpo, weight_transfer=weight_transfer))
     long = LongRun(config, tmp_path / "run", load_tasks(config.rollout.tasks), Console(),
-                   tmp_path / "metrics.jsonl")
+                   tmp_path / "metrics.jsonl", ASYNC)
     sync = SimpleNamespace()  # stand-in: nothing is synced here
     transfer = _transfer(config, sync, tmp_path, version=7)  # type: ignore[arg-type]
     worker = HarnessRolloutWorker(SimpleNamespace(), num_generations=2,  # type: ignore[arg-type]
@@ -338,3 +338,67 @@ def test_the_async_trainers_parts_are_built_by_their_constructors(tmp_path, weig
         assert transfer.inner == "TRL's own NCCL client"
     assert trainer.model_version == transfer.version == worker._version == 7
     assert long.trainer is trainer and hasattr(trainer, "_save_checkpoint")
+
+
+# ------------------------------------------------------------------ one seam, both trainers
+class StandInSyncTrainer(StandInTrainer):
+    """What the sync trainer (TRL's GRPOTrainer) holds that its seam reads: its args,
+    group size and rollout function."""
+
+    def __init__(self, step: int, rollout_func: object) -> None:
+        super().__init__(step)
+        self.args = SimpleNamespace(per_device_train_batch_size=4,
+                                    gradient_accumulation_steps=1, world_size=1)
+        self.num_generations = 2
+        self.rollout_func = rollout_func
+        self.accelerator = SimpleNamespace(unwrap_model=lambda model: model)
+        self.model = object()
+
+
+@pytest.mark.parametrize("trainer", ["async", "sync"])
+def test_either_trainer_checkpoints_through_one_seam(tmp_path, monkeypatch, trainer):
+    """Both trainers satisfy `long_run.Seam`; `long_run` builds the run by its constructor
+    for each, and its trainer class writes a checkpoint whose state is the seam's cursor
+    and weight version (the async worker's and TRL's version; the sync trainer's groups
+    drawn and the step it synced)."""
+    from rich.console import Console
+
+    from harnessrl.train import loop
+    from harnessrl.train.async_grpo.loop import ASYNC
+    from harnessrl.train.runs import long_run as lr
+    from harnessrl.train.trl import HarnessRollouts
+
+    config = load_config(_config(tmp_path))
+    config = msgspec.structs.replace(config, grpo=msgspec.structs.replace(
+        config.grpo, trainer=trainer))
+    seam = {"async": ASYNC, "sync": loop.SYNC}[trainer]
+    assert isinstance(seam, lr.Seam)
+    typed: lr.Seam = seam  # pyright checks that each satisfies the protocol
+    long = lr.long_run(config, [SimpleNamespace(id="create-hello-file")], Console(),  # type: ignore[list-item]
+                       None, typed)
+    assert long.seam is seam and long.resumed_step == 0 and long.resume_from is None
+    monkeypatch.setattr(ckpt, "publish_checkpoint", lambda *_: tmp_path / "run" / "model")
+    if trainer == "async":
+        worker = SimpleNamespace(cursor=5)
+
+        class Async(StandInTrainer):
+            def __init__(self) -> None:
+                super().__init__(6)
+                self.rollout_worker, self.model_version = worker, 9
+        built = long.trainer_class(Async)()
+        want = {"task_cursor": 5, "weight_version": 9}
+    else:
+        pushed: list[str] = []
+        sync = SimpleNamespace(engines=[], push=lambda _model, name: pushed.append(name))
+        rollouts = HarnessRollouts(tasks=[], harnesses=[SimpleNamespace(name="h")],  # type: ignore[list-item]
+                                   engine=SimpleNamespace(), run_dir=tmp_path,  # type: ignore[arg-type]
+                                   pad_token_id=0, sync=sync)  # type: ignore[arg-type]
+        rollouts.ensure_synced(object(), 6)  # the step-6 weights, as its step end does
+        assert pushed == ["step-6"]
+        built = long.trainer_class(StandInSyncTrainer)(6, rollouts)
+        want = {"task_cursor": 12, "weight_version": 6}  # 6 steps of 4 rows in groups of 2
+    assert long.trainer is built
+    built._save_checkpoint(None, None)
+    state = ckpt.verify(ckpt.checkpoint_root(config) / "checkpoint-6")
+    assert {k: state[k] for k in want} == want and state["step"] == 6
+    assert state["fingerprint"] == long.fingerprint

@@ -5,7 +5,8 @@ a short script, tests/long_run_agent_script.py, the model is real).
 `harnessrl train` (async, 4 steps, a checkpoint every 2, eval every 2) runs as a process
 and is killed with SIGKILL once its step-2 checkpoint is whole; `--resume latest` finishes
 steps 3 and 4. Then the final model directory is served by a second vLLM through
-`harnessrl eval --model`."""
+`harnessrl eval --model`. The sync trainer (TRL's GRPOTrainer) goes through the same:
+killed after its step-2 checkpoint, resumed, evaluated while it trains."""
 
 from __future__ import annotations
 
@@ -30,14 +31,15 @@ TASKS = [{"id": f"t{i}", "instruction": f"Finish job {i}", "verify": ["test -f d
           "timeout": 120} for i in range(4)]
 
 
-def _config(tmp_path: Path, model: Path, url: str) -> Path:
+def _config(tmp_path: Path, model: Path, url: str, trainer: str = "async") -> Path:
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("\n".join(json.dumps(t) for t in TASKS))
+    only_async = {"max_inflight": 2, "max_staleness": 8} if trainer == "async" else {}
     return train_toml(
         tmp_path / "train.toml", run_dir=tmp_path / "run", model=model, url=f"{url}/v1",
         max_tokens=8, harnesses=["agent-chat"], tasks=tasks, rollout={"concurrency": 2},
-        grpo={**EVERY_REPLY_TRAINED, "trainer": "async", "steps": 4, "num_generations": 2,
-              "tasks_per_step": 1, "max_inflight": 2, "max_staleness": 8,
+        grpo={**EVERY_REPLY_TRAINED, "trainer": trainer, "steps": 4, "num_generations": 2,
+              "tasks_per_step": 1, **only_async,
               "learning_rate": 1e-3, "report_to": ["tensorboard"]},
         checkpoint={"every_steps": 2, "keep": 2},
         eval={"every_steps": 2, "holdout": 0.25, "harnesses": ["agent-chat", "agent-fresh"],
@@ -213,6 +215,82 @@ def test_kill_after_step_two_then_resume_finishes_with_eval_and_a_servable_model
                           "versions_before": sorted(v for v in versions_before if v),
                           "versions_after": sorted(new_versions), "eval": evaluated})
     _serve_and_eval(model, tmp_path)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_sync_trainer_killed_after_step_two_resumes_with_eval(
+        vllm_tiny, tiny_model, tmp_path, monkeypatch):
+    """The same long run with `trainer = "sync"`: checkpoint-2 records the sync trainer's
+    cursor and version (its seam), the resumed run loads it exactly and trains steps 3 and
+    4 on weights named from the checkpoint's step on, in-flight rollouts are marked and
+    never trained, and the eval pass of step 4 is logged with the per-harness figures."""
+    from harnessrl.store.reader import TraceReader
+    from harnessrl.train import trl as sync_trl
+    from harnessrl.train.config import load_config
+    from harnessrl.train.loop import train
+
+    config_path = _config(tmp_path, tiny_model, vllm_tiny.url, trainer="sync")
+    run = tmp_path / "run"
+    root = run / "checkpoints"
+    _run_until_checkpoint(config_path, root, 2)
+    state = json.loads((root / "checkpoint-2" / "harnessrl_state.json").read_text())
+    assert (state["task_cursor"], state["weight_version"]) == (2, 2)  # 2 steps of 1 group
+    with TraceReader(run) as store:
+        before = {r.key: r for r in store.iter_rollouts()}
+        outcomes_before = {(o.harness, o.task, o.sample) for o in store.outcomes()}
+    open_at_kill = {k for k, r in before.items() if r.closed is None}
+
+    import harnessrl.harnesses as registry
+
+    known = registry.get
+    monkeypatch.setattr(registry, "get", lambda name: long_run_agent.harness(name)
+                        if name.startswith("agent-") else known(name))
+    trained: list[str] = []  # the rollouts handed to TRL with a sample
+    real = sync_trl.columns
+
+    def recording(records, pad_token_id):
+        trained.extend(r.outcome.rollout for r in records if r.sample is not None)
+        return real(records, pad_token_id)
+
+    monkeypatch.setattr(sync_trl, "columns", recording)
+    probe = Probe()
+    resumed_at = time.time()
+    steps = train(load_config(config_path), console=QUIET, resume="latest",
+                  callbacks=[probe.callback()])
+
+    assert [s["step"] for s in steps] == [3, 4]
+    assert probe.seen["step"] == 2
+    _assert_loaded_exactly(probe.seen, root / "checkpoint-2")
+    # step 3 sampled with the checkpoint's weights (named after its step), step 4 with 3's
+    assert [s["sampled_with"] for s in steps] == [["step-2"], ["step-3"]]
+    assert steps[-1]["weight_version"] == "step-4"
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if "eval" not in x] == [1, 2, 3, 4]
+    with TraceReader(run) as store:
+        records = {r.key: r for r in store.iter_rollouts()}
+        outcomes = store.outcomes()
+    interrupted = {o.rollout for o in outcomes if (o.error or "").startswith("interrupted")}
+    assert open_at_kill <= {k for k, r in records.items() if "interrupted" in r.metadata}
+    assert not interrupted & set(trained)
+    assert trained and all(records[k].created >= resumed_at for k in trained)
+    triples = [(o.harness, o.task, o.sample) for o in outcomes]
+    assert len(triples) == len(set(triples)) and outcomes_before <= set(triples)
+    evals = [x for x in lines if "eval" in x]
+    assert evals and evals[-1]["step"] == 4 and {x["step"] for x in evals} <= {2, 4}
+    assert set(evals[-1]["eval"]) == {"agent-chat", "agent-fresh"}
+    split = json.loads((run / "split.json").read_text())
+    eval_rollouts = {k for k, r in records.items() if r.metadata.get("purpose") == "eval"}
+    assert {records[k].metadata["task"] for k in eval_rollouts} == set(split["eval"])
+    assert not eval_rollouts & set(trained)
+    logged = _tensorboard(run / "trainer")
+    assert 4 in logged.get("eval/agent-fresh/pass_at_1", []) + logged.get(
+        "eval/agent-fresh/infra_errors", [])
+    assert {3, 4} & set(logged["train/harnessrl/agent-chat/infra_errors"])
+    names = {p.name for p in (run / "model").iterdir()}
+    assert {"config.json", "model.safetensors"} <= names and "optimizer.pt" not in names
+    print("\nsync long run:", {"interrupted": len(interrupted), "trained": len(trained),
+                               "open_at_kill": len(open_at_kill), "eval": evals[-1]})
 
 
 def _has_matplotlib() -> bool:

@@ -662,6 +662,18 @@ def test_step_metrics_per_harness_leave_infra_errors_out_of_rates():
     assert m["trained_tokens"] == 6 and m["sampled_with"] == ["step-3"]
     # per rollout: 3 trainable turns in 2 chains -> 1 extended, 1 rewritten -> 50%
     assert m["chain_extension_rate"] == 0.5 and m["harnesses"]["b"]["chains"] == 4
+    # the same per-harness figures reach the trainer's metrics (so report_to) by name
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from harnessrl.train.loop import report_batch
+
+    trainer = SimpleNamespace(_metrics={"train": defaultdict(list)})
+    report_batch(Batch(3, [record("a", "done", 1.0, 2), record("a", "done", 0.0, 4),
+                           record("b", "infra_error", None)], 9.0), trainer)
+    sink = trainer._metrics["train"]
+    assert sink["harnessrl/a/pass_rate"] == [0.5] and sink["harnessrl/a/tool_calls"] == [3.0]
+    assert sink["harnessrl/b/infra_errors"] == [1.0] and "harnessrl/b/pass_rate" not in sink
 
 
 def test_weight_sync_order_and_tied_heads_refused(tmp_path):

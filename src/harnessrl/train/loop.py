@@ -7,7 +7,9 @@ harnesses on tasks, scored by the tasks' verifiers), takes an optimizer step on 
 captured tokens, and the weights go back to vLLM by file with a new version name that
 every later turn records. Per step, one line of `metrics.jsonl` in the run directory:
 reward, pass rate per harness, tool calls, tokens, chain extension rate, weight versions,
-and TRL's own numbers (loss, grad norm, ...).
+and TRL's own numbers (loss, grad norm, ...). Checkpoints, `--resume` and eval while
+training are the long run's (`train.runs.long_run`), as for the async trainer; `SYNC` is
+what a checkpoint records of this trainer.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from rich.table import Table
 
 from harnessrl.rollout.analysis.chains import ChainStats
 from harnessrl.train.async_grpo.loop import (
+    ASYNC,
     check_config,
     row_settings,
     train_async,
@@ -35,7 +38,7 @@ from harnessrl.train.async_grpo.processes import check_processes, process_state
 from harnessrl.train.common import quiet, sampling_of
 from harnessrl.train.config import TrainSettings, trainer_dtype
 from harnessrl.train.engines import PolicyEngines, node_engines, policy_engines
-from harnessrl.train.runs.long_run import long_run
+from harnessrl.train.runs.long_run import LongRun, is_eval_log, long_run, saving
 from harnessrl.train.trl import Batch, RolloutRecord
 
 if TYPE_CHECKING:
@@ -122,13 +125,38 @@ class StepLog:
                 "sync_seconds": None if sync is None or not sync.seconds
                 else round(sync.seconds[-1], 3),
                 "no_gradient": int(bool(logs.get("harnessrl/steps_without_gradient"))),
-                "trl": {k: v for k, v in logs.items() if isinstance(v, int | float)}}
+                "trl": {k: v for k, v in logs.items() if isinstance(v, int | float)
+                        and not _per_harness_key(k)}}
         self.steps.append(line)
         with self.path.open("a") as f:
             f.write(json.dumps(line) + "\n")
         self.console.print(_row(line))
         if self.on_step is not None:
             self.on_step(line)
+
+
+def _per_harness_key(key: str) -> bool:
+    """`harnessrl/<harness>/<figure>`: `report_batch`'s, already in the line's harnesses."""
+    return key.startswith("harnessrl/") and key.count("/") == 2
+
+
+# Per harness, into the trainer's metrics as harnessrl/<harness>/<name> (so report_to
+# backends get them, as from the async trainer's worker).
+REPORTED = ("reward", "pass_rate", "tool_calls", "turns", "completion_tokens",
+            "agent_timeouts", "infra_errors", "chain_extension_rate")
+
+
+def report_batch(batch: Batch, trainer: Any) -> None:
+    """The batch's figures per harness into `trainer`'s metrics of this step."""
+    if trainer is None:
+        return
+    from harnessrl.train.trl_compat import metrics_sink
+
+    sink = metrics_sink(trainer)
+    for harness, figures in batch_metrics(batch)["harnesses"].items():
+        for name in REPORTED:
+            if (value := figures.get(name)) is not None:
+                sink[f"harnessrl/{harness}/{name}"].append(float(value))
 
 
 def _row(line: dict[str, Any]) -> str:
@@ -151,8 +179,9 @@ def _callback(log: StepLog) -> TrainerCallback:
     class MetricsCallback(TrainerCallback):
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                    **_: Any) -> None:
-            # TRL logs once per step (logging_steps=1) and once more with the run's totals.
-            if logs and "train_runtime" not in logs:
+            # TRL logs once per step (logging_steps=1) and once more with the run's totals;
+            # an eval pass is logged through the trainer too (its own metrics line).
+            if logs and "train_runtime" not in logs and not is_eval_log(logs):
                 log.add(int(state.global_step), logs)
 
     return MetricsCallback()
@@ -171,7 +200,7 @@ def train(config: TrainSettings, *, console: Console | None = None,
           resume: str | None = None, callbacks: Sequence[Any] = (),
           on_phase: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Run GRPO steps end to end (up to `config.grpo.steps` in all); one metrics dict per
-    step. `resume`: "latest" or a checkpoint's path, to go on from (async trainer);
+    step. `resume`: "latest" or a checkpoint's path, to go on from;
     `callbacks`: more `TrainerCallback`s for the trainer; `on_phase`: told each phase
     of the async trainer's schedule ("sampling", "training step N", "syncing weights")."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental"
@@ -188,19 +217,18 @@ def train(config: TrainSettings, *, console: Console | None = None,
     harnesses = [get(name) for name in config.rollout.harnesses]
     asynchronous = config.grpo.trainer == "async"
     processes = check_processes(config)
-    if not asynchronous or processes > 1:
-        _refuse_long_run_settings(config, resume, 'grpo.trainer = "async" in one process'
-                                  if processes > 1 else 'grpo.trainer = "async"')
+    if processes > 1:
+        _refuse_long_run_settings(config, resume, "one trainer process")
     # before anything starts: the eval split, the checkpoint and the config checked
-    long = long_run(config, tasks, console, resume) if asynchronous else None
-    tasks = list(long.tasks) if long is not None else tasks
+    long = long_run(config, tasks, console, resume, ASYNC if asynchronous else SYNC)
+    tasks = list(long.tasks)
     if len(tasks) < config.grpo.tasks_per_step:
         raise ValueError(f"{len(tasks)} tasks, but tasks_per_step is "
                          f"{config.grpo.tasks_per_step}")
     if asynchronous:
         check_config(config)
     else:
-        check_sync(config)
+        check_sync(config, resume)
     if processes > 1:  # under accelerate launch / torchrun: one rollout worker, on rank 0
         state = process_state()
         with state.main_process_first():  # the first builds the model, the others read it
@@ -211,18 +239,44 @@ def train(config: TrainSettings, *, console: Console | None = None,
     else:
         model_dir = resolve_model(config.model.path, console)
     with policy_engines(config, model_dir, run_dir, status=console.status) as engines:
-        if long is not None:
+        if asynchronous:
             return train_async(config, tasks, harnesses, model_dir, engines, run_dir,
                                console, on_step, long=long, callbacks=callbacks,
                                on_phase=on_phase)
         return _train(config, tasks, harnesses, model_dir, engines, run_dir, console, on_step,
-                      callbacks)
+                      long, callbacks)
 
 
-def check_sync(config: TrainSettings) -> None:
+class SyncSeam:
+    """What a checkpoint records of the sync trainer (`long_run.Seam`): the groups TRL's
+    sampler has handed out (one generation per optimizer step, `check_sync`; TRL's resume
+    skips them itself) and the step whose weights the rollout function synced."""
+
+    def cursor(self, trainer: Any) -> int:
+        a = trainer.args
+        rows = a.per_device_train_batch_size * a.gradient_accumulation_steps * a.world_size
+        return int(trainer.state.global_step) * rows // int(trainer.num_generations)
+
+    def weight_version(self, trainer: Any) -> int:
+        return trainer.rollout_func.synced_step
+
+
+SYNC = SyncSeam()
+
+
+def check_sync(config: TrainSettings, resume: str | None = None) -> None:
     """What the sync trainer (TRL's GRPOTrainer, one row per rollout, its own advantage)
-    cannot do: a penalty row, the shuffled control."""
+    cannot do: a penalty row, the shuffled control, and (with checkpoints or a resume) a
+    generation that spans optimizer steps: TRL's checkpoint does not hold its buffered
+    rows, so a resume would lose them."""
     g = config.grpo
+    if config.checkpoint.every_steps or resume is not None:
+        trl = g.trl
+        if (trl.get("num_iterations", 1) != 1 or trl.get("steps_per_generation") not in
+                (None, trl.get("gradient_accumulation_steps", 1))):
+            raise ValueError("grpo.trl.num_iterations / steps_per_generation: a generation "
+                             "spanning optimizer steps cannot be checkpointed (TRL's "
+                             "checkpoint does not hold its buffered rows)")
     for name in ("rejected_turns", "truncated_turns"):
         if getattr(g, name) == "penalty":
             raise ValueError(f'grpo.{name} = "penalty" gives the replies a row of their own: '
@@ -242,8 +296,10 @@ def _refuse_long_run_settings(config: TrainSettings, resume: str | None, needed:
 
 def _train(config: TrainSettings, tasks: list[Task], harnesses: list[Harness], model_dir: Path,
            engines: PolicyEngines, run_dir: Path, console: Console,
-           on_step: Callable[[dict[str, Any]], None] | None,
+           on_step: Callable[[dict[str, Any]], None] | None, long: LongRun,
            callbacks: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    """TRL's GRPOTrainer with `HarnessRollouts` as its rollout function; `long`: its
+    checkpoints, resume and eval (train.runs.long_run)."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -267,19 +323,21 @@ def _train(config: TrainSettings, tasks: list[Task], harnesses: list[Harness], m
         shaping=config.shaping, mix=config.rollout.mix, settings=config.rollout,
         train_retried=config.grpo.train_retried,
         on_outcome=lambda _o: progress.advance(task_id), cluster=config.cluster,
-        engine_factory=node_engines(config, engines), rows=row_settings(config))
+        engine_factory=node_engines(config, engines), rows=row_settings(config),
+        # the harness rotation goes on where the resumed step is (one call per step)
+        rotation=long.resumed_step, on_batch=report_batch)
     log = StepLog(run_dir / METRICS_FILE, rollouts, progress.console, on_step)
     with rollouts, progress:
-        trainer = guarded_trainer(GRPOTrainer)(
+        long.on_worker_start(rollouts)
+        trainer = long.trainer_class(guarded_trainer(GRPOTrainer))(
             model=model, reward_funcs=[harness_reward], args=grpo_config(config, run_dir),
             train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}),
             processing_class=tokenizer, rollout_func=rollouts,
-            callbacks=[rollouts.callback(), _callback(log), *callbacks])
+            # the weight sync's step end before the eval's: a pass samples the new weights
+            callbacks=[rollouts.callback(), _callback(log), long.callback(), *callbacks])
         quiet(trainer)
-        trainer.train()
-    from harnessrl.train.runs.checkpoint import save_final_model
-
-    model = save_final_model(trainer, run_dir)
+        trainer.train(resume_from_checkpoint=long.resume_from)
+    model = long.finish(trainer)
     console.print(summary_table(log.steps))
     console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'} · "
                   f"model: {model}")
@@ -300,8 +358,10 @@ def grpo_config(config: TrainSettings, run_dir: Path) -> GRPOConfig:
         seed=g.seed, use_cpu=not torch.cuda.is_available(),
         bf16=trainer_dtype(config) == "bfloat16",
         report_to=g.report_to or "none",
-        logging_steps=1, save_strategy="no", dataloader_num_workers=0,
-        disable_tqdm=True)  # our own progress shows rollouts and steps
+        logging_steps=1, dataloader_num_workers=0,
+        disable_tqdm=True,  # our own progress shows rollouts and steps
+        # checkpoints are harnessrl's (train.runs.checkpoint), at TRL's save points
+        **saving(config.checkpoint.every_steps))
     return GRPOConfig(**{**values, **g.trl})
 
 

@@ -44,7 +44,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -71,6 +71,7 @@ if TYPE_CHECKING:  # Ray is imported only by a run on a cluster
 
 Mix = Literal["group", "generation"]
 NAN = float("nan")
+GATE_TIMEOUT = 600.0  # seconds a reload waits for the calls in flight
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,9 @@ class HarnessRollouts:
     rotation: int = 0
     # how the sync trainer masks rejected and truncated replies (None: it does not)
     rows: RowSettings | None = None
+    # told each batch with the trainer that asked for it (the sync trainer's per-harness
+    # figures go into the trainer's metrics this way)
+    on_batch: Callable[[Batch, Any], None] = lambda _batch, _trainer: None
 
     def __post_init__(self) -> None:
         if not self.harnesses:
@@ -313,6 +317,7 @@ class HarnessRollouts:
                                moved_by_trl=bool(getattr(trainer, "use_vllm", False)))
         records = self.rollouts(self.plan([str(p) for p in prompts], _generations(trainer)))
         self.batches.append(Batch(step, records, time.monotonic() - started))
+        self.on_batch(self.batches[-1], trainer)
         return columns(records, self.pad_token_id)
 
     def plan(self, task_ids: Sequence[str], generations: int) -> list[Planned]:
@@ -378,8 +383,31 @@ class HarnessRollouts:
         if moved_by_trl:
             self.sync.announce(version_name(step))
         else:
-            self.sync.push(model, version_name(step))
+            with self._gates_held():
+                self.sync.push(model, version_name(step))
         self._synced_step = step
+
+    @property
+    def synced_step(self) -> int:
+        """The step whose weights vLLM serves by our sync (0 before the first)."""
+        return self._synced_step or 0
+
+    @contextlib.contextmanager
+    def _gates_held(self) -> Iterator[None]:
+        """The proxy's gates held during a reload, once served: calls running beside the
+        sync trainer's steps (an eval pass's) finish on the old weights and new ones wait
+        for the new, so no turn spans a reload or records a version it was not sampled
+        with. Between steps nothing else is in flight, so holding is immediate."""
+        gates = self.gates() if self._runner is not None else []
+        held: list[Gate] = []
+        try:
+            for gate in gates:
+                gate.hold(GATE_TIMEOUT)
+                held.append(gate)
+            yield
+        finally:
+            for gate in held:
+                gate.release()
 
     def callback(self) -> TrainerCallback:
         return WeightSyncCallback(self)

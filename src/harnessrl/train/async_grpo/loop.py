@@ -22,7 +22,7 @@ from rich.console import Console
 from harnessrl.train.common import quiet, sampling_of
 from harnessrl.train.config import TrainSettings
 from harnessrl.train.engines import PolicyEngines
-from harnessrl.train.runs.long_run import LongRun, is_eval_log
+from harnessrl.train.runs.long_run import LongRun, is_eval_log, saving
 
 if TYPE_CHECKING:
     from transformers import TrainerCallback
@@ -106,7 +106,7 @@ def async_config(config: TrainSettings, run_dir: Path, vllm_url: str) -> Any:
         report_to=g.report_to or "none", logging_steps=1,
         token_budget=0, vllm_server_base_url=vllm_url, disable_tqdm=True,
         # checkpoints are harnessrl's (train.runs.checkpoint), at TRL's save points
-        **_saving(config.checkpoint.every_steps), **_colocated_queue(config))
+        **saving(config.checkpoint.every_steps), **_colocated_queue(config))
     return async_trl().config(**{**values, **g.trl})
 
 
@@ -144,10 +144,21 @@ def _colocated_queue(config: TrainSettings) -> dict[str, Any]:
     return {"queue_maxsize": config.grpo.tasks_per_step}
 
 
-def _saving(every_steps: int) -> dict[str, Any]:
-    if not every_steps:
-        return {"save_strategy": "no"}
-    return {"save_strategy": "steps", "save_steps": every_steps, "save_total_limit": None}
+class AsyncSeam:
+    """What a checkpoint records of the async trainer (`long_run.Seam`): its rollout
+    worker's cursor in the run's task order and TRL's model version."""
+
+    def cursor(self, trainer: Any) -> int:
+        worker = trainer.rollout_worker  # TRL's, given to the trainer's constructor
+        if worker is None:
+            raise RuntimeError("a checkpoint of a trainer without a rollout worker")
+        return int(worker.cursor)
+
+    def weight_version(self, trainer: Any) -> int:
+        return int(trainer.model_version)
+
+
+ASYNC = AsyncSeam()
 
 
 def step_line(step: int, logs: dict[str, Any], served: str | None) -> dict[str, Any]:
@@ -268,7 +279,7 @@ def train_async(config: TrainSettings, tasks: list[Task], harnesses: list[Harnes
     args = async_config(config, run_dir, engines.url)  # refuses bad keys before any start
     # every server reloads (the proxies' gates held) before the new version is released
     sync = engines.weight_sync(run_dir / "weights", allow_tied=config.model.allow_tied)
-    long = long or LongRun(config, run_dir, tasks, console, run_dir / METRICS_FILE)
+    long = long or LongRun(config, run_dir, tasks, console, run_dir / METRICS_FILE, ASYNC)
     # a resumed run's versions go on above every one used before its crash
     version = long.first_version(_served(sync))
     transfer = _transfer(config, sync, model_dir, version)

@@ -1,9 +1,11 @@
-"""What a long async run adds around `train_async`: checkpoints, the resume, the trained
-model directory and eval while training, as a few hooks into the trainer and the worker
-(train.runs.checkpoint, train.runs.resume, train.runs.eval_during hold the parts).
+"""What a long run adds around either trainer (`train_async`, the sync `loop._train`):
+checkpoints, the resume, the trained model directory and eval while training, as a few
+hooks into the trainer and its rollouts (train.runs.checkpoint, train.runs.resume,
+train.runs.eval_during hold the parts).
 
-`LongRun` is built before the trainer; it says which trainer class to build (one whose
-checkpoints are atomic), what the worker and the version counter start from (the task
+`LongRun` is built before the trainer, from the run's settings and the trainer's `Seam`
+(what a checkpoint records of it); it says which trainer class to build (one whose
+checkpoints are atomic), what the rollouts and the version counter start from (the task
 cursor, the resume's marking of interrupted rollouts, the first version), and gives the
 callbacks that start eval passes and log them.
 """
@@ -15,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rich.console import Console
 
@@ -33,6 +35,25 @@ if TYPE_CHECKING:
     from harnessrl.train.trl import HarnessRollouts
 
 
+@runtime_checkable
+class Seam(Protocol):
+    """What a long run asks of a trainer for its checkpoints (`harnessrl_state.json`):
+    the groups drawn from its task order so far and the weight version vLLM serves.
+    Each trainer kept has one: `async_grpo.loop.ASYNC`, `loop.SYNC`."""
+
+    def cursor(self, trainer: Any) -> int: ...
+
+    def weight_version(self, trainer: Any) -> int: ...
+
+
+def saving(every_steps: int) -> dict[str, Any]:
+    """TRL's save settings for `[checkpoint] every_steps`: its save points are where
+    `trainer_class`'s trainer writes this run's checkpoints."""
+    if not every_steps:
+        return {"save_strategy": "no"}
+    return {"save_strategy": "steps", "save_steps": every_steps, "save_total_limit": None}
+
+
 @dataclass
 class LongRun:
     config: TrainSettings
@@ -40,6 +61,7 @@ class LongRun:
     tasks: Sequence[Task]  # the training tasks
     console: Console
     metrics: Path
+    seam: Seam  # the trainer's (what its checkpoints record)
     resume: ckpt.Resume | None = None
     evaluation: EvalDuringTraining | None = None
     checkpoints: list[dict[str, Any]] = field(default_factory=list)  # per save: seconds, bytes
@@ -55,12 +77,17 @@ class LongRun:
         return int(self.resume.state.get("task_cursor", 0)) if self.resume else 0
 
     @property
+    def resumed_step(self) -> int:
+        """The optimizer step the run goes on from (0: a new run)."""
+        return self.resume.step if self.resume else 0
+
+    @property
     def resume_from(self) -> str | None:
         """For TRL's `train(resume_from_checkpoint=...)`."""
         return None if self.resume is None else str(self.resume.path)
 
     def trainer_class(self, base: type) -> type:
-        """`base` (TRL's async trainer) built for this run: its checkpoints are this run's
+        """`base` (TRL's trainer, async or sync) built for this run: its checkpoints are this run's
         (atomic, with harnessrl's state) and its eval passes are logged through it."""
         run = self
 
@@ -81,7 +108,8 @@ class LongRun:
                              served)
 
     def on_worker_start(self, rollouts: HarnessRollouts) -> None:
-        """In the worker's `start`, after the cold sync and before its first rollout."""
+        """Once the rollouts are open, before the first one: the async worker's `start`
+        (after the cold sync), the sync trainer's `with rollouts:`."""
         if self.resume is not None:
             marked = mark_interrupted(rollouts.store, f"in flight when the run stopped; "
                                       f"resumed from {self.resume.path}")
@@ -97,10 +125,8 @@ class LongRun:
     def _save(self, trainer: Any) -> None:
         started = time.monotonic()
         c = self.config.checkpoint
-        worker = trainer.rollout_worker  # TRL's, given to the trainer's constructor
-        if worker is None:
-            raise RuntimeError("a checkpoint of a trainer without a rollout worker")
-        state = resumed_state(worker, trainer, self.fingerprint)
+        state = resumed_state(self.seam.cursor(trainer), self.seam.weight_version(trainer),
+                              self.fingerprint)
         path = ckpt.save(trainer, ckpt.checkpoint_root(self.config), state, c.keep)
         ckpt.publish_checkpoint(trainer, path, self.run_dir)
         size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
@@ -176,7 +202,7 @@ SPLIT_FILE = "split.json"
 
 
 def long_run(config: TrainSettings, tasks: Sequence[Task], console: Console,
-             resume: str | None) -> LongRun:
+             resume: str | None, seam: Seam) -> LongRun:
     """The run's training tasks (the eval split held out), its checked resume and its eval;
     refuses, before anything starts, a checkpoint that cannot be resumed (named)."""
     from harnessrl.train.runs.resume import rewind_metrics
@@ -193,7 +219,7 @@ def long_run(config: TrainSettings, tasks: Sequence[Task], console: Console,
             console.print(f"{undone} metrics lines of steps after {found.step} moved to "
                           "metrics.undone.jsonl")
     evaluation = evaluation_of(config, eval_tasks, run_dir) if eval_tasks else None
-    return LongRun(config, run_dir, train_tasks, console, metrics, found, evaluation)
+    return LongRun(config, run_dir, train_tasks, console, metrics, seam, found, evaluation)
 
 
 def _split(config: TrainSettings, tasks: list[Task], run_dir: Path

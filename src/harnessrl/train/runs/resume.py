@@ -18,7 +18,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -26,9 +26,6 @@ from harnessrl.store.reader import TraceReader
 from harnessrl.store.writer import TraceStore
 from harnessrl.train.async_grpo.transfer import version_number
 from harnessrl.types import Outcome, Rollout
-
-if TYPE_CHECKING:
-    from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
 
 INTERRUPTED = "interrupted"
 UNDONE_FILE = "metrics.undone.jsonl"
@@ -112,8 +109,9 @@ def rewind_metrics(path: Path, step: int) -> int:
     return len(undone)
 
 
-def resumed_state(worker: HarnessRolloutWorker, trainer: Any,
+def resumed_state(cursor: int, weight_version: int,
                   fingerprint: dict[str, Any]) -> dict[str, Any]:
-    """harnessrl's part of a checkpoint (besides TRL's): what the worker needs to go on."""
-    return {"weight_version": int(trainer.model_version), "task_cursor": worker.cursor,
+    """harnessrl's part of a checkpoint (besides TRL's): what the rollouts need to go on
+    (the trainer's `long_run.Seam` gives the cursor and the version)."""
+    return {"weight_version": int(weight_version), "task_cursor": int(cursor),
             "fingerprint": fingerprint, "saved_at": time.time()}
