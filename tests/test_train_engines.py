@@ -387,6 +387,9 @@ steps = 1
 num_generations = 2
 tasks_per_step = 1
 learning_rate = 5.0e-2
+# the random model's 16-token replies are all cut: trained (the default masks them)
+truncated_turns = "train"
+rejected_turns = "train"
 [shaping]
 custom = ["tests.test_train_engines:order_term"]
 """)
