@@ -305,6 +305,11 @@ def test_sigterm_removes_the_runners_containers(tmp_path: Path) -> None:
 async def test_after_sigkill_the_next_start_sweeps_the_leftovers(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     child = _start_child(run_dir, tmp_path / "tools")
+    # Its watcher first: it would remove the container when the runner dies (that is
+    # tested in test_sandbox_owners.py); here nothing but the sweep may.
+    watcher = subprocess.run(["pkill", "-KILL", "-f",
+                              f"reaper_launcher.py --owner {child.pid} --docker-label"])
+    assert watcher.returncode == 0, "the runner started no container watcher"
     child.kill()
     child.wait(timeout=20)
     label = f"{RUN_LABEL}={run_dir.resolve()}"

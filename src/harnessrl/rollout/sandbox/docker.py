@@ -120,16 +120,25 @@ def _install_cleanup() -> None:
 
 async def sweep() -> list[str]:
     """Remove the containers whose owner process is gone; their names."""
+    dead = [name for name, label in (await _labelled()).items() if not owners.alive(label)]
+    if dead:
+        # A dead owner's watcher may be removing the same containers: `rm -f` then fails for
+        # those ("already in progress"), and they are still listed until the daemon is done.
+        await docker("rm", "-f", *dead)
+        deadline = time.monotonic() + 30
+        while set(dead) & set(await _labelled()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+    return dead
+
+
+async def _labelled() -> dict[str, str]:
+    """Every container with an owner label: its name and the owner."""
     listed = await docker("ps", "-a", "--filter", f"label={LABEL}", "--format",
                           f'{{{{.Names}}}} {{{{.Label "{LABEL}"}}}}')
     if listed.returncode != 0:
         raise SandboxError(f"docker ps failed: {listed.stdout.strip()[-500:]}")
-    dead = [name for name, _, label in (line.partition(" ") for line in
-                                        listed.stdout.splitlines())
-            if not owners.alive(label)]
-    if dead:
-        await docker("rm", "-f", *dead)
-    return dead
+    pairs = (line.partition(" ") for line in listed.stdout.splitlines())
+    return {name: owner for name, _, owner in pairs}
 
 
 # -- limits and runtimes ---------------------------------------------------------------------
