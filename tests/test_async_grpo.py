@@ -17,7 +17,7 @@ import pytest
 
 from harnessrl.harnesses.base import Harness
 from harnessrl.rollout.analysis.chains import link
-from harnessrl.train.async_grpo.worker import advantages, rows_of, score_group
+from harnessrl.train.async_grpo.groups import advantages, rows_of, score_group
 from harnessrl.train.rows.grpo import RowSettings
 from harnessrl.types import Outcome
 from tests.helpers import CACHE, make_turn

@@ -134,7 +134,7 @@ def test_a_dropped_reply_is_found_and_a_rerendered_one_is_not():
 
 
 def _mask_by_turn(turns: list[Turn], settings: RowSettings) -> list[tuple[Any, ...]]:
-    from harnessrl.train.async_grpo.worker import score_group
+    from harnessrl.train.async_grpo.groups import score_group
 
     report, rows = score_group(0, "t", [(outcome("r", 1.0), turns),
                                         (outcome("s", 0.0), agent_turns("s"))], settings)

@@ -13,7 +13,7 @@ import pytest
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
 from harnessrl.rollout.analysis.chains import link
 from harnessrl.rollout.analysis.kinds import CALL_KINDS, HINTS, label
-from harnessrl.train.async_grpo.worker import score_group
+from harnessrl.train.async_grpo.groups import score_group
 from harnessrl.train.rows.samples import samples_for_rollout
 from harnessrl.types import Outcome
 from tests.helpers import RECORDED, ServedProxy, make_proxy, unredacted

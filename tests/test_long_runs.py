@@ -240,8 +240,8 @@ def test_metrics_rewind_to_the_checkpoint_step(tmp_path):
 # ------------------------------------------------------------------ figures
 @pytest.mark.slow  # imports TRL's async trainer, which imports vLLM
 def test_group_metrics_carry_per_harness_outcomes_for_report_to():
+    from harnessrl.train.async_grpo.groups import group_metrics, score_group
     from harnessrl.train.async_grpo.loop import step_line
-    from harnessrl.train.async_grpo.worker import group_metrics, score_group
     from tests.helpers import make_turn
 
     def outcome(h: str, sample: int, status: str = "done", verifier: float = 0.0):

@@ -17,7 +17,7 @@ import pytest
 from harnessrl.errors import EngineUnavailable
 from harnessrl.proxy.engines.scripted import ScriptedEngine, replay
 from harnessrl.rollout.analysis.chains import EXCLUDE_REASONS, link, rollout_stats
-from harnessrl.train.async_grpo.worker import rows_of
+from harnessrl.train.async_grpo.groups import rows_of
 from harnessrl.train.config import TrainSettings
 from harnessrl.types import ChatRequest, EngineEvent, ExcludedTurn
 from harnessrl.ui import views

@@ -37,7 +37,7 @@ import msgspec
 from rich.console import Console
 
 from harnessrl.store.reader import TraceReader
-from harnessrl.train.async_grpo.worker import captured_tokens, main_chain_tokens, rows_of
+from harnessrl.train.async_grpo.groups import captured_tokens, main_chain_tokens, rows_of
 from harnessrl.train.config import TrainSettings
 from harnessrl.train.loop import resolve_model, train
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 METRICS_FILE = "metrics.jsonl"
 _SHARES = ("rows_per_rollout", "tokens_trained_share", "tokens_main_chain_share")
-# per harness, also through report_to: the worker's rates (train.async_grpo.worker.OUTCOME_RATES)
+# per harness, also through report_to: the worker's rates (train.async_grpo.groups.OUTCOME_RATES)
 _PER_HARNESS = (*_SHARES, "reward", "pass_rate", "tool_calls", "turns", "completion_tokens",
                 "agent_timeouts", "infra_errors_total")
 
