@@ -5,11 +5,11 @@
            like real history, ~2.6x) coded as zstd (level 3), gzip and br (quality 5):
            the proxy's capped, streamed decode against the library's own one-shot
            decode (unbounded: what a bomb would make it allocate), best of N
-  bomb     a zstd frame of 1 GiB of zeros decoded under the proxy's 32 MiB limit: its
+  bomb     (zstd_bomb.py) a zstd frame of 1 GiB of zeros decoded under the proxy's 32 MiB limit: its
            size, the time until it is refused, and the process's peak memory before and
            after (a fresh process)
 
-    .venv/bin/python bench/proxy/wire/codings.py
+    .venv/bin/python bench/proxy/codings.py
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import brotli
 import zstandard
@@ -28,6 +29,7 @@ import zstandard
 from harnessrl.proxy.wire import codings
 
 LIMIT = 64 << 20
+BOMB = Path(__file__).with_name("zstd_bomb.py")
 
 
 def chat_body(kib: int, rng: random.Random) -> bytes:
@@ -70,27 +72,8 @@ def decode_table() -> None:
                   f"{ours * 1e3:.2f} ms | {theirs * 1e3:.2f} ms | {ours / theirs:.2f}x |")
 
 
-_BOMB = """
-import resource, time, zstandard
-from harnessrl.errors import TooLarge
-from harnessrl.proxy.wire.codings import decode
-out = zstandard.ZstdCompressor(level=3).compressobj()
-zeros = b"\\0" * (1 << 24)
-frame = b"".join([out.compress(zeros) for _ in range(64)] + [out.flush()])
-del zeros
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-start = time.perf_counter()
-try:
-    decode(frame, ("zstd",), 32 << 20)
-except TooLarge:
-    took = time.perf_counter() - start
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(len(frame), took, before, after)
-"""
-
-
 def bomb() -> None:
-    done = subprocess.run([sys.executable, "-c", _BOMB], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, str(BOMB)], capture_output=True, text=True,
                           check=True)
     size, took, before, after = done.stdout.split()
     print(f"\nzstd bomb: {int(size) / 1024:.0f} KiB frame of 1 GiB of zeros, refused as too "
