@@ -1,7 +1,10 @@
 """A scripted agent for the long-run tests: a real process that talks to the capture proxy
 through the `openai` SDK (three chat calls on one history), and passes its task when the
-model's last answer has an even length. `harness(name)` wraps it as a harness; `main`
-runs `harnessrl` with the `agent-*` names resolving to it (for a subprocess to kill)."""
+model's last answer has an even length; `agent-split*` passes when its sample index is even
+instead, so every group of two has a reward spread whatever the model says (a trainer that
+skips steps without a gradient then still steps each time). `harness(name)` wraps it as a
+harness; `main` runs `harnessrl` with the `agent-*` names resolving to it (for a subprocess
+to kill)."""
 
 from __future__ import annotations
 
@@ -24,7 +27,13 @@ def harness(name: str) -> Harness:
         name=name, version="1", dialect="openai_chat", registry="pypi", package="-",
         binary="python", argv=lambda ctx, instruction: [str(script), instruction],
         env=lambda ctx: {"AGENT_BASE": ctx.openai_base, "AGENT_KEY": ctx.key,
-                         "AGENT_NAME": name})
+                         "AGENT_NAME": name, "AGENT_SAMPLE": _sample(ctx.home)})
+
+
+def _sample(home: Path) -> str:
+    """The rollout's sample index, from its sandbox's name (the runner's
+    `<harness>.<task>.<sample>.<attempt>.<key>`, with home/ inside)."""
+    return home.parent.name.rsplit(".", 3)[1]
 
 
 def install() -> None:

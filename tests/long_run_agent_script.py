@@ -13,6 +13,8 @@ for _ in range(3):
     reply = client.chat.completions.create(model="policy", messages=messages)
     text = reply.choices[0].message.content or ""
     messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "Go on."}]
-if len(text) % 2 == 0:
+passed = (int(os.environ["AGENT_SAMPLE"]) % 2 == 0
+          if os.environ["AGENT_NAME"].startswith("agent-split") else len(text) % 2 == 0)
+if passed:
     with open("done.txt", "w") as f:
         f.write("yes")
