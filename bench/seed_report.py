@@ -14,6 +14,7 @@ from typing import Any
 
 import seed_pooled
 from arms import step_lines
+from seed_state import merged
 from seed_stats import rates, sign_test
 
 from harnessrl.rollout.evaluate import wilson
@@ -299,7 +300,8 @@ def start_note(budget: dict[str, Any]) -> str:
 
 
 def write(args: argparse.Namespace, root: Path) -> str:
-    units, failed = _load(root, "units"), _load(root, "failed")
+    measured, failed = _load(root, "units"), _load(root, "failed")
+    units, partial = merged(measured)
     budgets = {phase: _json(root / f"budget-{phase}.json")
                for phase in ("calibrate", "sft", "run")}
     # each phase's own harnesses (calibration may try more than the run keeps)
@@ -318,10 +320,13 @@ def write(args: argparse.Namespace, root: Path) -> str:
             f"Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from the state "
             f"dir `{root}` by `bench/seed_table.py`; **{status}**: {len(evals)} of {expected} "
             "arm x harness cells measured. Every figure below is as measured; a cell not "
-            "run says so.", "", "## Budget as run", "",
+            "run says so.", "",
+            *[f"- `{cell}`: {n} of {total} chunks measured (in the report once all are)"
+              for cell, (n, total) in sorted(partial.items())],
+            *([""] if partial else []), "## Budget as run", "",
             *[f"- `{c}`" for c in commands],
             *[f"- {phase}: `{json.dumps(b)}`" for phase, b in budgets.items() if b],
-            "", wall(root, units), "", start_note(budgets["run"]), "",
+            "", wall(root, measured), "", start_note(budgets["run"]), "",
             "## Calibration: the base model's pass rate per tier and harness", "",
             *calibration(units, calibrated), "",
             "## pass@1 on the held-out sample, per arm and harness", "",

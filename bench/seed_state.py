@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import re
 import shutil
 import time
 import traceback
@@ -140,3 +141,51 @@ def run_child(command: list[str], log: Any) -> int:
         except subprocess.TimeoutExpired:
             child.kill()
         raise
+
+
+CHUNKED = re.compile(r"^(?P<cell>.+)/c(?P<n>\d+)of(?P<total>\d+)$")
+
+
+def merged(units: dict[str, dict[str, Any]]
+           ) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[int, int]]]:
+    """The units with each cell measured in chunks (`<cell>/c<n>of<N>`) as that one cell,
+    once all N are in, and the cells still missing chunks (chunks in, N), which are left
+    out: a figure of part of the tasks would not compare with the others'."""
+    whole: dict[str, dict[str, Any]] = {}
+    chunks: dict[str, list[dict[str, Any]]] = {}
+    totals: dict[str, int] = {}
+    for key, value in units.items():
+        if (m := CHUNKED.match(key)) is None:
+            whole[key] = value
+            continue
+        chunks.setdefault(m["cell"], []).append(value)
+        totals[m["cell"]] = int(m["total"])
+    partial = {}
+    for cell, parts in chunks.items():
+        if len(parts) == totals[cell]:
+            whole[cell] = _merge(parts)
+        else:
+            partial[cell] = (len(parts), totals[cell])
+    return whole, partial
+
+
+def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One eval cell from its chunks: the rollouts' outcomes together, counts summed."""
+    errors: dict[str, int] = {}
+    for part in parts:
+        for kind, n in part.get("turn_errors", {}).items():
+            errors[kind] = errors.get(kind, 0) + n
+    prompts = [p[k] for p in parts for k in ("prompt_tokens_max", "prompt_tokens_first")
+               if p.get(k) is not None]
+    return {"returncode": max(p.get("returncode", 0) for p in parts),
+            "samples": parts[0].get("samples"), "temperature": parts[0].get("temperature"),
+            "eval": {"capped": sum(p["eval"].get("capped", 0) for p in parts)},
+            "per_task": {k: v for p in parts for k, v in p["per_task"].items()},
+            "turn_errors": errors, "chunks": len(parts),
+            "prompt_tokens_max": max(prompts, default=None),
+            "prompt_tokens_first": min(prompts, default=None),
+            "seconds": round(sum(p["seconds"] for p in parts), 1),
+            "lock_wait": round(sum(p.get("lock_wait", 0) for p in parts), 1),
+            "started": min(p["started"] for p in parts),
+            "finished": max(p["finished"] for p in parts)}
+

@@ -25,12 +25,13 @@ cells of 8 tasks that --calib-per-tier can add to), `run` (the arms; --select tr
 tasks whose calibrated pass rate is in --band and evaluates on up to --heldout-sample
 held-out tasks in it; --eval-samples rollouts per task at each of --eval-temperatures),
 `report` (the .md and .png from what is measured, and <out>_curves.png). Every unit of work
-(a calibration cell, a teacher run, an arm's training, an arm x harness eval) writes its
-result to STATE/units/*.json and is skipped when run again, so a rerun after a kill goes
-on; an RL arm killed mid-training goes on from its newest whole checkpoint (`harnessrl
-train --resume`). Heavy units take /tmp/harnessrl-heavy.lock (flock) for their own
-duration only. `--record DIR` copies the small records (no weights) to a folder in the
-repository whenever the report is written, so the figures outlive the machine.
+(a calibration cell, a teacher run, an arm's training, a chunk of 8 held-out tasks of an
+arm x harness eval) writes its result to STATE/units/*.json and is skipped when run again,
+so a rerun after a kill goes on; an RL arm killed mid-training goes on from its newest
+whole checkpoint (`harnessrl train --resume`). Heavy units take /tmp/harnessrl-heavy.lock
+(flock) for their own duration only. `--record DIR` copies the small records (no weights)
+to a folder in the repository whenever the report is written, so the figures outlive the
+machine.
 docs/seed-table.md gives the commands of each experiment.
 """
 
@@ -330,11 +331,23 @@ def run(args: argparse.Namespace, state: State) -> None:
                 continue  # its training failed: recorded in STATE/failed, retried next run
             for n, temperature in enumerate(args.eval_temperatures):
                 kind = "eval" if n == 0 else f"eval@{temperature:g}"
-                cells = [(f"{kind}/{arm}/s{seed}/{h}", h, args.heldout_dir)
-                         for h in args.harnesses]
+                cells = [(f"{kind}/{arm}/s{seed}/{h}/{chunk}", h, where)
+                         for h in args.harnesses
+                         for chunk, where in eval_chunks(state, args.heldout_dir)]
                 served_evals(args, state, model, f"{arm}-s{seed}", cells,
                              samples=args.eval_samples, temperature=temperature)
             report(args, state)
+
+
+def eval_chunks(state: State, heldout: Path) -> list[tuple[str, Path]]:
+    """The held-out tasks in chunks of CHUNK, each a unit of its own (`c<n>of<N>`; the
+    report merges a cell's chunks once all are in): an arm's eval is ~25 minutes per
+    harness and temperature, and a kill then loses one chunk's minutes, not the cell."""
+    ids = sorted(p.name for p in heldout.iterdir() if p.is_dir())
+    total = -(-len(ids) // CHUNK)
+    return [(f"c{n}of{total}", sample(heldout, ids[n * CHUNK:(n + 1) * CHUNK],
+                                      state.root / "tasks" / f"{heldout.name}-c{n}of{total}"))
+            for n in range(total)]
 
 
 def seed_tasks(args: argparse.Namespace, state: State, tasks: Path, seed: int

@@ -21,7 +21,7 @@ import arms  # noqa: E402
 import seed_pooled  # noqa: E402
 import seed_stats as st  # noqa: E402
 import seed_table  # noqa: E402
-from seed_state import State  # noqa: E402
+from seed_state import State, merged  # noqa: E402
 
 
 # ------------------------------------------------------------------ the power estimate
@@ -149,6 +149,39 @@ def test_calibration_cells_grow_by_chunks_without_changing_the_measured_ones(tmp
     ids = [sorted(p.name for p in where.iterdir()) for _, _, where in after]
     assert all(i and all(t.startswith("lookup") for t in i) for i in ids)
     assert not set(ids[0]) & set(ids[1])  # the chunks of a split hold distinct tasks
+
+
+def test_an_arms_eval_is_chunked_into_units_that_cover_the_held_out_tasks_once(
+        tmp_path: Path) -> None:
+    held = tmp_path / "held"
+    for n in range(19):
+        (held / f"lookup-{n:02}").mkdir(parents=True)
+    chunks = seed_table.eval_chunks(State(tmp_path / "state"), held)
+    assert [name for name, _ in chunks] == ["c0of3", "c1of3", "c2of3"]
+    ids = [sorted(p.name for p in where.iterdir()) for _, where in chunks]
+    assert [len(i) for i in ids] == [8, 8, 3]
+    assert sorted(itertools.chain(*ids)) == sorted(p.name for p in held.iterdir())
+    assert seed_table.eval_chunks(State(tmp_path / "state"), held) == chunks  # made once
+
+
+def test_chunks_merge_into_their_cell_only_when_all_are_in() -> None:
+    timing = {"seconds": 2.0, "lock_wait": 0.5, "started": "2026-12-05T01:00:00Z",
+              "finished": "2026-12-05T01:05:00Z"}
+    units = {"eval/sft/s0/msa/c0of2": {**cell({"a": [True, False]}), **timing,
+                                       "turn_errors": {"timeout": 1}},
+             "eval/sft/s0/msa/c1of2": {**cell({"b": [True, True]}), **timing,
+                                       "finished": "2026-12-05T02:00:00Z",
+                                       "turn_errors": {"timeout": 2, "engine": 1}},
+             "eval/sft/s0/pi/c1of2": {**cell({"b": [True]}), **timing},
+             "calib/x/heldout/lookup/c0/msa": cell({"c": [True]})}
+    whole, partial = merged(units)
+    assert set(whole) == {"eval/sft/s0/msa", "calib/x/heldout/lookup/c0/msa"}
+    one = whole["eval/sft/s0/msa"]
+    assert set(one["per_task"]) == {"a#0", "a#1", "b#0", "b#1"} and one["chunks"] == 2
+    assert (one["seconds"], one["lock_wait"]) == (4.0, 1.0)
+    assert one["finished"] == "2026-12-05T02:00:00Z"
+    assert one["turn_errors"] == {"timeout": 3, "engine": 1}
+    assert partial == {"eval/sft/s0/pi": (1, 2)}
 
 
 def test_the_sft_start_has_its_own_budget(tmp_path: Path) -> None:
@@ -304,12 +337,15 @@ def test_report_writes_the_experiment_sections_from_synthetic_records(tmp_path: 
     for seed in (0, 1):
         saved(state, f"eval/sft/s{seed}/msa", cell({"a": [False] * 4, "b": [True] * 4}))
         saved(state, f"eval/control/s{seed}/msa", cell({"a": [False] * 4, "b": [True] * 4}))
-        saved(state, f"eval/rl-one/s{seed}/msa", cell({"a": [True] * 4, "b": [True] * 4}))
+        # rl-one measured in two chunks of one task each: merged, the same cell
+        saved(state, f"eval/rl-one/s{seed}/msa/c0of2", cell({"a": [True] * 4}))
+        saved(state, f"eval/rl-one/s{seed}/msa/c1of2", cell({"b": [True] * 4}))
         saved(state, f"train/rl-one/s{seed}", {
             "model": str(tmp_path / "none" / "model"), "seconds": 1, "harnesses": ["msa"],
             "steps": [{"step": n, "reward": 0.5, "groups_with_spread": 0.75, "kl": 0.01,
                        "harnesses": {}} for n in (1, 2)],
             "evals": [{"step": 2, "eval": {"msa": {"passed": 3, "rollouts": 4}}}]})
+    saved(state, "eval/rl-one/s2/msa/c0of2", cell({"a": [False] * 4}))  # half measured
     args = seed_table.parse(["report", "--state", str(state.root), "--harnesses", "msa",
                              "--arms", "sft,rl-one,control", "--out", str(tmp_path / "r.md"),
                              "--plot", str(tmp_path / "r.png")])
@@ -319,4 +355,5 @@ def test_report_writes_the_experiment_sections_from_synthetic_records(tmp_path: 
         in text
     assert text.count("| rl-one | +50.0 pts") == 2  # against the start and the control
     assert "| rl-one | 2 | 4 | 0.75 | - | - | 0.01 |" in text
+    assert "- `eval/rl-one/s2/msa`: 1 of 2 chunks measured" in text
     assert (tmp_path / "r_curves.png").is_file()
