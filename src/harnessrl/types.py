@@ -333,7 +333,7 @@ class Sample(msgspec.Struct, frozen=True):
     logprobs: tuple[float, ...]
     weight_versions: tuple[str | None, ...] = ()
     break_reason: BreakReason | None = None  # None: the rollout's first chain
-    kind: CallKind = "main"  # what the chain's first turn was for (rollout.kinds)
+    kind: CallKind = "main"  # what the chain's first turn was for (rollout.analysis.kinds)
 
     def dense_logprobs(self, fill: float = float("nan")) -> list[float]:
         """One logprob per completion id; inserted positions get `fill` (NaN by default,

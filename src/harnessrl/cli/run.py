@@ -104,7 +104,7 @@ def _execute_on_cluster(args: argparse.Namespace, config: RunSettings, sampling:
 
     import msgspec
 
-    from harnessrl.proxy.engines.build import built
+    from harnessrl.proxy.engines.build import built, split_urls
     from harnessrl.rollout.cluster.driver import ClusterSettings
     from harnessrl.rollout.cluster.run import engines_from, execute_on_cluster
     from harnessrl.rollout.run import oracle_engine
@@ -115,7 +115,8 @@ def _execute_on_cluster(args: argparse.Namespace, config: RunSettings, sampling:
         return execute_on_cluster(config, factory, args.run_dir, cluster, sampling=sampling)
     spec = _run_engine_spec(args)
     with built(spec) as engine:
-        urls = (engine.url or spec.url or "").split(",")
+        # no URL at all: one spec as given (an engine the nodes build themselves)
+        urls = split_urls(engine.url or spec.url or "") or [""]
         specs = [msgspec.structs.replace(spec, url=url, model=None if url else spec.model)
                  for url in urls]
         factory = functools.partial(engines_from, specs, spec.template_text())

@@ -60,7 +60,7 @@ class Result:
     tool_call_source: str = "native"
     harness_actions: int | None = None  # what the harness's record says it ran, if any
     chain_extended: bool | None = None
-    # of the turns continuing a conversation, the share that extends it (rollout.chains)
+    # of the turns continuing a conversation, the share that extends it (rollout.analysis.chains)
     extension_rate: float | None = None
     # seconds this run spent installing the harness; None: its prefix was already
     # installed (cached), so no figure is given
@@ -68,7 +68,7 @@ class Result:
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
     output: str = ""
-    # the drift atlas of the run (rollout.atlas): breaks by cause, calls by kind
+    # the drift atlas of the run (rollout.analysis.atlas): breaks by cause, calls by kind
     drift: Entry = field(default_factory=Entry)
 
     @property

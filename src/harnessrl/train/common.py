@@ -1,6 +1,6 @@
 """What both trainers (the synchronous `loop` and the asynchronous `async_grpo.loop`) share,
-so that neither imports the other for it: the sampling, a quiet trainer log, and an
-optimizer that does not step without a gradient."""
+so that neither imports the other for it: the sampling, a quiet trainer log, an
+optimizer that does not step without a gradient, and the name of the per-step log."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import Any
 
 from harnessrl.train.config import TrainSettings
 from harnessrl.types import Sampling
+
+METRICS_FILE = "metrics.jsonl"  # a run directory's per-step log, one JSON line a step
 
 
 def sampling_of(config: TrainSettings) -> Sampling:

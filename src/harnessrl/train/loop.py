@@ -35,7 +35,7 @@ from harnessrl.train.async_grpo.loop import (
     train_async_rank,
 )
 from harnessrl.train.async_grpo.processes import check_processes, process_state
-from harnessrl.train.common import quiet, sampling_of
+from harnessrl.train.common import METRICS_FILE, quiet, sampling_of
 from harnessrl.train.config import TrainSettings, trainer_dtype
 from harnessrl.train.engines import PolicyEngines, node_engines, policy_engines
 from harnessrl.train.runs.long_run import LongRun, is_eval_log, long_run, saving
@@ -48,8 +48,6 @@ if TYPE_CHECKING:
     from harnessrl.harnesses.base import Harness
     from harnessrl.rollout.tasks.task import Task
     from harnessrl.train.trl import HarnessRollouts
-
-METRICS_FILE = "metrics.jsonl"
 
 
 # ------------------------------------------------------------------ metrics

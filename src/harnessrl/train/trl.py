@@ -9,8 +9,9 @@ What TRL gets back, one entry per prompt entry:
 - `prompt_ids`, `completion_ids`: one chain of the rollout (`samples.sample`): the first
   prompt, then every sampled completion and the tokens inserted between them, exactly as
   the engine saw and produced them, never re-tokenized.
-- `env_mask`: 1 on sampled tokens, 0 on inserted ones (tool results, template tokens);
-  TRL multiplies it into the loss mask.
+- `env_mask`: 1 on sampled tokens, 0 on inserted ones (tool results, template tokens)
+  and on replies masked by `grpo.rejected_turns` / `truncated_turns`; TRL multiplies it
+  into the loss mask.
 - `logprobs`: the engine's logprob on each sampled token and NaN on inserted ones. TRL
   reads these only where the loss mask is 1 (its importance-sampling ratio multiplies the
   difference by the mask and maps NaN to 0; its off-policy mask and its logged divergence
@@ -54,14 +55,14 @@ from transformers import TrainerCallback
 from harnessrl.harnesses.base import Harness
 from harnessrl.proxy.app import Proxy
 from harnessrl.proxy.engines.base import Engine
-from harnessrl.rollout.analysis.chains import Chain, ChainStats, link, rollout_stats
+from harnessrl.rollout.analysis.chains import ChainStats, link, rollout_stats
 from harnessrl.rollout.rewards import Shaping
 from harnessrl.rollout.runner import Planned, RolloutSettings, Runner, RunSettings
 from harnessrl.rollout.serving import serving
 from harnessrl.rollout.tasks.task import Task
 from harnessrl.store.writer import TraceStore
 from harnessrl.train.rows.grpo import RowSettings, flagged_turns, masked_chain
-from harnessrl.train.rows.samples import sample
+from harnessrl.train.rows.samples import main_chain, sample
 from harnessrl.train.weights import Gate, Versioned, VLLMWeightSync, version_name
 from harnessrl.types import Outcome, Sample, Sampling, Turn
 
@@ -98,15 +99,6 @@ class Batch:
 
 
 # ------------------------------------------------------------------ one rollout -> one entry
-def main_chain(chains: Sequence[Chain]) -> Chain | None:
-    """The agent's own conversation: most turns, then most sampled tokens, then earliest."""
-    def key(chain: Chain) -> tuple[int, int, int]:
-        sampled = sum(len(t.completion.tokens.completion_ids or ())
-                      for t in chain.turns if t.completion is not None)
-        return len(chain.turns), sampled, -chain.turns[0].index
-    return max(chains, key=key, default=None)
-
-
 def record_for(outcome: Outcome, turns: Sequence[Turn],
                rows: RowSettings | None = None, *, keep_retried: bool = False
                ) -> RolloutRecord:

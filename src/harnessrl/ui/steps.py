@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-METRICS_FILE = "metrics.jsonl"
+from harnessrl.train.common import METRICS_FILE
+
 TAIL_BYTES = 4 << 20
 
 # chart -> series -> the value in one step line (None: not recorded at that step)

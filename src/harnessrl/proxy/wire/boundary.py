@@ -61,7 +61,7 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 async def read_decoded(request: Request, limit: int) -> bytes:
-    """`read_body` with its content codings undone (`proxy.codings`), within `limit`
+    """`read_body` with its content codings undone (`proxy.wire.codings`), within `limit`
     decoded too."""
     raw = await read_body(request, limit)
     return codings.undo(raw, request.headers.get("content-encoding"), limit)

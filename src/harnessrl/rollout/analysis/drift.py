@@ -161,6 +161,12 @@ def classify(start: ChainBreak, chain: Sequence[Turn], turn: Turn) -> Drift | No
                  old_text=old_text, new_text=new_text, **base)
 
 
+def _history(last: Turn) -> tuple[Message, ...]:
+    """A chain's whole conversation at its last turn: that turn's prompt and its reply."""
+    assert last.request is not None and last.completion is not None
+    return (*last.request.messages, Message("assistant", last.completion.parts))
+
+
 def _same_conversation(chain: Sequence[Turn], turn: Turn) -> bool:
     """Whether a prompt that shares little of the chain's ids (a `side_call` by the ids)
     still holds its conversation: its task and first reply after a changed system prompt
@@ -169,8 +175,7 @@ def _same_conversation(chain: Sequence[Turn], turn: Turn) -> bool:
     if last is None or last.request is None or last.completion is None \
             or turn.request is None:
         return False
-    history = [m for m in (*last.request.messages, Message("assistant", last.completion.parts))
-               if m.role != "system"]
+    history = [m for m in _history(last) if m.role != "system"]
     new = [m for m in turn.request.messages if m.role != "system"]
     same = next((k for k, (a, b) in enumerate(zip(history, new, strict=False))
                  if _key(a) != _key(b)), min(len(history), len(new)))
@@ -199,8 +204,7 @@ def _find(start: ChainBreak, chain: Sequence[Turn], turn: Turn) -> _Found | str:
         return "a request of the break was not stored (read with bodies)"
     assert within.request is not None and last.request is not None and last.completion
     old, new = within.request.messages, turn.request.messages
-    # the chain's whole history: the last turn's prompt and its reply
-    history = (*last.request.messages, Message("assistant", last.completion.parts))
+    history = _history(last)
     if start.within == "completion":
         return _in_completion(within, history, new)
     prev = chain[pos - 1].request if pos > 0 else None

@@ -98,8 +98,8 @@ def as_row(sample: Any, divisor: float = 1.0) -> dict[str, Any]:
 
 
 class GroupBatcher(_dataset_base()):  # type: ignore[misc]
-    """`groups_per_step` whole groups per micro-batch, partitioned over `num_processes`
-    rows as TRL's `FixedCountBatcher` partitions them."""
+    """`groups_per_step` whole groups per micro-batch, partitioned over the
+    `num_processes` processes as TRL's `FixedCountBatcher` partitions them."""
 
     def __init__(self, groups: Any, num_processes: int, groups_per_step: int, scale: Scale,
                  metrics: Any, tree_row: Callable[[], Any]) -> None:

@@ -20,9 +20,8 @@ from harnessrl.train.rows.grpo import (
     has_spread,
     shuffled,
 )
-from harnessrl.train.rows.samples import kinded_chains, samples_for_rollout
+from harnessrl.train.rows.samples import kinded_chains, main_chain, samples_for_rollout
 from harnessrl.train.rows.samples import sample as chain_sample
-from harnessrl.train.trl import main_chain
 from harnessrl.types import CallKind, Outcome, Sample, Turn
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from harnessrl.train.common import quiet, sampling_of
+from harnessrl.train.common import METRICS_FILE, quiet, sampling_of
 from harnessrl.train.config import TrainSettings
 from harnessrl.train.engines import PolicyEngines
 from harnessrl.train.runs.long_run import LongRun, is_eval_log, saving
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from harnessrl.train.rows.importance import Importance
     from harnessrl.train.weights import VLLMWeightSync
 
-METRICS_FILE = "metrics.jsonl"
 _SHARES = ("rows_per_rollout", "tokens_trained_share", "tokens_main_chain_share")
 # per harness, also through report_to: the worker's rates (train.async_grpo.groups.OUTCOME_RATES)
 _PER_HARNESS = (*_SHARES, "reward", "pass_rate", "tool_calls", "turns", "completion_tokens",

@@ -23,7 +23,7 @@ last rollout ends, the group is scored (groups.py) and pushed to TRL's rollout q
   group whose rewards are all equal is not queued (`grpo.drop_uniform_groups`), so the
   worker's next groups fill the step.
 - **Weight versions.** Each row carries the oldest version that sampled one of its turns
-  (see `async_weights`). A group whose oldest row is already older than `max_staleness`
+  (see `train.async_grpo.transfer`). A group whose oldest row is already older than `max_staleness`
   when it ends is dropped here whole and counted (`harnessrl/groups_stale_total`); the
   trainer drops the ones that go stale in its queue, whole, and counts them
   (`harnessrl/groups_stale_dropped_total`, rows in `sample/dropped_stale_total`). None
@@ -272,8 +272,8 @@ class HarnessRolloutWorker:
         if fate == "queued":
             version = min(r.version for r in report.rows if r.version is not None)
             item = GroupItem(group, version, [
-                rollout_sample(s, advantage, row.version or version, group, outcome,
-                               instruction)
+                rollout_sample(s, advantage, version if row.version is None else row.version,
+                               group, outcome, instruction)
                 for (s, advantage, outcome), row in zip(rows, report.rows, strict=True)],
                 [o.reward for o in report.outcomes
                  if o.status == "done" and o.reward is not None])
@@ -304,8 +304,8 @@ class HarnessRolloutWorker:
                   file=sys.stderr, flush=True)
 
     def _put(self, item: Any) -> None:
-        """Queue a row; a full queue (`queue_maxsize`) holds the worker, so no new rollout
-        starts until the trainer takes rows. A worker held so is waiting, not stuck: its
+        """Queue a group; a full queue (`queue_maxsize`) holds the worker, so no new rollout
+        starts until the trainer takes groups. A worker held so is waiting, not stuck: its
         heartbeat stays fresh for TRL's health check."""
         while not self._stop.is_set():
             try:
@@ -316,7 +316,7 @@ class HarnessRolloutWorker:
 
 
 class _TakenQueue(queue.Queue):
-    """The rollout queue, telling the worker which rows the trainer took."""
+    """The rollout queue, telling the worker which groups the trainer took."""
 
     def __init__(self, on_take: Callable[[Any], None], maxsize: int = 0) -> None:
         super().__init__(maxsize)

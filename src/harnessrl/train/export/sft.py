@@ -33,8 +33,7 @@ from typing import Any, Literal
 from harnessrl.proxy.engines import openai_wire
 from harnessrl.rollout.analysis.chains import link
 from harnessrl.store.reader import TraceReader
-from harnessrl.train.rows.samples import sample
-from harnessrl.train.trl import main_chain
+from harnessrl.train.rows.samples import main_chain, sample
 from harnessrl.types import ChatRequest, Message, Outcome, Turn
 
 Kind = Literal["tokens", "messages"]

@@ -90,3 +90,12 @@ def iter_samples(store: TraceReader) -> Iterator[Sample]:
     # Only the ids, status and flags are read: the raw bodies and requests stay unread.
     for _key, turns in groupby(store.iter_turns(bodies=False), key=attrgetter("rollout")):
         yield from samples_for_rollout(list(turns))
+
+
+def main_chain(chains: Sequence[Chain]) -> Chain | None:
+    """The agent's own conversation: most turns, then most sampled tokens, then earliest."""
+    def key(chain: Chain) -> tuple[int, int, int]:
+        sampled = sum(len(t.completion.tokens.completion_ids or ())
+                      for t in chain.turns if t.completion is not None)
+        return len(chain.turns), sampled, -chain.turns[0].index
+    return max(chains, key=key, default=None)

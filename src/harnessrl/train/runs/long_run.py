@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rich.console import Console
 
+from harnessrl.train.common import METRICS_FILE
 from harnessrl.train.config import TrainSettings
 from harnessrl.train.runs import checkpoint as ckpt
 from harnessrl.train.runs.eval_during import PLOT_FILE, EvalDuringTraining, EvalPass, plot
@@ -212,7 +213,7 @@ def long_run(config: TrainSettings, tasks: Sequence[Task], console: Console,
     found = None
     if resume is not None:
         found = ckpt.prepare_resume(resume, config, [t.id for t in train_tasks])
-    metrics = run_dir / "metrics.jsonl"
+    metrics = run_dir / METRICS_FILE
     if found is not None:
         undone = rewind_metrics(metrics, found.step)
         if undone:
