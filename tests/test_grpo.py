@@ -212,6 +212,20 @@ def test_the_sync_trainer_refuses_what_only_the_async_one_does(grpo, says):
     check_sync(TrainSettings(grpo=GRPOSettings(trainer="sync")))  # the defaults run
 
 
+def test_the_row_and_importance_defaults_are_the_configs() -> None:
+    """`RowSettings` and `Importance` repeat `[grpo]`'s defaults for the pure functions
+    that take no config; a default changed in one place only fails here."""
+    from harnessrl.train.async_grpo.loop import importance_of
+    from harnessrl.train.common import row_settings
+    from harnessrl.train.config import GRPOSettings, TrainSettings
+    from harnessrl.train.rows.grpo import RowSettings
+    from harnessrl.train.rows.importance import Importance
+
+    config = TrainSettings(grpo=GRPOSettings(importance="on"))
+    assert row_settings(config) == RowSettings()
+    assert importance_of(config) == Importance()
+
+
 @pytest.mark.parametrize("trl", [{"num_iterations": 2}, {"steps_per_generation": 2}])
 def test_the_sync_trainer_refuses_a_checkpoint_inside_a_generation(trl):
     """TRL's checkpoint does not hold its buffered rows: a generation spanning optimizer

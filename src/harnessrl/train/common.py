@@ -1,15 +1,19 @@
 """What both trainers (the synchronous `loop` and the asynchronous `async_grpo.loop`) share,
 so that neither imports the other for it: the sampling, a quiet trainer log, an
-optimizer that does not step without a gradient, and the name of the per-step log."""
+optimizer that does not step without a gradient, how rollouts become rows, and the name
+of the per-step log."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harnessrl.train.config import TrainSettings
 from harnessrl.types import Sampling
+
+if TYPE_CHECKING:
+    from harnessrl.train.rows.grpo import RowSettings
 
 METRICS_FILE = "metrics.jsonl"  # a run directory's per-step log, one JSON line a step
 
@@ -73,3 +77,13 @@ def guarded_trainer(base: type) -> type:
             metrics_sink(self)["harnessrl/steps_without_gradient"].append(1.0)
 
     return GuardedTrainer
+
+
+def row_settings(config: TrainSettings) -> RowSettings:
+    """How either trainer turns rollouts into rows, from `[grpo]`."""
+    from harnessrl.train.rows.grpo import RowSettings
+
+    g = config.grpo
+    return RowSettings(scale_rewards=g.scale_rewards, rejected_turns=g.rejected_turns,
+                       truncated_turns=g.truncated_turns, format_penalty=g.format_penalty,
+                       advantage_control=g.advantage_control, seed=g.seed)

@@ -30,12 +30,11 @@ from harnessrl.rollout.analysis.chains import ChainStats
 from harnessrl.train.async_grpo.loop import (
     ASYNC,
     check_config,
-    row_settings,
     train_async,
     train_async_rank,
 )
 from harnessrl.train.async_grpo.processes import check_processes, process_state
-from harnessrl.train.common import METRICS_FILE, quiet, sampling_of
+from harnessrl.train.common import METRICS_FILE, quiet, row_settings, sampling_of
 from harnessrl.train.config import TrainSettings, trainer_dtype
 from harnessrl.train.engines import PolicyEngines, node_engines, policy_engines
 from harnessrl.train.runs.long_run import LongRun, is_eval_log, long_run, saving

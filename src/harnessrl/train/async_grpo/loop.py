@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from harnessrl.train.common import METRICS_FILE, quiet, sampling_of
+from harnessrl.train.common import METRICS_FILE, quiet, row_settings, sampling_of
 from harnessrl.train.config import TrainSettings
 from harnessrl.train.engines import PolicyEngines
 from harnessrl.train.runs.long_run import LongRun, is_eval_log, saving
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from harnessrl.train.async_grpo.schedule import Schedule
     from harnessrl.train.async_grpo.transfer import VersionedTransfer
     from harnessrl.train.async_grpo.worker import HarnessRolloutWorker
-    from harnessrl.train.rows.grpo import RowSettings
     from harnessrl.train.rows.importance import Importance
     from harnessrl.train.weights import VLLMWeightSync
 
@@ -107,16 +106,6 @@ def async_config(config: TrainSettings, run_dir: Path, vllm_url: str) -> Any:
         # checkpoints are harnessrl's (train.runs.checkpoint), at TRL's save points
         **saving(config.checkpoint.every_steps), **_colocated_queue(config))
     return async_trl().config(**{**values, **g.trl})
-
-
-def row_settings(config: TrainSettings) -> RowSettings:
-    """How the worker turns rollouts into rows, from `[grpo]`."""
-    from harnessrl.train.rows.grpo import RowSettings
-
-    g = config.grpo
-    return RowSettings(scale_rewards=g.scale_rewards, rejected_turns=g.rejected_turns,
-                       truncated_turns=g.truncated_turns, format_penalty=g.format_penalty,
-                       advantage_control=g.advantage_control, seed=g.seed)
 
 
 def importance_of(config: TrainSettings) -> Importance | None:
