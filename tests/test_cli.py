@@ -28,3 +28,16 @@ def test_export_and_report_commands(tmp_path: Path, capsys, monkeypatch) -> None
     assert "opencode" in out and "wrote 2 turns" in out
     assert main(["report", str(tmp_path / "nothing")]) == 2
     assert json.loads((tmp_path / "t.jsonl").read_text().splitlines()[0])["rollout"] == "k"
+
+
+def test_cluster_nodes_get_one_engine_spec_per_url() -> None:
+    """`run --cluster ray`: the driver's engine URLs, as `--engine-url` lists them (spaces
+    after the commas too), each a spec the nodes call by URL; none, the spec as given."""
+    from harnessrl.cli.run import node_specs
+    from harnessrl.proxy.engines.build import EngineSettings
+
+    spec = EngineSettings(kind="chat", model="m")
+    specs = node_specs(spec, "http://127.0.0.1:1/v1, http://127.0.0.1:2/v1")
+    assert [(s.url, s.model) for s in specs] == [("http://127.0.0.1:1/v1", None),
+                                                 ("http://127.0.0.1:2/v1", None)]
+    assert [(s.url, s.model) for s in node_specs(spec, "")] == [("", "m")]

@@ -102,9 +102,7 @@ def _execute_on_cluster(args: argparse.Namespace, config: RunSettings, sampling:
     for --model runs here, on the driver's machine, and the nodes call it by URL)."""
     import functools
 
-    import msgspec
-
-    from harnessrl.proxy.engines.build import built, split_urls
+    from harnessrl.proxy.engines.build import built
     from harnessrl.rollout.cluster.driver import ClusterSettings
     from harnessrl.rollout.cluster.run import engines_from, execute_on_cluster
     from harnessrl.rollout.run import oracle_engine
@@ -115,12 +113,20 @@ def _execute_on_cluster(args: argparse.Namespace, config: RunSettings, sampling:
         return execute_on_cluster(config, factory, args.run_dir, cluster, sampling=sampling)
     spec = _run_engine_spec(args)
     with built(spec) as engine:
-        # no URL at all: one spec as given (an engine the nodes build themselves)
-        urls = split_urls(engine.url or spec.url or "") or [""]
-        specs = [msgspec.structs.replace(spec, url=url, model=None if url else spec.model)
-                 for url in urls]
+        specs = node_specs(spec, engine.url or spec.url or "")
         factory = functools.partial(engines_from, specs, spec.template_text())
         return execute_on_cluster(config, factory, args.run_dir, cluster, sampling=sampling)
+
+
+def node_specs(spec: EngineSettings, url: str) -> list[EngineSettings]:
+    """What each node builds its engines from: one spec per URL in `url` (a vLLM started
+    here, or `--engine-url`'s comma-separated list), or with no URL the spec as given."""
+    import msgspec
+
+    from harnessrl.proxy.engines.build import split_urls
+
+    return [msgspec.structs.replace(spec, url=u, model=None if u else spec.model)
+            for u in split_urls(url) or [""]]
 
 
 def _run_engine_spec(args: argparse.Namespace) -> EngineSettings:
