@@ -416,6 +416,24 @@ def test_batch_scale_divides_by_the_std_of_the_steps_rewards():
 
 
 # ------------------------------------------------------------------ the optimizer's guard
+def test_a_skipped_step_is_logged_under_one_name_by_both_trainers(tmp_path) -> None:
+    """The sync trainer's guard logs what the async one's does (`NO_GRADIENT`), and its
+    metrics.jsonl line says the step had no gradient."""
+    import io
+
+    from rich.console import Console
+
+    from harnessrl.train.common import NO_GRADIENT
+    from harnessrl.train.loop import StepLog
+
+    log = StepLog(tmp_path / "metrics.jsonl", SimpleNamespace(batches=[], sync=None),
+                  Console(file=io.StringIO()))
+    log.add(1, {"loss": 0.0, NO_GRADIENT: 1.0})
+    log.add(2, {"loss": 0.5})
+    assert [line["no_gradient"] for line in log.steps] == [1, 0]
+    assert NO_GRADIENT == "harnessrl/steps_without_gradient_total"  # the async trainer's
+
+
 def test_the_optimizer_does_not_step_on_a_batch_with_no_gradient():
     import torch
 

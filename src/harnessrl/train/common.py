@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from harnessrl.train.rows.grpo import RowSettings
 
 METRICS_FILE = "metrics.jsonl"  # a run directory's per-step log, one JSON line a step
+# what either trainer logs (report_to) for a step its optimizer skipped: no gradient
+NO_GRADIENT = "harnessrl/steps_without_gradient_total"
 
 
 def sampling_of(config: TrainSettings) -> Sampling:
@@ -74,7 +76,7 @@ def guarded_trainer(base: type) -> type:
             return optimizer
 
         def _skipped(self) -> None:
-            metrics_sink(self)["harnessrl/steps_without_gradient"].append(1.0)
+            metrics_sink(self)[NO_GRADIENT].append(1.0)
 
     return GuardedTrainer
 

@@ -34,7 +34,13 @@ from harnessrl.train.async_grpo.loop import (
     train_async_rank,
 )
 from harnessrl.train.async_grpo.processes import check_processes, process_state
-from harnessrl.train.common import METRICS_FILE, quiet, row_settings, sampling_of
+from harnessrl.train.common import (
+    METRICS_FILE,
+    NO_GRADIENT,
+    quiet,
+    row_settings,
+    sampling_of,
+)
 from harnessrl.train.config import TrainSettings, trainer_dtype
 from harnessrl.train.engines import PolicyEngines, node_engines, policy_engines
 from harnessrl.train.runs.long_run import LongRun, is_eval_log, long_run, saving
@@ -121,7 +127,7 @@ class StepLog:
                 "weight_version": None if sync is None else sync.agreed_version(),
                 "sync_seconds": None if sync is None or not sync.seconds
                 else round(sync.seconds[-1], 3),
-                "no_gradient": int(bool(logs.get("harnessrl/steps_without_gradient"))),
+                "no_gradient": int(bool(logs.get(NO_GRADIENT))),
                 "trl": {k: v for k, v in logs.items() if isinstance(v, int | float)
                         and not _per_harness_key(k)}}
         self.steps.append(line)

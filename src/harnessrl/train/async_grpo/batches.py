@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from harnessrl.train.common import NO_GRADIENT
 from harnessrl.train.rows.grpo import Scale, batch_divisor
 from harnessrl.train.rows.importance import STATS, Importance, correct, measure, metrics
 
@@ -236,7 +237,7 @@ def group_trainer(base: type, *, groups_per_step: int, scale: Scale,
             return live > 0
 
         def _skipped(self) -> None:
-            compat.metrics_sink(self)["harnessrl/steps_without_gradient_total"].append(1.0)
+            compat.metrics_sink(self)[NO_GRADIENT].append(1.0)
 
     return GroupGRPOTrainer
 

@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from harnessrl.train.common import METRICS_FILE, quiet, row_settings, sampling_of
+from harnessrl.train.common import (
+    METRICS_FILE,
+    NO_GRADIENT,
+    quiet,
+    row_settings,
+    sampling_of,
+)
 from harnessrl.train.config import TrainSettings
 from harnessrl.train.engines import PolicyEngines
 from harnessrl.train.runs.long_run import LongRun, is_eval_log, saving
@@ -199,7 +205,7 @@ _COUNTS = {  # summed: stale groups are dropped by the worker or in the trainer'
     "groups_stale_dropped": ("harnessrl/groups_stale_total",
                              "harnessrl/groups_stale_dropped_total"),
     "agent_timeouts": ("harnessrl/agent_timeouts_total",),
-    "no_gradient": ("harnessrl/steps_without_gradient_total",),
+    "no_gradient": (NO_GRADIENT,),
 }
 
 
