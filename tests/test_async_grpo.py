@@ -17,8 +17,8 @@ import pytest
 
 from harnessrl.harnesses.base import Harness
 from harnessrl.rollout.analysis.chains import link
-from harnessrl.train.async_grpo.groups import advantages, rows_of, score_group
-from harnessrl.train.rows.grpo import RowSettings
+from harnessrl.train.async_grpo.groups import rows_of, score_group
+from harnessrl.train.rows.grpo import RowSettings, group_advantages
 from harnessrl.types import Outcome
 from tests.helpers import CACHE, make_turn
 
@@ -100,8 +100,8 @@ def test_a_full_group_queue_holds_the_worker_and_keeps_its_heartbeat_fresh():
 
 
 def test_group_advantage_leaves_infra_failures_out_and_every_chain_is_a_row():
-    assert advantages([1.0, 0.0, None]) == pytest.approx([1.0, -1.0, 0.0], abs=1e-6)
-    assert advantages([None, None]) == [0.0, 0.0]
+    assert group_advantages([1.0, 0.0, None], "group") == pytest.approx([1.0, -1.0, 0.0], abs=1e-6)
+    assert group_advantages([None, None], "group") == [0.0, 0.0]
     # two turns that do not extend each other: two chains, two rows
     a, b = make_turn("r1", 0), make_turn("r1", 1)
     assert len(link([a, b]).chains) == 2 and len(rows_of([a, b])) == 2

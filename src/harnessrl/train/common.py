@@ -20,6 +20,11 @@ METRICS_FILE = "metrics.jsonl"  # a run directory's per-step log, one JSON line 
 NO_GRADIENT = "harnessrl/steps_without_gradient_total"
 
 
+def fmt(value: Any, spec: str = ".3f") -> str:
+    """A figure for a progress line or a table: "-" when it was not measured."""
+    return "-" if value is None else format(value, spec)
+
+
 def sampling_of(config: TrainSettings) -> Sampling:
     """What every call is sampled with, overriding the harness (see EngineSettings)."""
     from harnessrl.train.trl import on_policy_sampling

@@ -37,6 +37,7 @@ from harnessrl.train.async_grpo.processes import check_processes, process_state
 from harnessrl.train.common import (
     METRICS_FILE,
     NO_GRADIENT,
+    fmt,
     quiet,
     row_settings,
     sampling_of,
@@ -163,8 +164,6 @@ def report_batch(batch: Batch, trainer: Any) -> None:
 
 
 def _row(line: dict[str, Any]) -> str:
-    def fmt(value: Any, spec: str = ".3f") -> str:
-        return "-" if value is None else format(value, spec)
     per = ", ".join(f"{h} {fmt(g['pass_rate'], '.0%')}"
                     for h, g in line.get("harnesses", {}).items())
     return (f"step {line['step']}: reward {fmt(line.get('reward'))} · pass {per or '-'} · "
@@ -378,8 +377,6 @@ def summary_table(steps: list[dict[str, Any]]) -> Table:
                   "trained tokens", "chain ext.", "loss", "sampled with", "now serving",
                   title="GRPO steps")
     for s in steps:
-        def fmt(value: Any, spec: str = ".3f") -> str:
-            return "-" if value is None else format(value, spec)
         table.add_row(str(s["step"]), fmt(s.get("reward")), fmt(s.get("pass_rate"), ".0%"),
                       str(s.get("infra_errors", "-")), fmt(s.get("tool_calls"), ".1f"),
                       fmt(s.get("completion_tokens"), ".0f"), str(s.get("trained_tokens", "-")),

@@ -57,11 +57,6 @@ class GroupReport:
     flagged: dict[str, dict[int, str]] = field(default_factory=dict)  # per rollout
 
 
-def advantages(rewards: Sequence[float | None]) -> list[float]:
-    """TRL's group advantage over the scored rollouts (population std); 0 for None."""
-    return group_advantages(rewards, "group")
-
-
 def rows_of(turns: Sequence[Turn], kinds: Collection[CallKind] | None = None,
             harness: str | None = None, *, keep_retried: bool = False) -> list[Sample]:
     """Every chain of the rollout that holds a sampled token and is of one of `kinds`

@@ -22,6 +22,7 @@ from rich.console import Console
 from harnessrl.train.common import (
     METRICS_FILE,
     NO_GRADIENT,
+    fmt,
     quiet,
     row_settings,
     sampling_of,
@@ -217,8 +218,6 @@ def diagnostics(logs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _row(line: dict[str, Any]) -> str:
-    def fmt(value: Any, spec: str = ".3f") -> str:
-        return "-" if value is None else format(value, spec)
     return (f"step {line['step']}: reward {fmt(line['reward'])} · rows/rollout "
             f"{fmt(line['rows_per_rollout'], '.2f')} · sampled tokens trained "
             f"{fmt(line['tokens_trained_share'], '.0%')} (main chain only "

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rich.console import Console
 
-from harnessrl.train.common import METRICS_FILE
+from harnessrl.train.common import METRICS_FILE, fmt
 from harnessrl.train.config import TrainSettings
 from harnessrl.train.runs import checkpoint as ckpt
 from harnessrl.train.runs.eval_during import PLOT_FILE, EvalDuringTraining, EvalPass, plot
@@ -187,9 +187,8 @@ class LongRun:
 
 
 def _eval_row(done: EvalPass) -> str:
-    def fmt(value: float | None) -> str:
-        return "-" if value is None else f"{value:.0%}"
-    per = ", ".join(f"{r.harness} {fmt(r.pass_rate)} ({fmt(r.ci_low)}-{fmt(r.ci_high)}), "
+    per = ", ".join(f"{r.harness} {fmt(r.pass_rate, '.0%')} ({fmt(r.ci_low, '.0%')}-"
+                    f"{fmt(r.ci_high, '.0%')}), "
                     f"{r.infra_errors} infra" for r in done.rows)
     return f"eval at step {done.step}: pass@1 {per or '-'} · {done.seconds:.0f} s"
 
