@@ -330,6 +330,8 @@ def _message_cause(a: Message | None, b: Message | None, old: Sequence[Message],
     if len(new) <= len(old):  # shorter than the history it continues, with a new message
         # One reply gone and a message in its place: the harness rejected the reply (a
         # format error sent back instead, as mini-swe-agent does); more gone: a summary.
+        # This names the break from the messages; what the trainer masks as rejected is
+        # decided from the token ids (chains.dropped_replies), which can differ.
         kept = {_key(m) for m in new}
         gone = [m for m in old[i:] if _key(m) not in kept]
         if len(gone) == 1 and gone[0].role == "assistant":
