@@ -53,6 +53,8 @@ class Gate(Protocol):
 
 
 def version_name(step: int) -> str:
+    """The sync trainer's name for its weights after `step` optimizer steps (the async
+    trainer names TRL's model versions instead: `async_grpo.transfer.version_name`)."""
     return f"step-{step}"
 
 

@@ -43,6 +43,8 @@ VERSION_PREFIX = "v"
 
 
 def version_name(version: int) -> str:
+    """The async trainer's name for TRL's model version `version`, as every turn sampled
+    with it records (the sync trainer's are `step-N`: `train.weights.version_name`)."""
     return f"{VERSION_PREFIX}{version}"
 
 
