@@ -331,7 +331,8 @@ def write(args: argparse.Namespace, root: Path) -> str:
             *calibration(units, calibrated), "",
             "## pass@1 on the held-out sample, per arm and harness", "",
             *lines_table, "",
-            "Pass@1: one rollout per task at the eval temperature; 95% Wilson interval; "
+            f"Pass@1: {budgets['run'].get('eval_samples') or 1} rollout(s) per task at the "
+            "eval temperature, each counted; 95% Wilson interval; "
             "infrastructure errors counted apart and out of every rate; tool calls per solved "
             "task over the solved ones. Seeds are pooled: n counts the rollouts of every "
             "seed run, so an arm run for fewer seeds has a smaller n.", "",
