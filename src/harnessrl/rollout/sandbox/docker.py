@@ -119,16 +119,17 @@ def _install_cleanup() -> None:
 
 
 async def sweep() -> list[str]:
-    """Remove the containers whose owner process is gone; their names."""
+    """Remove the containers whose owner process is gone; the names of those removed."""
     dead = [name for name, label in (await _labelled()).items() if not owners.alive(label)]
-    if dead:
-        # A dead owner's watcher may be removing the same containers: `rm -f` then fails for
-        # those ("already in progress"), and they are still listed until the daemon is done.
-        await docker("rm", "-f", *dead)
-        deadline = time.monotonic() + 30
-        while set(dead) & set(await _labelled()) and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-    return dead
+    if not dead:
+        return []
+    # A dead owner's watcher may be removing the same containers: `rm -f` then fails for
+    # those ("already in progress"), and they are still listed until the daemon is done.
+    await docker("rm", "-f", *dead)
+    deadline = time.monotonic() + 30
+    while (left := set(dead) & set(await _labelled())) and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    return [name for name in dead if name not in left]
 
 
 async def _labelled() -> dict[str, str]:
