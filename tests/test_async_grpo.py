@@ -172,6 +172,30 @@ def _call_during_second_swap(transfer, rollouts) -> dict:
     return seen
 
 
+def _sample_across_the_first_swap(transfer, rollouts, first_step: int) -> None:
+    """Wraps the transfer's `pause`: the first swap after an optimizer step waits until a
+    rollout the first step did not consume (more than `first_step` rollouts) has sampled a
+    turn with v1, so some group is always stale by the second step, however fast the
+    trainer steps or slow the harnesses start (a run where every later rollout began after
+    the swap had nothing stale to drop)."""
+    import time
+
+    pause = transfer.pause
+
+    def sampled_with_v1() -> int:
+        return len({t.rollout for t in rollouts.store.iter_turns(bodies=False)
+                    if t.weight_version == "v1"})
+
+    def wrapped() -> None:
+        if transfer.version == 1:  # v1 is served: this swap brings v2
+            deadline = time.monotonic() + 120
+            while sampled_with_v1() <= first_step and time.monotonic() < deadline:
+                time.sleep(0.1)
+        pause()
+
+    transfer.pause = wrapped
+
+
 def _vllm_logprobs(url: str, prompt: list[int], n: int = 8) -> tuple[list[int], list[float]]:
     import httpx
 
@@ -241,6 +265,7 @@ def test_async_grpo_trains_every_chain_with_weight_swaps_and_drops_stale_rows(
         model=str(tiny_model), args=args, rollout_worker=worker, weight_transfer=transfer,
         train_dataset=Dataset.from_dict({"prompt": [t.id for t in tasks]}))
     during_swap = _call_during_second_swap(transfer, rollouts)
+    _sample_across_the_first_swap(transfer, rollouts, first_step=2 * 2)  # groups x samples
     consumed = []
     get = worker.rollout_buffer.get
     def take(*a, **k):  # a whole group; its rows are what is consumed
