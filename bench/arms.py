@@ -110,7 +110,8 @@ def rl(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str,
     with heavy(args.lock, name), state.log(name).open("a") as log:
         log.write(f"$ {' '.join(command)}\n")
         log.flush()
-        code = run_child(command, log)
+        code = run_child(command, log, every=lambda: keep_progress(args, run_dir, name))
+    keep_progress(args, run_dir, name)
     if code != 0 or not (run_dir / "model").is_dir():
         raise RuntimeError(f"harnessrl train exited {code} (log: {state.log(name)})")
     from harnessrl.train.runs.eval_during import eval_lines
@@ -120,6 +121,18 @@ def rl(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str,
              for line in eval_lines(run_dir / "metrics.jsonl")]
     return {"model": str(run_dir / "model"), "resumed": resume, "evals": evals,
             "harnesses": arm_harnesses(args, arm), "steps": step_lines(run_dir)}
+
+
+def keep_progress(args: argparse.Namespace, run_dir: Path, name: str) -> None:
+    """The run's metrics.jsonl so far (every step's and eval's line) copied to
+    `--record DIR/progress/`: a training run takes hours, and a machine lost mid-run must
+    not lose the steps it measured (the unit's own record is written when it finishes)."""
+    metrics = run_dir / "metrics.jsonl"
+    if args.record is None or not metrics.is_file():
+        return
+    dest = args.record / "progress" / (name.replace("/", "__") + ".metrics.jsonl")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(metrics, dest)
 
 
 # Issue 45's per-step diagnostics in metrics.jsonl, kept where a run logs them: the share

@@ -125,15 +125,22 @@ def event(state: State, kind: str, **fields: Any) -> None:
         events.write(json.dumps(line) + "\n")
 
 
-def run_child(command: list[str], log: Any) -> int:
-    """A `harnessrl` command, its output to `log`; the exit code. If this process is stopped
-    meanwhile (SIGTERM, Ctrl-C) the child gets SIGTERM and a minute to stop its own
-    children (harness CLIs, vLLM), then SIGKILL."""
+def run_child(command: list[str], log: Any, every: Callable[[], None] | None = None,
+              every_s: float = 60.0) -> int:
+    """A `harnessrl` command, its output to `log`; the exit code. `every` is called each
+    `every_s` while it runs (a long training run's progress recorded as it goes). If this
+    process is stopped meanwhile (SIGTERM, Ctrl-C) the child gets SIGTERM and a minute to
+    stop its own children (harness CLIs, vLLM), then SIGKILL."""
     import subprocess
 
     child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
-        return child.wait()
+        while True:
+            try:
+                return child.wait(timeout=every_s if every else None)
+            except subprocess.TimeoutExpired:
+                if every:
+                    every()
     except BaseException:
         child.terminate()
         try:

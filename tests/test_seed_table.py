@@ -357,3 +357,31 @@ def test_report_writes_the_experiment_sections_from_synthetic_records(tmp_path: 
     assert "| rl-one | 2 | 4 | 0.75 | - | - | 0.01 |" in text
     assert "- `eval/rl-one/s2/msa`: 1 of 2 chunks measured" in text
     assert (tmp_path / "r_curves.png").is_file()
+
+
+def test_a_training_run_s_metrics_are_recorded_while_it_runs(tmp_path):
+    """A training unit runs for hours: its metrics.jsonl so far is copied to
+    `--record DIR/progress/` while the child runs, not only when it finishes."""
+    import argparse
+
+    from seed_state import run_child
+
+    run_dir, record = tmp_path / "work" / "train__rl-one__s0", tmp_path / "record"
+    run_dir.mkdir(parents=True)
+    metrics = run_dir / "metrics.jsonl"
+    # the child writes one step's line, then runs on; the copy must hold that line by then
+    child = [sys.executable, "-c", f"import time, pathlib; pathlib.Path({str(metrics)!r})"
+             ".write_text('{\"step\": 1}\\n'); time.sleep(1.5)"]
+    args = argparse.Namespace(record=record)
+    copied: list[str] = []
+    dest = record / "progress" / "train__rl-one__s0.metrics.jsonl"
+
+    def every() -> None:
+        arms.keep_progress(args, run_dir, "train/rl-one/s0")
+        copied.append(dest.read_text() if dest.is_file() else "")
+
+    with (tmp_path / "log").open("w") as log:
+        assert run_child(child, log, every=every, every_s=0.5) == 0
+    assert '{"step": 1}\n' in copied  # recorded before the child ended
+    arms.keep_progress(argparse.Namespace(record=None), run_dir, "x")  # no --record: nothing
+    assert sorted(p.name for p in (record / "progress").iterdir()) == [dest.name]
