@@ -110,8 +110,11 @@ def rl(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str,
     with heavy(args.lock, name), state.log(name).open("a") as log:
         log.write(f"$ {' '.join(command)}\n")
         log.flush()
-        code = run_child(command, log, every=lambda: keep_progress(args, run_dir, name))
-    keep_progress(args, run_dir, name)
+        def keep() -> None:
+            state.progress(name, run_dir / "metrics.jsonl", args.record)
+
+        code = run_child(command, log, every=keep)
+        keep()  # the steps since the last minute's copy, if the run ended short
     if code != 0 or not (run_dir / "model").is_dir():
         raise RuntimeError(f"harnessrl train exited {code} (log: {state.log(name)})")
     from harnessrl.train.runs.eval_during import eval_lines
@@ -120,19 +123,7 @@ def rl(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str,
                                              for h, e in line["eval"].items()}}
              for line in eval_lines(run_dir / "metrics.jsonl")]
     return {"model": str(run_dir / "model"), "resumed": resume, "evals": evals,
-            "harnesses": arm_harnesses(args, arm), "steps": step_lines(run_dir)}
-
-
-def keep_progress(args: argparse.Namespace, run_dir: Path, name: str) -> None:
-    """The run's metrics.jsonl so far (every step's and eval's line) copied to
-    `--record DIR/progress/`: a training run takes hours, and a machine lost mid-run must
-    not lose the steps it measured (the unit's own record is written when it finishes)."""
-    metrics = run_dir / "metrics.jsonl"
-    if args.record is None or not metrics.is_file():
-        return
-    dest = args.record / "progress" / (name.replace("/", "__") + ".metrics.jsonl")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(metrics, dest)
+            "harnesses": arm_harnesses(args, arm), "steps": step_lines(run_dir / "metrics.jsonl")}
 
 
 # Issue 45's per-step diagnostics in metrics.jsonl, kept where a run logs them: the share
@@ -141,13 +132,16 @@ DIAGNOSED = ("groups_with_spread", "groups_uniform", "no_gradient", "kl", "clip_
              "rejected_share", "truncated_share", "advantage_abs")
 
 
-def step_lines(run_dir: Path) -> list[dict[str, Any]]:
+def step_lines(metrics: Path) -> list[dict[str, Any]]:
     """Per optimizer step: reward, loss, gradient norm (0: no group had mixed rewards, so
     nothing moved), issue 45's diagnostics where logged, and per harness the pass rate and
     tool calls of the step's rollouts."""
     lines = []
-    for text in (run_dir / "metrics.jsonl").read_text().splitlines():
-        line = json.loads(text) if text.strip() else {}
+    for text in metrics.read_text().splitlines():
+        try:
+            line = json.loads(text) if text.strip() else {}
+        except ValueError:  # a line cut mid-write, in a copy taken while the run writes
+            continue
         if "trl" not in line:
             continue  # an eval line, not a step's
         lines.append({"step": line["step"], "reward": line.get("reward"),

@@ -14,7 +14,7 @@ from typing import Any
 
 import seed_pooled
 from arms import step_lines
-from seed_state import merged
+from seed_state import PROGRESS, merged
 from seed_stats import rates, sign_test
 
 from harnessrl.rollout.evaluate import wilson
@@ -237,21 +237,45 @@ def rl_lines(key: str, unit: dict[str, Any]) -> list[str]:
     """An RL arm's steps, read again from its run's metrics.jsonl (what the unit recorded
     may predate a fix to the reading): steps with a gradient, pass rate per step."""
     metrics = Path(unit["model"]).parent / "metrics.jsonl"
-    steps = step_lines(metrics.parent) if metrics.is_file() else unit.get("steps", [])
+    steps = step_lines(metrics) if metrics.is_file() else unit.get("steps", [])
     moved = sum((s.get("grad_norm") or 0) > 0 for s in steps)
     resumed = " (resumed from a checkpoint)" if unit.get("resumed") else ""
     lines = [f"- `{key}` ({', '.join(unit.get('harnesses', []))}): {len(steps)} steps in "
              f"{unit['seconds'] / 60:.0f} min{resumed}; {moved} of them with a gradient (a "
              f"step whose groups each scored alike has no advantage; before issue 45 AdamW's "
              f"moments still moved the weights on it, now the optimizer skips it)."]
-    for harness in unit.get("harnesses", []):
+    return lines + per_step(steps, unit.get("harnesses", []), unit.get("evals", []))
+
+
+def per_step(steps: list[dict[str, Any]], harnesses: list[str], evals: list[dict[str, Any]]
+             ) -> list[str]:
+    """A run's training pass rate per step in each harness, then its evals while training."""
+    lines = []
+    for harness in harnesses:
         rates = [(s["step"], s.get("harnesses", {}).get(harness, {}).get("pass_rate"))
                  for s in steps]
         lines.append(f"  - {harness}, training pass rate per step: " + ", ".join(
             f"{n}: {_rates([r])}" for n, r in rates if r is not None))
-    lines += [f"  - eval while training, step {e['step']}: " + ", ".join(
-        f"{h} {v['passed']}/{v['rollouts']}" for h, v in e["eval"].items())
-        for e in unit.get("evals", [])]
+    return lines + [f"  - eval while training, step {e['step']}: " + ", ".join(
+        f"{h} {v['passed']}/{v['rollouts']}" for h, v in e["eval"].items()) for e in evals]
+
+
+def in_progress(root: Path, measured: dict[str, Any]) -> list[str]:
+    """Training units not finished, from their metrics.jsonl as last kept
+    (STATE/progress/): the steps so far, each step's pass rate and the evals while
+    training, so a run cut by a session's end or a lost machine still shows its figures."""
+    from harnessrl.train.runs.eval_during import eval_lines
+
+    lines = []
+    for path in sorted((root / "progress").glob("*" + PROGRESS)):
+        name = path.name.removesuffix(PROGRESS).replace("__", "/")
+        if name in measured:
+            continue
+        steps = step_lines(path)
+        moved = sum((s.get("grad_norm") or 0) > 0 for s in steps)
+        harnesses = sorted({h for s in steps for h in s.get("harnesses", {})})
+        lines += [f"- `{name}`: {len(steps)} steps so far, {moved} with a gradient.",
+                  *per_step(steps, harnesses, eval_lines(path))]
     return lines
 
 
@@ -343,7 +367,9 @@ def write(args: argparse.Namespace, root: Path) -> str:
             "tier.", "",
             "## Tool-call bonus: tool calls per co-solved task", "", *co_solved(units, harnesses),
             "", *experiment(args, units, budgets, arms, harnesses, start),
-            "## Training and SFT", "", *training(units), "", *notes(root),
+            "## Training and SFT", "", *training(units), "",
+            *(["## Training runs not finished (as last kept)", "", *running, ""]
+              if (running := in_progress(root, measured)) else []), *notes(root),
             "## Not done / failed", "",
             *([f"- `{k}`: {v['error'].splitlines()[0]}" for k, v in failed.items()]
               or ["- nothing failed"]), "", "## The reference, beside", "", REFERENCE, ""]

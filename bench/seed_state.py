@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+PROGRESS = ".metrics.jsonl"  # STATE/progress/<unit>.metrics.jsonl: a running unit's lines
 # Seconds spent waiting for the lock, so a unit's own time can be told from its wait.
 WAITED: list[float] = []
 
@@ -23,7 +24,7 @@ class State:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        for sub in ("units", "failed", "logs", "work", "models", "tasks"):
+        for sub in ("units", "failed", "progress", "logs", "work", "models", "tasks"):
             (root / sub).mkdir(parents=True, exist_ok=True)
 
     def _file(self, kind: str, unit: str) -> Path:
@@ -55,14 +56,25 @@ class State:
     def work(self, unit: str) -> Path:
         return self.root / "work" / unit.replace("/", "__")
 
+    def progress(self, unit: str, metrics: Path, dest: Path | None) -> None:
+        """A running unit's metrics.jsonl so far (a training run's step and eval lines) kept
+        as STATE/progress/<unit>.metrics.jsonl, and the records copied to `dest`: a run takes
+        hours, and a machine lost mid-run must not lose the steps it measured."""
+        if not metrics.is_file():
+            return
+        shutil.copyfile(metrics, self.root / "progress" / (unit.replace("/", "__") + PROGRESS))
+        if dest is not None and dest.resolve() != self.root.resolve():
+            self.record(dest)
+
     def record(self, dest: Path) -> None:
-        """Copy the state's small records (units, failures, budgets, commands, events,
-        notes; no models, runs or logs) to `dest`, a folder to commit: a lost machine then
-        loses no figure, and `report --state DEST` writes the same tables again."""
-        for kind in ("units", "failed"):
+        """Copy the state's small records (units, failures, progress, budgets, commands,
+        events, notes; no models, runs or logs) to `dest`, a folder to commit: a lost machine
+        then loses no figure, and `report --state DEST` writes the same tables again."""
+        kinds = (("units", "*.json"), ("failed", "*.json"), ("progress", "*" + PROGRESS))
+        for kind, pattern in kinds:
             (dest / kind).mkdir(parents=True, exist_ok=True)
-            kept = {path.name for path in (self.root / kind).glob("*.json")}
-            for path in (dest / kind).glob("*.json"):
+            kept = {path.name for path in (self.root / kind).glob(pattern)}
+            for path in (dest / kind).glob(pattern):
                 if path.name not in kept:  # a failure since retried, say: mirror, not pile up
                     path.unlink()
             for name in kept:

@@ -359,29 +359,35 @@ def test_report_writes_the_experiment_sections_from_synthetic_records(tmp_path: 
     assert (tmp_path / "r_curves.png").is_file()
 
 
-def test_a_training_run_s_metrics_are_recorded_while_it_runs(tmp_path):
-    """A training unit runs for hours: its metrics.jsonl so far is copied to
-    `--record DIR/progress/` while the child runs, not only when it finishes."""
-    import argparse
-
+def test_a_training_run_s_metrics_are_recorded_and_reported_while_it_runs(tmp_path):
+    """A training unit runs for hours: its metrics.jsonl so far is kept in the state and
+    copied to `--record` while the child runs, and the report shows the unfinished run's
+    steps and evals (a line cut mid-write is skipped), not only once it finishes."""
     from seed_state import run_child
 
-    run_dir, record = tmp_path / "work" / "train__rl-one__s0", tmp_path / "record"
-    run_dir.mkdir(parents=True)
-    metrics = run_dir / "metrics.jsonl"
-    # the child writes one step's line, then runs on; the copy must hold that line by then
+    state, record = State(tmp_path / "state"), tmp_path / "record"
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics.parent.mkdir()
+    step = {"step": 1, "reward": 0.9, "trl": {"loss": 0.1, "grad_norm": 0.4},
+            "harnesses": {"mini-swe-agent": {"pass_rate": 0.75}}}
+    evaluated = {"step": 1, "eval": {"mini-swe-agent": {"passed": 3, "rollouts": 4}}}
+    lines = [json.dumps(step), json.dumps(evaluated), '{"step": 2, "rew']  # the last is cut
+    # the child writes the lines, then runs on; the record must hold them by then
     child = [sys.executable, "-c", f"import time, pathlib; pathlib.Path({str(metrics)!r})"
-             ".write_text('{\"step\": 1}\\n'); time.sleep(1.5)"]
-    args = argparse.Namespace(record=record)
-    copied: list[str] = []
-    dest = record / "progress" / "train__rl-one__s0.metrics.jsonl"
+             f".write_text({chr(10).join(lines)!r}); time.sleep(1.5)"]
+    kept = record / "progress" / "train__rl-one__s0.metrics.jsonl"
+    seen: list[str] = []
 
     def every() -> None:
-        arms.keep_progress(args, run_dir, "train/rl-one/s0")
-        copied.append(dest.read_text() if dest.is_file() else "")
+        state.progress("train/rl-one/s0", metrics, record)
+        seen.append(kept.read_text() if kept.is_file() else "")
 
     with (tmp_path / "log").open("w") as log:
         assert run_child(child, log, every=every, every_s=0.5) == 0
-    assert '{"step": 1}\n' in copied  # recorded before the child ended
-    arms.keep_progress(argparse.Namespace(record=None), run_dir, "x")  # no --record: nothing
-    assert sorted(p.name for p in (record / "progress").iterdir()) == [dest.name]
+    assert "\n".join(lines) in seen  # recorded before the child ended
+    report = seed_table.seed_report.in_progress(record, {})
+    assert report == ["- `train/rl-one/s0`: 1 steps so far, 1 with a gradient.",
+                      "  - mini-swe-agent, training pass rate per step: 1: 75%",
+                      "  - eval while training, step 1: mini-swe-agent 3/4"]
+    # once the unit is measured, it is no longer in progress
+    assert seed_table.seed_report.in_progress(record, {"train/rl-one/s0": {}}) == []
