@@ -53,10 +53,19 @@ def correct(log_probs: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor
         masked = (rho < low) | (rho > high)
     out = torch.where(masked, old, log_probs)
     if settings.cap is not None:
-        capped = (rho > settings.cap) & (advantages < 0) & ~masked
         truncated = old + math.log(settings.cap) + (log_probs - log_probs.detach())
-        out = torch.where(capped, truncated, out)
+        out = torch.where(_capped(rho, advantages, masked, settings), truncated, out)
     return out, masked
+
+
+def _capped(rho: torch.Tensor, advantages: torch.Tensor, masked: torch.Tensor,
+            settings: Importance) -> torch.Tensor:
+    """TIS's tokens: rho over the cap with a negative advantage, not already masked."""
+    import torch
+
+    if settings.cap is None:
+        return torch.zeros_like(masked)
+    return (rho > settings.cap) & (advantages < 0) & ~masked
 
 
 STATS: tuple[str, ...] = ("tokens", "masked", "capped", "ratio_sum", "kl_sum", "live")
@@ -71,8 +80,7 @@ def measure(log_probs: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor
 
     log_rho = log_probs.detach() - old
     rho = torch.exp(log_rho)
-    capped = ((rho > settings.cap) & (advantages < 0) & ~masked if settings.cap is not None
-              else torch.zeros_like(masked))
+    capped = _capped(rho, advantages, masked, settings)
     return torch.stack([torch.ones_like(rho).sum(), masked.float().sum(),
                         capped.float().sum(), rho.sum(), ((rho - 1) - log_rho).sum(),
                         ((advantages != 0) & ~masked).float().sum()])
