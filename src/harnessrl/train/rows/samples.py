@@ -20,6 +20,21 @@ if TYPE_CHECKING:
     from harnessrl.store.reader import TraceReader
 
 
+def _pieces(chain: Chain) -> Iterator[tuple[Turn, Sequence[int], Sequence[int]]]:
+    """Each turn of the chain with its sampled ids and the ids inserted after them (the
+    rest of the next turn's prompt); raises ValueError where a turn does not extend the
+    one before."""
+    for turn, after in zip(chain.turns, (*chain.turns[1:], None), strict=True):
+        t = tokens(turn)
+        inserted: Sequence[int] = ()
+        if after is not None:
+            following = tokens(after).prompt_ids or ()
+            if not extends(following, t):
+                raise ValueError(f"turn {after.index} does not extend turn {turn.index}")
+            inserted = following[length(turn):]
+        yield turn, t.completion_ids or (), inserted
+
+
 def sample(chain: Chain, kind: CallKind = "main") -> Sample:
     """The chain as one sequence; raises ValueError if its turns do not extend each other.
     `kind`: what the chain's calls were for (`rollout.analysis.kinds`), carried on the row."""
@@ -27,18 +42,12 @@ def sample(chain: Chain, kind: CallKind = "main") -> Sample:
     ids: list[int] = []
     mask: list[int] = []
     logprobs: list[float] = []
-    for turn, after in zip(turns, (*turns[1:], None), strict=True):
-        t = tokens(turn)
-        completion = t.completion_ids or ()
+    for turn, completion, inserted in _pieces(chain):
         ids.extend(completion)
         mask.extend([1] * len(completion))
-        logprobs.extend(t.logprobs or ())
-        if after is not None:
-            if not extends(tokens(after).prompt_ids or (), t):
-                raise ValueError(f"turn {after.index} does not extend turn {turn.index}")
-            inserted = (tokens(after).prompt_ids or ())[length(turn):]
-            ids.extend(inserted)
-            mask.extend([0] * len(inserted))
+        logprobs.extend(tokens(turn).logprobs or ())
+        ids.extend(inserted)
+        mask.extend([0] * len(inserted))
     if len(logprobs) != sum(mask) or len(mask) != len(ids):
         raise ValueError(f"chain from turn {turns[0].index}: ids, mask and logprobs disagree")
     reason = chain.start.reason
@@ -55,14 +64,10 @@ def turn_spans(chain: Chain) -> dict[int, tuple[int, int]]:
     turn index -> (start, end)."""
     spans: dict[int, tuple[int, int]] = {}
     at = 0
-    for turn, after in zip(chain.turns, (*chain.turns[1:], None), strict=True):
-        n = len(tokens(turn).completion_ids or ())
-        spans[turn.index] = (at, at + n)
-        at += n
-        if after is not None:
-            at += len(tokens(after).prompt_ids or ()) - length(turn)
+    for turn, completion, inserted in _pieces(chain):
+        spans[turn.index] = (at, at + len(completion))
+        at += len(completion) + len(inserted)
     return spans
-
 
 
 def samples_for_rollout(turns: Sequence[Turn], kinds: Collection[CallKind] | None = None,
