@@ -115,3 +115,45 @@ def test_the_gate_over_http_holds_calls_and_stamps_the_released_version(tmp_path
         bad = httpx.post(f"{served.url}/weights/hold", json={"timeout": "soon"})
         assert bad.status_code == 400 and "timeout" in bad.json()["error"]["message"]
         assert not served.proxy.gate.held
+
+
+def test_the_paused_clock_runs_while_the_gate_is_held_or_closed():
+    """What agent timeouts leave out: the seconds new calls were withheld, by a swap's
+    hold or a colocated step's close, overlapping or not, and nothing while open."""
+    gate = WeightGate()
+    time.sleep(0.05)
+    assert gate.paused_seconds() == 0.0  # open: the clock stands
+    gate.close()
+    time.sleep(0.1)
+    gate.hold(timeout=1)  # a swap inside the step: one pause, not two
+    running = gate.paused_seconds()
+    assert running >= 0.1
+    time.sleep(0.1)
+    gate.release()
+    assert gate.paused_seconds() > running  # still closed: still running
+    gate.open()
+    stopped = gate.paused_seconds()
+    assert 0.2 <= stopped < 1.0
+    time.sleep(0.1)
+    assert gate.paused_seconds() == stopped
+
+
+def test_a_deadline_moves_on_by_the_paused_seconds():
+    """`finished_within`: a wait that would time out finishes when the paused clock
+    advanced meanwhile by as much as it overran, and times out without it."""
+    import asyncio
+
+    from harnessrl.rollout.sandbox.base import finished_within
+
+    async def within(paused_by: float) -> bool:
+        started = time.monotonic()
+        task = asyncio.ensure_future(asyncio.sleep(0.6))
+        # the clock advances with wall time for its first `paused_by` seconds
+        clock = (lambda: min(time.monotonic() - started, paused_by)) if paused_by else None
+        try:
+            return await finished_within(task, 0.3, clock)
+        finally:
+            task.cancel()
+
+    assert asyncio.run(within(0.0)) is False  # 0.3 s of 0.6: out of time
+    assert asyncio.run(within(0.5)) is True  # 0.3 s + 0.5 paused: it finished at 0.6

@@ -241,3 +241,51 @@ def test_a_harness_acting_on_text_counts_its_own_edits(tmp_path):
     with TraceReader(tmp_path) as store:
         turns = store.turns(outcome.rollout)
     assert sum(len(t.completion.tool_calls) for t in turns if t.completion) == 0
+
+
+def test_an_agent_waiting_on_the_trainer_is_not_out_of_time(tmp_path):
+    """The colocated schedule closes the proxy's gate for a whole optimizer step, longer
+    than a task's agent timeout here: the agent's one model call waits that out, and the
+    seconds the gate was closed do not count against it. Before, the agent was killed
+    while it waited: its rollout failed (retried, or an infrastructure error), or with
+    turns already sampled it was scored as timed out for the trainer's time."""
+    import asyncio
+    import json
+    import sys
+    import textwrap
+    import threading
+
+    from harnessrl.harnesses.base import Harness
+    from harnessrl.proxy.engines.scripted import replay
+    from harnessrl.rollout.serving import serving
+
+    class Asks(Harness):
+        def executable(self, tools_dir: Path) -> Path:
+            return Path(sys.executable)
+
+    ask = textwrap.dedent("""
+        import json, os, urllib.request
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        head = {"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["KEY"]}
+        url = os.environ["BASE"] + "/chat/completions"
+        req = urllib.request.Request(url, json.dumps(body).encode(), head)
+        reply = json.load(urllib.request.urlopen(req, timeout=60))
+        open("done.txt", "w").write(reply["choices"][0]["message"]["content"])
+    """)
+    harness = Asks(name="asks", version="0", dialect="openai_chat", registry="pypi",
+                   package="-", binary="python", argv=lambda ctx, _i: ["-c", ask],
+                   env=lambda ctx: {"BASE": ctx.openai_base, "KEY": ctx.key})
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(
+        {"id": "wait", "instruction": "ask once", "verify": ["test -f done.txt"],
+         "timeout": 2}))
+    config = RunSettings(harnesses=[harness], tasks=load_tasks(tmp_path / "tasks.jsonl"),
+                         settings=RolloutSettings(retries=0, hide_host=False))
+    engine = ScriptedEngine(policy_tokenizer(), replay(["yes"]))
+    with serving(config, engine, tmp_path / "run") as served:
+        gate = served.proxy.gate
+        gate.close()  # an optimizer step of 4 s, twice the agent's 2 s
+        threading.Timer(4.0, gate.open).start()
+        [outcome] = asyncio.run(served.runner.run(served.runner.pending()))
+    assert outcome.status == "done" and not outcome.agent_timed_out, outcome.error
+    assert outcome.verifier_reward == 1.0 and outcome.timings["agent"] >= 4.0
+    assert gate.paused_seconds() >= 4.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -114,7 +115,7 @@ def _dead_entry(tmp_path: Path, namespace: str | None = None) -> tuple[owners.En
                                                                        subprocess.Popen]:
     """A sandbox whose watcher could not kill it (killed too): a marked process running,
     registered to an owner that is gone (this pid with another start time)."""
-    token = "deadbeef" * 3
+    token = secrets.token_hex(12)  # this run's own: no other run's process has it
     directory, private = tmp_path / "sandboxes" / "box", tmp_path / "private"
     for folder in (directory / "work", private):
         folder.mkdir(parents=True)

@@ -44,6 +44,10 @@ class WeightGate:
     # Per call that had to wait: seconds it was held (the tests and the metrics read it).
     waits: list[float] = field(default_factory=list)
     holds: int = 0
+    # The seconds the gate has been held or closed (`paused_seconds`): what a rollout's
+    # agent timeout does not count, as no agent can be blamed for the trainer's time.
+    _paused_total: float = 0.0
+    _paused_since: float | None = None
 
     def __post_init__(self) -> None:
         self._drained = threading.Condition(self._lock)
@@ -64,6 +68,25 @@ class WeightGate:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def paused_seconds(self) -> float:
+        """A clock of the seconds the gate has held or closed new calls so far (weight
+        swaps, the colocated schedule's optimizer steps), running while it does: a
+        rollout's agent deadline moves by what it advanced during the run
+        (`rollout.sandbox.base.finished_within`)."""
+        with self._lock:
+            running = 0.0 if self._paused_since is None else time.monotonic() - self._paused_since
+            return self._paused_total + running
+
+    def _mark(self) -> None:
+        """Start or stop the paused clock after a change of `_held` or `_closed` (under
+        the lock)."""
+        paused, now = self._held or self._closed, time.monotonic()
+        if paused and self._paused_since is None:
+            self._paused_since = now
+        elif not paused and self._paused_since is not None:
+            self._paused_total += now - self._paused_since
+            self._paused_since = None
 
     # ---------------------------------------------------------------- model calls
     async def admit(self) -> None:
@@ -100,8 +123,10 @@ class WeightGate:
         with self._drained:
             self._held = True
             self.holds += 1
+            self._mark()
             if not self._drained.wait_for(lambda: self._inflight == 0, timeout):
                 self._held = False
+                self._mark()
                 raise GateTimeout(f"{self._inflight} model call(s) still running after "
                                   f"{timeout:.0f}s; the weights were not swapped")
 
@@ -110,13 +135,16 @@ class WeightGate:
         is also closed."""
         with self._lock:
             self._held = False
+            self._mark()
 
     def close(self) -> None:
         """Hold new calls from now on, without waiting for the running ones (the
         colocated schedule's optimizer step)."""
         with self._lock:
             self._closed = True
+            self._mark()
 
     def open(self) -> None:
         with self._lock:
             self._closed = False
+            self._mark()

@@ -34,6 +34,7 @@ from harnessrl.rollout.sandbox.base import (
     BackendOptions,
     ExecResult,
     Network,
+    Paused,
     Sandbox,
     SandboxError,
 )
@@ -163,10 +164,13 @@ class Runner:
     def __init__(self, config: RunSettings, store: TraceStore, proxy_url: str, run_dir: Path,
                  on_outcome: Callable[[Outcome], None] = lambda _o: None, *,
                  metadata: Mapping[str, Any] | None = None,
-                 sampling: Sampling | None = None) -> None:
+                 sampling: Sampling | None = None, paused: Paused | None = None) -> None:
         """`metadata`: added to every rollout's (e.g. an eval pass's tag); `sampling`:
-        every rollout's own policy instead of the proxy's."""
+        every rollout's own policy instead of the proxy's; `paused`: the proxy's clock of
+        the seconds it withheld the engine (its weight gate's), which agent timeouts do
+        not count."""
         self.config = config
+        self.paused = paused
         self.metadata = dict(metadata or {})
         self.sampling = sampling
         self.settings = config.settings
@@ -252,7 +256,8 @@ class Runner:
             agent_started = time.monotonic()
             run = await sandbox.run(harness.command(ctx, task.instruction),
                                     env=harness.environment(ctx),
-                                    timeout=min(task.agent_timeout, deadline - time.monotonic()))
+                                    timeout=min(task.agent_timeout, deadline - time.monotonic()),
+                                    paused=self.paused)
             timings["agent"] = time.monotonic() - agent_started
             if (run.timed_out or run.exit_code != 0) and self.store.next_index(key) == 0:
                 # The model was never asked: the harness failed to start (a crash, a

@@ -48,4 +48,5 @@ def serving(config: RunSettings, engine: Engine, run_dir: Path, *, port: int | N
     run_dir.mkdir(parents=True, exist_ok=True)
     with running(engine, run_dir, port=port, sampling=sampling) as served:
         yield Serving(served, Runner(config, served.store, served.url, run_dir,
-                                     on_outcome=on_outcome))
+                                     on_outcome=on_outcome,
+                                     paused=served.proxy.gate.paused_seconds))

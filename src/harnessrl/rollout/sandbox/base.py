@@ -25,7 +25,8 @@ import resource
 import secrets
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -37,10 +38,30 @@ Network = Literal["host", "none", "loopback-proxy"]
 BuildNetwork = Literal["none", "host"]  # the network of a docker backend's `docker build`
 
 OUTPUT_CAP = 16 << 20  # bytes of each output stream returned; the rest is dropped
+# A clock of the seconds the engine was withheld from every rollout so far (the capture
+# proxy's weight gate: `WeightGate.paused_seconds`), which a command's timeout leaves out.
+Paused = Callable[[], float]
 
 # Never passed into a sandbox, even when a caller names them: they would route traffic
 # around the isolation, and the capture proxy is reached by its base URL instead.
 _PROXY_VARIABLE = re.compile(r"(?i)^(https?|all|no|ftp|socks)_proxy$")
+
+
+async def finished_within(task: asyncio.Future, timeout: float, paused: Paused | None) -> bool:
+    """Wait for `task` up to `timeout` seconds, the deadline moved on by every second
+    `paused` advances meanwhile; whether it finished. An agent waiting on a model call the
+    proxy holds for the trainer (a weight swap, an optimizer step on the same machine) is
+    not out of time for it: killed there, a rollout would fail or score for the trainer's
+    time, not the agent's."""
+    started, before = time.monotonic(), paused() if paused else 0.0
+    while True:
+        extra = paused() - before if paused else 0.0
+        left = started + timeout + extra - time.monotonic()
+        if left <= 0:
+            return task.done()
+        await asyncio.wait({task}, timeout=left)
+        if task.done():
+            return True
 
 
 class SandboxError(RuntimeError):
@@ -69,7 +90,11 @@ class Sandbox(Protocol):
     image_workdir: bool
 
     async def run(self, command: str | list[str], *, env: Mapping[str, str] | None = None,
-                  timeout: float, cwd: Path | None = None) -> ExecResult: ...
+                  timeout: float, cwd: Path | None = None,
+                  paused: Paused | None = None) -> ExecResult:
+        """Run `command`, killed after `timeout` seconds not counting those `paused`
+        advanced meanwhile (`finished_within`)."""
+        ...
 
     async def copy_in(self, src: Path, dest: str) -> None:
         """Copy a host file or directory to `dest`: relative to workdir, or an absolute

@@ -58,9 +58,11 @@ from harnessrl.rollout.sandbox.base import (
     BuildNetwork,
     ExecResult,
     HostDirectory,
+    Paused,
     SandboxError,
     check_env,
     copy_tree,
+    finished_within,
 )
 from harnessrl.rollout.sandbox.docker_images import BASE_IMAGE as BASE_IMAGE
 from harnessrl.rollout.sandbox.docker_images import Images, docker
@@ -337,7 +339,8 @@ class DockerSandbox:
             await asyncio.sleep(0.02)
 
     async def run(self, command: str | list[str], *, env: Mapping[str, str] | None = None,
-                  timeout: float, cwd: Path | None = None) -> ExecResult:
+                  timeout: float, cwd: Path | None = None,
+                  paused: Paused | None = None) -> ExecResult:
         if self.closed:
             raise SandboxError(f"sandbox {self.directory} is closed")
         check_env(env or {})
@@ -352,12 +355,10 @@ class DockerSandbox:
         proc = await asyncio.create_subprocess_exec(
             *argv, self.container, *inner, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE)
-        timed_out = False
         talk = asyncio.ensure_future(proc.communicate())
         try:
-            await asyncio.wait({talk}, timeout=timeout)
-            if not talk.done():
-                timed_out = True
+            timed_out = not await finished_within(talk, timeout, paused)
+            if timed_out:
                 await self._stop_marked(talk)
             stdout, stderr = await talk
         finally:

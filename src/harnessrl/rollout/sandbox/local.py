@@ -41,10 +41,12 @@ from harnessrl.rollout.sandbox.base import (
     Limits,
     Network,
     NetworkIsolationUnavailable,
+    Paused,
     SandboxError,
     check_env,
     check_name,
     copy_tree,
+    finished_within,
     text,
 )
 from harnessrl.rollout.sandbox.owners import kill_marked
@@ -208,7 +210,8 @@ class LocalSandbox:
                 self.token, "--", *argv]
 
     async def run(self, command: str | list[str], *, env: Mapping[str, str] | None = None,
-                  timeout: float, cwd: Path | None = None) -> ExecResult:
+                  timeout: float, cwd: Path | None = None,
+                  paused: Paused | None = None) -> ExecResult:
         if self.closed:
             raise SandboxError(f"sandbox {self.directory} is closed")
         check_env(env or {})
@@ -226,14 +229,14 @@ class LocalSandbox:
                     env=full_env, start_new_session=True, preexec_fn=self.limits.apply)
             except OSError as error:
                 raise SandboxError(f"cannot start {command!r}: {error}") from error
-        timed_out = False
+        exited = asyncio.ensure_future(proc.wait())
         try:
-            await asyncio.wait_for(proc.wait(), timeout)
-        except TimeoutError:
-            timed_out = True
-            await self._terminate(proc)
+            timed_out = not await finished_within(exited, timeout, paused)
+            if timed_out:
+                await self._terminate(proc)
         finally:
             await self._reap(proc)
+            exited.cancel()  # done by now, or its process is gone with the reap
         return ExecResult(exit_code=None if timed_out else proc.returncode,
                           stdout=_take(out_path), stderr=_take(err_path), timed_out=timed_out,
                           seconds=time.monotonic() - started)

@@ -142,9 +142,11 @@ class EvalDuringTraining:
         config = RunSettings(harnesses=self.harnesses, tasks=self.tasks, samples=self.samples,
                            settings=self.settings, shaping=self.shaping)
         rollouts = self.opened()
+        # on a cluster the proxies are the nodes' (no gate here): agent timeouts count all
+        paused = rollouts.proxy.gate.paused_seconds if rollouts.cluster is None else None
         runner = Runner(config, rollouts.store, rollouts.url, self.run_dir,
                         metadata={"purpose": PURPOSE, "eval_step": step},
-                        sampling=self.sampling)
+                        sampling=self.sampling, paused=paused)
         return await runner.run(self.planned())
 
 
