@@ -186,6 +186,21 @@ def test_live_progress_counts_rollouts_turns_tokens_and_steps(tmp_path: Path) ->
     assert "turns 2 · tokens sampled 2 · tool calls 1 · weights v1" in last
 
 
+def test_the_weights_shown_are_the_last_sampled_turns_not_an_unsent_call() -> None:
+    """A call refused at the rollout's step cap was never sent to the engine and names no
+    weights: the line keeps the version of the last sampled turn, not "initial"."""
+    from harnessrl.train.live import _Seen, _tally
+
+    sampled = msgspec_replace(_tool_rollout()[-1], weight_version="v3")
+    refused = msgspec_replace(sampled, index=sampled.index + 1, weight_version=None,
+                              timings=msgspec_replace(sampled.timings,
+                                                      received=sampled.timings.received + 5))
+    seen = _Seen()
+    for turn in (sampled, refused):
+        _tally(seen, turn)
+    assert seen.last == (sampled.timings.received, "v3") and seen.turns == 2
+
+
 def test_live_progress_names_the_phase_the_schedule_reports(tmp_path: Path) -> None:
     live = Live(tmp_path, Console(file=io.StringIO()), steps=2)
     assert " · starting" in live.line() and "sampling" not in live.line()

@@ -54,7 +54,8 @@ def _tally(seen: _Seen, turn: Turn) -> None:
     if turn.completion is not None:
         seen.sampled += len(turn.completion.tokens.completion_ids or ())
         seen.tool_calls += sum(isinstance(p, ToolCall) for p in turn.completion.parts)
-    if turn.timings.received >= seen.last[0]:
+    # a call never sent to the engine (refused at its step cap, say) names no weights
+    if turn.weight_version is not None and turn.timings.received >= seen.last[0]:
         seen.last = (turn.timings.received, turn.weight_version)
 
 
