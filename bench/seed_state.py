@@ -151,8 +151,11 @@ def run_child(command: list[str], log: Any, every: Callable[[], None] | None = N
             try:
                 return child.wait(timeout=every_s if every else None)
             except subprocess.TimeoutExpired:
-                if every:
-                    every()
+                try:
+                    if every:
+                        every()
+                except OSError as error:  # a failed copy must not stop hours of training
+                    print(f"[seed_table] progress not kept this time: {error}", flush=True)
     except BaseException:
         child.terminate()
         try:

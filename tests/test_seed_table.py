@@ -389,5 +389,12 @@ def test_a_training_run_s_metrics_are_recorded_and_reported_while_it_runs(tmp_pa
     assert report == ["- `train/rl-one/s0`: 1 steps so far, 1 with a gradient.",
                       "  - mini-swe-agent, training pass rate per step: 1: 75%",
                       "  - eval while training, step 1: mini-swe-agent 3/4"]
+    # a copy that fails (a full disk, say) is said, and the run goes on to its end
+    def broken() -> None:
+        raise OSError("no space left on device")
+
+    with (tmp_path / "log").open("w") as log:
+        assert run_child([sys.executable, "-c", "import time; time.sleep(0.8)"], log,
+                         every=broken, every_s=0.2) == 0
     # once the unit is measured, it is no longer in progress
     assert seed_table.seed_report.in_progress(record, {"train/rl-one/s0": {}}) == []
