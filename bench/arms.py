@@ -82,6 +82,7 @@ def rl_config(args: argparse.Namespace, train: Path, seed: int, arm: str, start:
         "grpo": {"trainer": "async", "steps": args.steps, "num_generations": args.group,
                  "tasks_per_step": args.tasks_per_step, "max_inflight": args.inflight,
                  "max_staleness": args.max_staleness, "learning_rate": args.lr, "seed": seed,
+                 "truncated_turns": args.truncated_turns, "format_penalty": args.format_penalty,
                  "trl": {"queue_maxsize": args.queue_maxsize}},
         "shaping": {"tool_call_bonus": args.bonus if arm == "rl-one-bonus" else 0.0,
                     "tool_call_budget": args.bonus_budget},

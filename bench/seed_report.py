@@ -264,19 +264,36 @@ def in_progress(root: Path, measured: dict[str, Any]) -> list[str]:
     """Training units not finished, from their metrics.jsonl as last kept
     (STATE/progress/): the steps so far, each step's pass rate and the evals while
     training, so a run cut by a session's end or a lost machine still shows its figures."""
-    from harnessrl.train.runs.eval_during import eval_lines
-
     lines = []
     for path in sorted((root / "progress").glob("*" + PROGRESS)):
         name = path.name.removesuffix(PROGRESS).replace("__", "/")
         if name in measured:
             continue
-        steps = step_lines(path)
-        moved = sum((s.get("grad_norm") or 0) > 0 for s in steps)
-        harnesses = sorted({h for s in steps for h in s.get("harnesses", {})})
-        lines += [f"- `{name}`: {len(steps)} steps so far, {moved} with a gradient.",
-                  *per_step(steps, harnesses, eval_lines(path))]
+        lines += _run_lines(name, path)
     return lines
+
+
+def replaced(root: Path) -> list[str]:
+    """The runs set aside when the RL recipe changed before any arm finished
+    (STATE/replaced/<time>/): why, and their steps as they were measured."""
+    lines = []
+    for folder in sorted((root / "replaced").glob("*")):
+        why = (folder / "why.txt").read_text().strip() if (folder / "why.txt").is_file() else ""
+        lines += [f"### {folder.name}", "", why, ""]
+        for path in sorted((folder / "progress").glob("*" + PROGRESS)):
+            lines += _run_lines(path.name.removesuffix(PROGRESS).replace("__", "/"), path)
+        lines.append("")
+    return lines
+
+
+def _run_lines(name: str, path: Path) -> list[str]:
+    from harnessrl.train.runs.eval_during import eval_lines
+
+    steps = step_lines(path)
+    moved = sum((s.get("grad_norm") or 0) > 0 for s in steps)
+    harnesses = sorted({h for s in steps for h in s.get("harnesses", {})})
+    return [f"- `{name}`: {len(steps)} steps so far, {moved} with a gradient.",
+            *per_step(steps, harnesses, eval_lines(path))]
 
 
 def _lr(unit: dict[str, Any]) -> str:
@@ -369,7 +386,9 @@ def write(args: argparse.Namespace, root: Path) -> str:
             "", *experiment(args, units, budgets, arms, harnesses, start),
             "## Training and SFT", "", *training(units), "",
             *(["## Training runs not finished (as last kept)", "", *running, ""]
-              if (running := in_progress(root, measured)) else []), *notes(root),
+              if (running := in_progress(root, measured)) else []),
+            *(["## Runs set aside when the RL recipe changed", "", *gone]
+              if (gone := replaced(root)) else []), *notes(root),
             "## Not done / failed", "",
             *([f"- `{k}`: {v['error'].splitlines()[0]}" for k, v in failed.items()]
               or ["- nothing failed"]), "", "## The reference, beside", "", REFERENCE, ""]

@@ -66,6 +66,24 @@ class State:
         if dest is not None and dest.resolve() != self.root.resolve():
             self.record(dest)
 
+    def replace_runs(self, prefix: str, why: str) -> Path:
+        """Set aside the unfinished runs whose unit starts with `prefix` (a recipe changed
+        before any of them finished): their progress lines and budget-run.json move to
+        STATE/replaced/<time>/ beside a note of `why`, as measured history, and their work
+        dirs (checkpoints of the old recipe, which must not be resumed) are deleted."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        dest = self.root / "replaced" / stamp
+        (dest / "progress").mkdir(parents=True, exist_ok=True)
+        key = prefix.replace("/", "__")
+        for path in (self.root / "progress").glob(key + "*" + PROGRESS):
+            path.rename(dest / "progress" / path.name)
+        for path in (self.root / "work").glob(key + "*"):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if (self.root / "budget-run.json").is_file():
+            shutil.copy2(self.root / "budget-run.json", dest / "budget-run.json")
+        (dest / "why.txt").write_text(why + "\n")
+        return dest
+
     def record(self, dest: Path) -> None:
         """Copy the state's small records (units, failures, progress, budgets, commands,
         events, notes; no models, runs or logs) to `dest`, a folder to commit: a lost machine
@@ -83,6 +101,8 @@ class State:
                      "events.jsonl", "notes.md"):
             if (self.root / name).is_file():
                 shutil.copy2(self.root / name, dest / name)
+        if (self.root / "replaced").is_dir():  # history: copied, never mirrored away
+            shutil.copytree(self.root / "replaced", dest / "replaced", dirs_exist_ok=True)
 
 
 @contextlib.contextmanager

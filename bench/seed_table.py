@@ -68,7 +68,16 @@ BUDGET = {"calibrate": (*SHARED, "calib_samples", "calib_temperature"),
                   "steps", "group", "tasks_per_step", "lr", "max_staleness", "bonus",
                   "bonus_budget", "sft_lr", "teacher_tasks", "start", "eval_every",
                   "sft_steps", "sft_rows_per_step", "eval_samples", "eval_temperatures",
-                  "select", "band", "curve_harnesses", "teacher_harnesses")}
+                  "select", "band", "curve_harnesses", "teacher_harnesses",
+                  "truncated_turns", "format_penalty")}
+# Budget keys added after states were made, with the value those states ran with.
+ADDED = {"truncated_turns": "mask", "format_penalty": 1.0}
+# The RL arms' recipe: what only their training (and so their evals) depends on. It may
+# change while no RL arm has finished training in the state: a recipe found wanting
+# mid-run is replaced, never mixed (the unfinished runs' lines move to STATE/replaced/).
+RL_RECIPE = ("steps", "group", "tasks_per_step", "lr", "max_staleness", "bonus",
+             "bonus_budget", "eval_every", "curve_harnesses", "truncated_turns",
+             "format_penalty")
 # What the SFT start depends on, apart from the run (the sft phase builds the start that
 # calibration and the run then share): its own file, so the run's budget can be chosen
 # after calibrating the start.
@@ -88,17 +97,30 @@ def check_budget(state: State, args: argparse.Namespace) -> None:
     also checks the start's budget (budget-sft.json), which the sft phase writes."""
     phases = {"calibrate": ["calibrate"], "sft": ["sft"],
               "run": ["run", *(["sft"] if args.start == "sft" else [])]}[args.phase]
+    trained = [n for n in state.all() if n.startswith("train/") and n.split("/")[1] in RL_ARMS]
+    recipe = () if trained else RL_RECIPE
     checked = {state.root / f"budget-{phase}.json": _check(
-        state.root / f"budget-{phase}.json", budget_of(phase, args)) for phase in phases}
+        state.root / f"budget-{phase}.json", budget_of(phase, args),
+        recipe if phase == "run" else ()) for phase in phases}
+    path = state.root / "budget-run.json"
+    if path in checked and path.is_file() and (changed := _changed(
+            json.loads(path.read_text()), checked[path], recipe)):
+        why = f"the RL recipe changed before any RL arm finished: {'; '.join(changed)}"
+        print(f"[seed_table] {why}; set aside in {state.replace_runs('train/', why)}")
     for path, budget in checked.items():  # written once every phase's budget agrees
         path.write_text(json.dumps(budget, indent=1))
 
 
-def _check(path: Path, now: dict[str, Any]) -> dict[str, Any]:
-    saved = json.loads(path.read_text()) if path.is_file() else now
-    # Seeds may be added (`--seeds 1` after `--seeds 0`): each seed's units are its own.
-    if changed := [f"{k}: {saved.get(k)!r} then, {now[k]!r} now" for k in now
-                   if k != "seeds" and saved.get(k) != now[k]]:
+def _changed(saved: dict[str, Any], now: dict[str, Any], keys: tuple[str, ...] | None = None
+             ) -> list[str]:
+    """What differs (`keys`: among those only; seeds may be added, so never them)."""
+    return [f"{k}: {saved.get(k)!r} then, {now[k]!r} now" for k in now
+            if k != "seeds" and (keys is None or k in keys) and saved.get(k) != now[k]]
+
+
+def _check(path: Path, now: dict[str, Any], mutable: tuple[str, ...] = ()) -> dict[str, Any]:
+    saved = {**ADDED, **json.loads(path.read_text())} if path.is_file() else now
+    if changed := _changed(saved, now, tuple(k for k in now if k not in mutable)):
         raise SystemExit(f"seed_table: {path.parent} was run with another budget "
                          f"({'; '.join(changed)}); use another --state")
     if "seeds" in now:
@@ -421,6 +443,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--group", type=int, default=8, help="rollouts per GRPO group")
     p.add_argument("--tasks-per-step", type=int, default=4)
     p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--truncated-turns", choices=["mask", "penalty", "train"], default="mask",
+                   help="grpo.truncated_turns: a reply cut by --max-tokens is left out of the "
+                   "loss, pushed down on its own (-format_penalty) or trained as the rest")
+    p.add_argument("--format-penalty", type=float, default=1.0, help="grpo.format_penalty")
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--inflight", type=int, default=4)
     p.add_argument("--queue-maxsize", type=int, default=0, help="grpo.trl.queue_maxsize: "

@@ -211,6 +211,42 @@ def test_the_sft_start_has_its_own_budget(tmp_path: Path) -> None:
         "mini-swe-agent", "pi"]
 
 
+def test_the_rl_recipe_may_change_until_an_rl_arm_finishes_and_its_runs_are_set_aside(
+        tmp_path: Path) -> None:
+    """A recipe found wanting mid-run (issue 46: rl-one collapsing into cut replies) is
+    replaced, not mixed: the unfinished runs' lines move to STATE/replaced/ with why, their
+    checkpoints go (a resume must not go on from the old recipe), the report shows them.
+    Once an RL arm has finished, the recipe is fixed like the rest of the budget."""
+    state = State(tmp_path / "state")
+    common = ["run", "--tiers", "lookup", "--steps", "30"]
+    seed_table.check_budget(state, seed_table.parse([*common, "--lr", "5e-5"]))
+    run = state.work("train/rl-one/s0")
+    (run / "checkpoints" / "checkpoint-10").mkdir(parents=True)
+    step = {"step": 1, "trl": {"grad_norm": 0.5}, "harnesses": {"pi": {"pass_rate": 0.5}}}
+    (run / "metrics.jsonl").write_text(json.dumps(step) + "\n")
+    state.progress("train/rl-one/s0", run / "metrics.jsonl", None)
+    with pytest.raises(SystemExit, match="max_tokens"):  # the rest stays fixed
+        seed_table.check_budget(state, seed_table.parse([*common, "--max-tokens", "64"]))
+    assert run.is_dir()
+
+    seed_table.check_budget(state, seed_table.parse(
+        [*common, "--lr", "2e-5", "--truncated-turns", "penalty"]))
+    assert not run.exists() and not list((state.root / "progress").iterdir())
+    (aside,) = (state.root / "replaced").iterdir()
+    why = (aside / "why.txt").read_text()
+    assert "lr: 5e-05 then, 2e-05 now" in why and "truncated_turns: 'mask' then" in why
+    assert json.loads((aside / "budget-run.json").read_text())["lr"] == 5e-5
+    assert json.loads((state.root / "budget-run.json").read_text())["lr"] == 2e-5
+    lines = seed_table.seed_report.replaced(state.root)
+    assert "- `train/rl-one/s0`: 1 steps so far, 1 with a gradient." in lines
+    state.record(tmp_path / "record")  # the history is committed with the records
+    assert (tmp_path / "record" / "replaced" / aside.name / "why.txt").is_file()
+
+    state.save("train/control/s0", {"steps": []})
+    with pytest.raises(SystemExit, match="lr"):
+        seed_table.check_budget(state, seed_table.parse([*common, "--lr", "1e-5"]))
+
+
 # ------------------------------------------------------------------ the control arm
 def test_the_control_is_rl_one_with_advantages_shuffled_within_groups(tmp_path: Path) -> None:
     args = seed_table.parse(["run", "--eval-every", "5"])
