@@ -104,7 +104,7 @@ def check_budget(state: State, args: argparse.Namespace) -> None:
         recipe if phase == "run" else ()) for phase in phases}
     path = state.root / "budget-run.json"
     if path in checked and path.is_file() and (changed := _changed(
-            json.loads(path.read_text()), checked[path], recipe)):
+            {**ADDED, **json.loads(path.read_text())}, checked[path], recipe)):
         why = f"the RL recipe changed before any RL arm finished: {'; '.join(changed)}"
         print(f"[seed_table] {why}; set aside in {state.replace_runs('train/', why)}")
     for path, budget in checked.items():  # written once every phase's budget agrees

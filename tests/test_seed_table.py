@@ -220,6 +220,9 @@ def test_the_rl_recipe_may_change_until_an_rl_arm_finishes_and_its_runs_are_set_
     state = State(tmp_path / "state")
     common = ["run", "--tiers", "lookup", "--steps", "30"]
     seed_table.check_budget(state, seed_table.parse([*common, "--lr", "5e-5"]))
+    budget = state.root / "budget-run.json"  # as a state made before these keys existed
+    budget.write_text(json.dumps({k: v for k, v in json.loads(budget.read_text()).items()
+                                  if k not in seed_table.ADDED}))
     run = state.work("train/rl-one/s0")
     (run / "checkpoints" / "checkpoint-10").mkdir(parents=True)
     step = {"step": 1, "trl": {"grad_norm": 0.5}, "harnesses": {"pi": {"pass_rate": 0.5}}}
@@ -235,6 +238,7 @@ def test_the_rl_recipe_may_change_until_an_rl_arm_finishes_and_its_runs_are_set_
     (aside,) = (state.root / "replaced").iterdir()
     why = (aside / "why.txt").read_text()
     assert "lr: 5e-05 then, 2e-05 now" in why and "truncated_turns: 'mask' then" in why
+    assert "format_penalty" not in why  # added since, with the value the state ran with
     assert json.loads((aside / "budget-run.json").read_text())["lr"] == 5e-5
     assert json.loads((state.root / "budget-run.json").read_text())["lr"] == 2e-5
     lines = seed_table.seed_report.replaced(state.root)
