@@ -130,7 +130,7 @@ def rl(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str,
 # Issue 45's per-step diagnostics in metrics.jsonl, kept where a run logs them: the share
 # of finished groups with reward spread, KL to the sampler, clip and mask fractions.
 DIAGNOSED = ("groups_with_spread", "groups_uniform", "no_gradient", "kl", "clip_fraction",
-             "rejected_share", "truncated_share", "advantage_abs")
+             "rejected_share", "truncated_share", "advantage_abs", "tokens_trained_share")
 
 
 def step_lines(metrics: Path) -> list[dict[str, Any]]:

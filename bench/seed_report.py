@@ -249,15 +249,25 @@ def rl_lines(key: str, unit: dict[str, Any]) -> list[str]:
 
 def per_step(steps: list[dict[str, Any]], harnesses: list[str], evals: list[dict[str, Any]]
              ) -> list[str]:
-    """A run's training pass rate per step in each harness, then its evals while training."""
-    lines = []
-    for harness in harnesses:
-        rates = [(s["step"], s.get("harnesses", {}).get(harness, {}).get("pass_rate"))
-                 for s in steps]
-        lines.append(f"  - {harness}, training pass rate per step: " + ", ".join(
-            f"{n}: {_rates([r])}" for n, r in rates if r is not None))
+    """A run's steps as a table (training pass rate per harness, the share of groups with
+    reward spread, of replies cut at max_tokens, of sampled tokens trained, the gradient
+    norm before clipping), then its evals while training."""
+    columns = [(f"{h} pass rate", lambda s, h=h: _share(s.get("harnesses", {}).get(h, {})
+                                                         .get("pass_rate"))) for h in harnesses]
+    columns += [("groups with spread", lambda s: _share(s.get("groups_with_spread"))),
+                ("cut", lambda s: _share(s.get("truncated_share"))),
+                ("trained", lambda s: _share(s.get("tokens_trained_share"))),
+                ("grad norm", lambda s: _num(s.get("grad_norm")))]
+    lines = ["", "  | step | " + " | ".join(name for name, _ in columns) + " |",
+             "  |---|" + "---|" * len(columns),
+             *[f"  | {s['step']} | " + " | ".join(cell(s) for _, cell in columns) + " |"
+               for s in steps], ""] if steps else []
     return lines + [f"  - eval while training, step {e['step']}: " + ", ".join(
         f"{h} {v['passed']}/{v['rollouts']}" for h, v in e["eval"].items()) for e in evals]
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def in_progress(root: Path, measured: dict[str, Any]) -> list[str]:
@@ -298,10 +308,6 @@ def _run_lines(name: str, path: Path) -> list[str]:
 
 def _lr(unit: dict[str, Any]) -> str:
     return f" at lr {unit['lr']:g}" if unit.get("lr") else ""
-
-
-def _rates(values: list[float]) -> str:
-    return "/".join(f"{v:.0%}" for v in values) or "-"
 
 
 def _num(value: float | None) -> str:

@@ -426,8 +426,10 @@ def test_a_training_run_s_metrics_are_recorded_and_reported_while_it_runs(tmp_pa
         assert run_child(child, log, every=every, every_s=0.5) == 0
     assert "\n".join(lines) in seen  # recorded before the child ended
     report = seed_table.seed_report.in_progress(record, {})
-    assert report == ["- `train/rl-one/s0`: 1 steps so far, 1 with a gradient.",
-                      "  - mini-swe-agent, training pass rate per step: 1: 75%",
+    assert report == ["- `train/rl-one/s0`: 1 steps so far, 1 with a gradient.", "",
+                      "  | step | mini-swe-agent pass rate | groups with spread | cut | trained "
+                      "| grad norm |", "  |---|---|---|---|---|---|",
+                      "  | 1 | 75% | - | - | - | 0.40 |", "",
                       "  - eval while training, step 1: mini-swe-agent 3/4"]
     # a copy that fails (a full disk, say) is said, and the run goes on to its end
     def broken() -> None:
