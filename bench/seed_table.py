@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import random
 import shutil
 import signal
@@ -53,81 +52,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a pack
 import arms
 import seed_report
 import seed_stats
+from seed_budget import ARMS, check_budget
 from seed_state import WAITED, State, event, heavy, run_child, unit
 
-ARMS = ("base", "rl-one", "control", "rl-all", "rl-one-bonus", "sft")
-RL_ARMS = ("rl-one", "control", "rl-all", "rl-one-bonus")
 HARNESSRL = str(Path(sys.executable).with_name("harnessrl"))
-# Settings that change what a phase's units measure: a state dir keeps one value of each.
-SHARED = ("model", "task_seed", "train_tasks", "heldout", "max_tokens",
-          "max_model_calls", "agent_timeout", "eval_temperature", "mode")
-# (calibration's harnesses, tiers, tasks per tier and start only choose which cells run:
-# each cell is the same, named by its start, split, tier and chunk)
-BUDGET = {"calibrate": (*SHARED, "calib_samples", "calib_temperature"),
-          "run": (*SHARED, "harnesses", "train_harness", "tiers", "heldout_sample", "seeds",
-                  "steps", "group", "tasks_per_step", "lr", "max_staleness", "bonus",
-                  "bonus_budget", "sft_lr", "teacher_tasks", "start", "eval_every",
-                  "sft_steps", "sft_rows_per_step", "eval_samples", "eval_temperatures",
-                  "select", "band", "curve_harnesses", "teacher_harnesses",
-                  "truncated_turns", "format_penalty")}
-# Budget keys added after states were made, with the value those states ran with.
-ADDED = {"truncated_turns": "mask", "format_penalty": 1.0}
-# The RL arms' recipe: what only their training (and so their evals) depends on. It may
-# change while no RL arm has finished training in the state: a recipe found wanting
-# mid-run is replaced, never mixed (the unfinished runs' lines move to STATE/replaced/).
-RL_RECIPE = ("steps", "group", "tasks_per_step", "lr", "max_staleness", "bonus",
-             "bonus_budget", "eval_every", "curve_harnesses", "truncated_turns",
-             "format_penalty")
-# What the SFT start depends on, apart from the run (the sft phase builds the start that
-# calibration and the run then share): its own file, so the run's budget can be chosen
-# after calibrating the start.
-SFT_KEYS = (*SHARED, "teacher_harnesses", "tiers", "seeds", "sft_lr", "teacher_tasks")
-
-
-def budget_of(phase: str, args: argparse.Namespace) -> dict[str, Any]:
-    if phase == "sft":
-        return {**{k: getattr(args, k) for k in SFT_KEYS},
-                "sft_budget": list(arms.sft_budget(args))}
-    return {k: getattr(args, k) for k in BUDGET[phase]}
-
-
-def check_budget(state: State, args: argparse.Namespace) -> None:
-    """A state dir holds one budget per phase: a rerun with another is refused, naming what
-    differs (STATE/budget-<phase>.json; the report states it). The run with an SFT start
-    also checks the start's budget (budget-sft.json), which the sft phase writes."""
-    phases = {"calibrate": ["calibrate"], "sft": ["sft"],
-              "run": ["run", *(["sft"] if args.start == "sft" else [])]}[args.phase]
-    trained = [n for n in state.all() if n.startswith("train/") and n.split("/")[1] in RL_ARMS]
-    recipe = () if trained else RL_RECIPE
-    checked = {state.root / f"budget-{phase}.json": _check(
-        state.root / f"budget-{phase}.json", budget_of(phase, args),
-        recipe if phase == "run" else ()) for phase in phases}
-    path = state.root / "budget-run.json"
-    if path in checked and path.is_file() and (changed := _changed(
-            {**ADDED, **json.loads(path.read_text())}, checked[path], recipe)):
-        why = f"the RL recipe changed before any RL arm finished: {'; '.join(changed)}"
-        print(f"[seed_table] {why}; set aside in {state.replace_runs('train/', why)}")
-    for path, budget in checked.items():  # written once every phase's budget agrees
-        path.write_text(json.dumps(budget, indent=1))
-
-
-def _changed(saved: dict[str, Any], now: dict[str, Any], keys: tuple[str, ...] | None = None
-             ) -> list[str]:
-    """What differs (`keys`: among those only; seeds may be added, so never them)."""
-    return [f"{k}: {saved.get(k)!r} then, {now[k]!r} now" for k in now
-            if k != "seeds" and (keys is None or k in keys) and saved.get(k) != now[k]]
-
-
-def _check(path: Path, now: dict[str, Any], mutable: tuple[str, ...] = ()) -> dict[str, Any]:
-    saved = {**ADDED, **json.loads(path.read_text())} if path.is_file() else now
-    if changed := _changed(saved, now, tuple(k for k in now if k not in mutable)):
-        raise SystemExit(f"seed_table: {path.parent} was run with another budget "
-                         f"({'; '.join(changed)}); use another --state")
-    if "seeds" in now:
-        now["seeds"] = sorted({*saved.get("seeds", []), *now["seeds"]})
-    return now
-
-
 # ------------------------------------------------------------------ tasks
 def generated(state: State, args: argparse.Namespace, tiers: list[str], count: tuple[int, int]
               ) -> Path:

@@ -18,6 +18,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 
 import arms  # noqa: E402
+import seed_budget  # noqa: E402
 import seed_pooled  # noqa: E402
 import seed_stats as st  # noqa: E402
 import seed_table  # noqa: E402
@@ -186,26 +187,26 @@ def test_chunks_merge_into_their_cell_only_when_all_are_in() -> None:
 
 def test_the_sft_start_has_its_own_budget(tmp_path: Path) -> None:
     common = ["--tiers", "lookup", "--sft-steps", "4", "--start", "sft"]
-    seed_table.check_budget(State(tmp_path), seed_table.parse(["sft", *common]))
+    seed_budget.check_budget(State(tmp_path), seed_table.parse(["sft", *common]))
     # the run's own budget may be chosen after the start: other steps, samples, band
-    seed_table.check_budget(State(tmp_path), seed_table.parse(
+    seed_budget.check_budget(State(tmp_path), seed_table.parse(
         ["run", *common, "--steps", "30", "--eval-samples", "4", "--select"]))
     with pytest.raises(SystemExit, match="sft_lr"):
-        seed_table.check_budget(State(tmp_path), seed_table.parse(
+        seed_budget.check_budget(State(tmp_path), seed_table.parse(
             ["run", *common, "--steps", "30", "--eval-samples", "4", "--select",
              "--sft-lr", "1e-3"]))
     with pytest.raises(SystemExit, match="eval_samples"):
-        seed_table.check_budget(State(tmp_path), seed_table.parse(
+        seed_budget.check_budget(State(tmp_path), seed_table.parse(
             ["run", *common, "--steps", "30", "--select"]))
     # the start was built from the default harnesses' teacher rollouts: a run evaluating in
     # fewer names them as the teacher's, or is refused
     fewer = ["--harnesses", "mini-swe-agent,pi", "--steps", "30", "--eval-samples", "4",
              "--select"]
     with pytest.raises(SystemExit, match="teacher_harnesses"):
-        seed_table.check_budget(State(tmp_path / "b"), seed_table.parse(["sft", *common]))
-        seed_table.check_budget(State(tmp_path / "b"), seed_table.parse(["run", *common, *fewer]))
+        seed_budget.check_budget(State(tmp_path / "b"), seed_table.parse(["sft", *common]))
+        seed_budget.check_budget(State(tmp_path / "b"), seed_table.parse(["run", *common, *fewer]))
     assert not (tmp_path / "b" / "budget-run.json").exists()  # a refused run writes nothing
-    seed_table.check_budget(State(tmp_path / "b"), seed_table.parse(
+    seed_budget.check_budget(State(tmp_path / "b"), seed_table.parse(
         ["run", *common, *fewer, "--teacher-harnesses", "mini-swe-agent,aider,pi"]))
     assert json.loads((tmp_path / "b" / "budget-run.json").read_text())["harnesses"] == [
         "mini-swe-agent", "pi"]
@@ -219,20 +220,20 @@ def test_the_rl_recipe_may_change_until_an_rl_arm_finishes_and_its_runs_are_set_
     Once an RL arm has finished, the recipe is fixed like the rest of the budget."""
     state = State(tmp_path / "state")
     common = ["run", "--tiers", "lookup", "--steps", "30"]
-    seed_table.check_budget(state, seed_table.parse([*common, "--lr", "5e-5"]))
+    seed_budget.check_budget(state, seed_table.parse([*common, "--lr", "5e-5"]))
     budget = state.root / "budget-run.json"  # as a state made before these keys existed
     budget.write_text(json.dumps({k: v for k, v in json.loads(budget.read_text()).items()
-                                  if k not in seed_table.ADDED}))
+                                  if k not in seed_budget.ADDED}))
     run = state.work("train/rl-one/s0")
     (run / "checkpoints" / "checkpoint-10").mkdir(parents=True)
     step = {"step": 1, "trl": {"grad_norm": 0.5}, "harnesses": {"pi": {"pass_rate": 0.5}}}
     (run / "metrics.jsonl").write_text(json.dumps(step) + "\n")
     state.progress("train/rl-one/s0", run / "metrics.jsonl", None)
     with pytest.raises(SystemExit, match="max_tokens"):  # the rest stays fixed
-        seed_table.check_budget(state, seed_table.parse([*common, "--max-tokens", "64"]))
+        seed_budget.check_budget(state, seed_table.parse([*common, "--max-tokens", "64"]))
     assert run.is_dir()
 
-    seed_table.check_budget(state, seed_table.parse(
+    seed_budget.check_budget(state, seed_table.parse(
         [*common, "--lr", "2e-5", "--truncated-turns", "penalty"]))
     assert not run.exists() and not list((state.root / "progress").iterdir())
     (aside,) = (state.root / "replaced").iterdir()
@@ -248,7 +249,7 @@ def test_the_rl_recipe_may_change_until_an_rl_arm_finishes_and_its_runs_are_set_
 
     state.save("train/control/s0", {"steps": []})
     with pytest.raises(SystemExit, match="lr"):
-        seed_table.check_budget(state, seed_table.parse([*common, "--lr", "1e-5"]))
+        seed_budget.check_budget(state, seed_table.parse([*common, "--lr", "1e-5"]))
 
 
 # ------------------------------------------------------------------ the control arm
@@ -260,7 +261,7 @@ def test_the_control_is_rl_one_with_advantages_shuffled_within_groups(tmp_path: 
     assert control["grpo"].pop("advantage_control") == "shuffle"
     assert control == one  # the same sampling, steps, optimizer, tasks and eval
     assert one["grpo"].get("advantage_control") is None
-    assert "control" in seed_table.RL_ARMS and arms.arm_harnesses(args, "control") == [
+    assert "control" in seed_budget.RL_ARMS and arms.arm_harnesses(args, "control") == [
         args.train_harness]
 
 
