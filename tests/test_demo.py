@@ -12,6 +12,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from rich.console import Console
@@ -184,6 +185,33 @@ def test_live_progress_counts_rollouts_turns_tokens_and_steps(tmp_path: Path) ->
     assert PROGRESS.match(last) and "step 1/2" in last, last
     assert "rollouts 1 running, 1 finished (1 passed)" in last
     assert "turns 2 · tokens sampled 2 · tool calls 1 · weights v1" in last
+
+
+def test_rollouts_cut_by_a_restart_are_not_called_infrastructure_errors(tmp_path: Path
+                                                                       ) -> None:
+    """A resumed run marks the rollouts its stop cut as `infra_error` outcomes ("interrupted:
+    ..."): never scored, but not the sandbox's or the engine's failure either, so the line
+    counts them apart."""
+    from harnessrl.train.runs.resume import INTERRUPTED
+
+    store = TraceStore(tmp_path)
+
+    ends: list[tuple[Literal["done", "infra_error"], str | None]] = [
+        ("infra_error", f"{INTERRUPTED}: the run stopped"),
+        ("infra_error", "sandbox: docker exited 125"), ("done", None)]
+
+    async def write() -> None:
+        for sample, (status, error) in enumerate(ends):
+            key = f"r{sample}"
+            await store.put_rollout(Rollout(key, 1.0, metadata={"harness": "h", "task": "t"}))
+            await store.put_outcome(Outcome(harness="h", harness_version="1", task="t",
+                                            sample=sample, rollout=key, status=status,
+                                            error=error))
+
+    asyncio.run(write())
+    line = Live(tmp_path, Console(file=io.StringIO()), steps=2).line()
+    store.close()
+    assert "3 finished (0 passed, 1 infrastructure errors, 1 interrupted by a restart)" in line
 
 
 def test_the_weights_shown_are_the_last_sampled_turns_not_an_unsent_call() -> None:

@@ -21,6 +21,7 @@ from rich.console import Console
 
 from harnessrl.store.reader import TraceReader
 from harnessrl.store.schema import DB_NAME
+from harnessrl.train.runs.resume import INTERRUPTED
 from harnessrl.types import ToolCall, Turn
 
 
@@ -32,6 +33,7 @@ class Snapshot:
     finished: int = 0
     passed: int = 0
     infra: int = 0
+    interrupted: int = 0  # cut by the run's stop and marked when it resumed: not the task's
     turns: int = 0
     sampled: int = 0  # completion tokens the engine sampled
     tool_calls: int = 0  # native tool calls in the replies
@@ -126,7 +128,9 @@ class Live:
                 snap.running += 1
         for outcome in outcomes.values():
             snap.finished += 1
-            snap.infra += outcome.status != "done"
+            cut = outcome.status != "done" and (outcome.error or "").startswith(INTERRUPTED)
+            snap.interrupted += cut
+            snap.infra += outcome.status != "done" and not cut
             snap.passed += outcome.status == "done" and (outcome.verifier_reward or 0) >= 1
         seen_all = list(self._seen.values())
         snap.turns = sum(s.turns for s in seen_all)
@@ -149,6 +153,7 @@ class Live:
             return f"{head} · no rollout yet" + (": the trainer is loading" if self.steps
                                                   else "")
         infra = f", {snap.infra} infrastructure errors" if snap.infra else ""
+        infra += f", {snap.interrupted} interrupted by a restart" if snap.interrupted else ""
         return (f"{head} · rollouts {snap.running} running, {snap.finished} finished "
                 f"({snap.passed} passed{infra}) · turns {snap.turns} · tokens sampled "
                 f"{snap.sampled:,} · tool calls {snap.tool_calls} · weights "
