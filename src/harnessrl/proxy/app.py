@@ -51,6 +51,7 @@ from harnessrl.proxy.wire.accumulate import Accumulator
 from harnessrl.proxy.wire.boundary import (
     RELAYED,
     TURN,
+    WholeReply,
     Wire,
     as_error,
     client_gone,
@@ -59,6 +60,7 @@ from harnessrl.proxy.wire.boundary import (
     read_body,
     read_decoded,
     request_key,
+    unless_disconnected,
 )
 from harnessrl.proxy.wire.history import check_arguments, check_tool_results, restore_arguments
 from harnessrl.types import (
@@ -269,7 +271,7 @@ class Proxy:
                         request: Request) -> Response:
         acc = Accumulator()
         try:
-            events = await _unless_disconnected(request, self.engine.complete(
+            events = await unless_disconnected(request, self.engine.complete(
                 engine_request, call.rollout.record.key))
             if events is None:
                 # Nobody will read this reply (a harness killed at its deadline): the engine
@@ -288,7 +290,7 @@ class Proxy:
             return await self._failed(call, acc, exc)
         if not call.stored_ok:
             return Response(status_code=499)
-        return _Reply(body, call.headers(), partial(self._undelivered, call))
+        return WholeReply(body, call.headers(), partial(self._undelivered, call))
 
     async def _failed(self, call: _Call, acc: Accumulator, exc: Exception) -> Response:
         err = as_error(exc)
@@ -451,51 +453,10 @@ class Proxy:
 
 
 # -------------------------------------------------------------------- helpers
-class _Reply(Response):
-    """A model call's whole answer, its turn committed ok. The client is looked at just
-    before the answer is handed to the server, in the same step of the event loop as the
-    writes (uvicorn writes head and body at once, nothing in between waits): gone, nothing
-    is sent and the turn becomes cancelled (`undelivered`). Once handed over it counts as
-    delivered: what a client does with bytes in its socket no server can see."""
-
-    def __init__(self, body: bytes, headers: dict[str, str],
-                 undelivered: Callable[[], Awaitable[None]]) -> None:
-        super().__init__(body, media_type=_JSON, headers=headers)
-        self.undelivered = undelivered
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if client_gone(receive):
-            await self.undelivered()
-            return
-        await send({"type": "http.response.start", "status": self.status_code,
-                    "headers": self.raw_headers})
-        await send({"type": "http.response.body", "body": self.body})
-
-
 async def _probe(_request: Request) -> Response:
     """Answers a client's reachability probe; says nothing about the server's state,
     since it needs no key."""
     return Response(b'{"status":"ok"}', media_type=_JSON)
-
-
-async def _unless_disconnected(request: Request,
-                               work: Awaitable[list[EngineEvent]]) -> list[EngineEvent] | None:
-    """`work`'s result, or None (with `work` cancelled) when the client disconnects first."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnect(request.receive))
-    try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not task.done():
-            task.cancel()  # the client left, or we are being cancelled ourselves
-    return task.result() if task.done() and not task.cancelled() else None
-
-
-async def _disconnect(receive: Any) -> None:
-    # The body is already read, so the server's next message is the disconnect.
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 def _unfinished() -> EngineError:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from starlette.types import Receive
 from harnessrl.errors import HarnessRLError, InvalidRequest, TooLarge
 from harnessrl.proxy.dialects.base import Dialect
 from harnessrl.proxy.wire import codings, nesting
+from harnessrl.types import EngineEvent
 
 log = logging.getLogger("harnessrl.proxy.app")
 
@@ -184,3 +186,44 @@ def client_gone(receive: Any) -> bool:
         return done.value.get("type") == "http.disconnect"
     waiting.close()  # it would have waited: nothing has happened yet
     return False
+
+
+class WholeReply(Response):
+    """A model call's whole answer, its turn committed ok. The client is looked at just
+    before the answer is handed to the server, in the same step of the event loop as the
+    writes (uvicorn writes head and body at once, nothing in between waits): gone, nothing
+    is sent and the turn becomes cancelled (`undelivered`). Once handed over it counts as
+    delivered: what a client does with bytes in its socket no server can see."""
+
+    def __init__(self, body: bytes, headers: dict[str, str],
+                 undelivered: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(body, media_type="application/json", headers=headers)
+        self.undelivered = undelivered
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if client_gone(receive):
+            await self.undelivered()
+            return
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+async def unless_disconnected(request: Request,
+                               work: Awaitable[list[EngineEvent]]) -> list[EngineEvent] | None:
+    """`work`'s result, or None (with `work` cancelled) when the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request.receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()  # the client left, or we are being cancelled ourselves
+    return task.result() if task.done() and not task.cancelled() else None
+
+
+async def _disconnect(receive: Any) -> None:
+    # The body is already read, so the server's next message is the disconnect.
+    while (await receive())["type"] != "http.disconnect":
+        pass
