@@ -191,12 +191,17 @@ def diagnosis(units: Units, arms: list[str]) -> list[str]:
     return lines if len(lines) > 2 else ["No RL arm trained yet."]
 
 
-def plot_curves(units: Units, arms: list[str], harness: str, path: Path) -> bool:
+def plot_curves(units: Units, arms: list[str], harness: str, path: Path,
+                running: Units | None = None) -> bool:
     """Training reward per step and the eval-while-training pass rate in `harness` per
-    step, per arm: each seed thin, the mean over seeds thick. False: nothing to plot."""
-    runs = {arm: [u for k, u in sorted(units.items()) if k.startswith(f"train/{arm}/")]
-            for arm in arms}
-    if not any(runs.values()):
+    step, per arm: each seed thin, the mean over seeds thick; `running` (training units
+    not finished, as last kept) dashed. False: nothing to plot."""
+    def of(found: Units) -> dict[str, list[Any]]:
+        return {arm: [u for k, u in sorted(found.items()) if k.startswith(f"train/{arm}/")]
+                for arm in arms}
+
+    finished, unfinished = of(units), of(running or {})
+    if not any(finished.values()) and not any(unfinished.values()):
         return False
     import matplotlib
 
@@ -204,27 +209,44 @@ def plot_curves(units: Units, arms: list[str], harness: str, path: Path) -> bool
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for n, (arm, found) in enumerate((a, r) for a, r in runs.items() if r):
-        color = f"C{n}"
-        _curve(left, [[(s["step"], s["reward"]) for s in u.get("steps", [])
-                       if s.get("reward") is not None] for u in found], color, arm)
-        _curve(right, [[(e["step"], e["eval"][harness]["passed"] / e["eval"][harness]["rollouts"])
-                        for e in u.get("evals", []) if e["eval"].get(harness, {}).get("rollouts")]
-                       for u in found], color, arm)
-    left.set(xlabel="optimizer step", ylabel="training reward (mean of the step's rows)")
+    for n, arm in enumerate(a for a in arms if finished[a] or unfinished[a]):
+        for found, style, label in ((finished[arm], "-", arm),
+                                    (unfinished[arm], "--", f"{arm} (running)")):
+            if not found:
+                continue
+            _curve(left, [[(s["step"], r) for s in u.get("steps", [])
+                           if (r := rollout_reward(s)) is not None] for u in found], f"C{n}",
+                   label, style)
+            _curve(right, [[(e["step"], e["eval"][harness]["passed"]
+                             / e["eval"][harness]["rollouts"]) for e in u.get("evals", [])
+                            if e["eval"].get(harness, {}).get("rollouts")] for u in found],
+                   f"C{n}", label, style)
+    left.set(xlabel="optimizer step", ylabel="training reward (mean per rollout*)")
     right.set(xlabel="optimizer step", ylabel=f"held-out pass rate in {harness}", ylim=(0, 1))
     left.legend(fontsize=7)
-    fig.suptitle("per arm: each seed thin, mean over seeds thick (issue 46)")
+    fig.suptitle("per arm: each seed thin, mean over seeds thick, runs not finished dashed "
+                 "(issue 46)\n* per row in runs recorded before 2026-12-05", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
 
 
-def _curve(ax: Any, seeds: list[list[tuple[int, float]]], color: str, label: str) -> None:
+def rollout_reward(step: dict[str, Any]) -> float | None:
+    """A step's mean reward per rollout, over its harnesses (a rollout's rows are not
+    counted apart); for a step recorded before the per-harness reward was kept, the mean of
+    its rows (TRL's), all there is."""
+    rewards = [h["reward"] for h in step.get("harnesses", {}).values()
+               if h.get("reward") is not None]
+    return fmean(rewards) if rewards else step.get("reward")
+
+
+def _curve(ax: Any, seeds: list[list[tuple[int, float]]], color: str, label: str,
+           style: str = "-") -> None:
     for points in seeds:
         if points:
-            ax.plot(*zip(*points, strict=True), color=color, alpha=0.3, linewidth=0.8)
+            ax.plot(*zip(*points, strict=True), color=color, alpha=0.3, linewidth=0.8,
+                    linestyle=style)
     by_step: dict[int, list[float]] = {}
     for points in seeds:
         for step, value in points:
@@ -232,4 +254,4 @@ def _curve(ax: Any, seeds: list[list[tuple[int, float]]], color: str, label: str
     if by_step:
         steps = sorted(by_step)
         ax.plot(steps, [fmean(by_step[s]) for s in steps], color=color, linewidth=2,
-                label=label)
+                label=label, linestyle=style)

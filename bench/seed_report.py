@@ -270,17 +270,25 @@ def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
-def in_progress(root: Path, measured: dict[str, Any]) -> list[str]:
-    """Training units not finished, from their metrics.jsonl as last kept
-    (STATE/progress/): the steps so far, each step's pass rate and the evals while
-    training, so a run cut by a session's end or a lost machine still shows its figures."""
-    lines = []
-    for path in sorted((root / "progress").glob("*" + PROGRESS)):
+def runs(folder: Path, measured: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """The training runs kept in `folder` (STATE/progress/ or a replaced recipe's) and not
+    in `measured`, from their metrics.jsonl as last kept: steps and evals so far, shaped as
+    a finished unit's."""
+    from harnessrl.train.runs.eval_during import eval_lines
+
+    found = {}
+    for path in sorted(folder.glob("*" + PROGRESS)):
         name = path.name.removesuffix(PROGRESS).replace("__", "/")
-        if name in measured:
-            continue
-        lines += _run_lines(name, path)
-    return lines
+        if name not in (measured or {}):
+            found[name] = {"steps": step_lines(path), "evals": eval_lines(path)}
+    return found
+
+
+def in_progress(root: Path, measured: dict[str, Any]) -> list[str]:
+    """Training units not finished: the steps so far, each step's figures and the evals
+    while training, so a run cut by a session's end or a lost machine still shows them."""
+    return [line for name, run in runs(root / "progress", measured).items()
+            for line in _run_lines(name, run)]
 
 
 def replaced(root: Path) -> list[str]:
@@ -290,20 +298,18 @@ def replaced(root: Path) -> list[str]:
     for folder in sorted((root / "replaced").glob("*")):
         why = (folder / "why.txt").read_text().strip() if (folder / "why.txt").is_file() else ""
         lines += [f"### {folder.name}", "", why, ""]
-        for path in sorted((folder / "progress").glob("*" + PROGRESS)):
-            lines += _run_lines(path.name.removesuffix(PROGRESS).replace("__", "/"), path)
+        for name, run in runs(folder / "progress").items():
+            lines += _run_lines(name, run)
         lines.append("")
     return lines
 
 
-def _run_lines(name: str, path: Path) -> list[str]:
-    from harnessrl.train.runs.eval_during import eval_lines
-
-    steps = step_lines(path)
+def _run_lines(name: str, run: dict[str, Any]) -> list[str]:
+    steps = run["steps"]
     moved = sum((s.get("grad_norm") or 0) > 0 for s in steps)
     harnesses = sorted({h for s in steps for h in s.get("harnesses", {})})
     return [f"- `{name}`: {len(steps)} steps so far, {moved} with a gradient.",
-            *per_step(steps, harnesses, eval_lines(path))]
+            *per_step(steps, harnesses, run["evals"])]
 
 
 def _lr(unit: dict[str, Any]) -> str:
@@ -389,7 +395,7 @@ def write(args: argparse.Namespace, root: Path) -> str:
             "held-out tasks and seed, with the exact sign test on those; then solved per "
             "tier.", "",
             "## Tool-call bonus: tool calls per co-solved task", "", *co_solved(units, harnesses),
-            "", *experiment(args, units, budgets, arms, harnesses, start),
+            "", *experiment(args, root, units, budgets, arms, harnesses, start),
             "## Training and SFT", "", *training(units), "",
             *(["## Training runs not finished (as last kept)", "", *running, ""]
               if (running := in_progress(root, measured)) else []),
@@ -404,8 +410,9 @@ def write(args: argparse.Namespace, root: Path) -> str:
     return body
 
 
-def experiment(args: argparse.Namespace, units: dict[str, Any], budgets: dict[str, Any],
-               arms: list[str], harnesses: list[str], start: str) -> list[str]:
+def experiment(args: argparse.Namespace, root: Path, units: dict[str, Any],
+               budgets: dict[str, Any], arms: list[str], harnesses: list[str], start: str
+               ) -> list[str]:
     """Issue 46's sections: the per-task calibration with the power it gives, the arms
     against the start and the control pooled over the seeds per eval temperature, the
     bonus on executed calls, the diagnosis per arm, and the curves (a PNG beside)."""
@@ -429,7 +436,8 @@ def experiment(args: argparse.Namespace, units: dict[str, Any], budgets: dict[st
         lines += [f"## The tool-call bonus on the calls the harness ran, at temperature "
                   f"{temperature:g}", "", *seed_pooled.bonus(units, kind, harnesses, arms), ""]
     curves = args.out.with_name(args.out.stem + "_curves.png")
-    if seed_pooled.plot_curves(units, arms, run.get("train_harness") or harnesses[0], curves):
+    if seed_pooled.plot_curves(units, arms, run.get("train_harness") or harnesses[0], curves,
+                               runs(root / "progress", units)):
         lines += [f"![training reward and eval curves per arm]({curves.name})", ""]
     return [*lines, "## Diagnosis per RL arm (issue 45's step diagnostics)", "",
             *seed_pooled.diagnosis(units, arms), ""]

@@ -410,7 +410,7 @@ def test_a_training_run_s_metrics_are_recorded_and_reported_while_it_runs(tmp_pa
     metrics = tmp_path / "run" / "metrics.jsonl"
     metrics.parent.mkdir()
     step = {"step": 1, "reward": 0.9, "trl": {"loss": 0.1, "grad_norm": 0.4},
-            "harnesses": {"mini-swe-agent": {"pass_rate": 0.75}}}
+            "harnesses": {"mini-swe-agent": {"pass_rate": 0.75, "reward": 0.75}}}
     evaluated = {"step": 1, "eval": {"mini-swe-agent": {"passed": 3, "rollouts": 4}}}
     lines = [json.dumps(step), json.dumps(evaluated), '{"step": 2, "rew']  # the last is cut
     # the child writes the lines, then runs on; the record must hold them by then
@@ -439,5 +439,15 @@ def test_a_training_run_s_metrics_are_recorded_and_reported_while_it_runs(tmp_pa
     with (tmp_path / "log").open("w") as log:
         assert run_child([sys.executable, "-c", "import time; time.sleep(0.8)"], log,
                          every=broken, every_s=0.2) == 0
+    # its curves are drawn while it runs (dashed), and not once it is measured
+    running = seed_table.seed_report.runs(record / "progress", {})
+    (kept_step,) = running["train/rl-one/s0"]["steps"]
+    assert kept_step["reward"] == 0.9 and seed_pooled.rollout_reward(kept_step) == 0.75
+    png = tmp_path / "curves.png"
+    assert seed_pooled.plot_curves({}, ["rl-one"], "mini-swe-agent", png, running)
+    assert png.stat().st_size > 0
+    assert not seed_pooled.plot_curves({}, ["rl-one"], "mini-swe-agent", tmp_path / "no.png",
+                                       seed_table.seed_report.runs(
+                                           record / "progress", {"train/rl-one/s0": {}}))
     # once the unit is measured, it is no longer in progress
     assert seed_table.seed_report.in_progress(record, {"train/rl-one/s0": {}}) == []
