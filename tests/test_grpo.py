@@ -179,6 +179,33 @@ def test_penalty_gives_the_flagged_replies_a_row_of_their_own():
     assert all(not (a and b) for a, b in zip(s.mask, own.mask, strict=True))
 
 
+def test_the_control_shuffles_the_rollouts_advantages_and_keeps_the_penalty_rows():
+    """Issue 46's control on its recipe (cut replies penalised): only the rollouts'
+    advantages are permuted within the group; a penalty row keeps -format_penalty, so the
+    control learns "do not run past max_tokens" as rl-one does, and the two differ only in
+    whether the task reward steers the rest."""
+    from harnessrl.train.async_grpo.groups import score_group
+
+    finished = [(outcome(f"r{i}", float(i % 2)), agent_turns(f"r{i}", truncated=i < 2))
+                for i in range(6)]
+    rows_of = {}
+    for control in ("none", "shuffle"):  # seed 1: a permutation that moves this group's
+        # advantages (with 3 passes of 6, 1 in 20 permutations leaves them where they were)
+        settings = RowSettings(truncated_turns="penalty", advantage_control=control, seed=1)
+        report, rows = score_group(3, "t", finished, settings)
+        rows_of[control] = (report, [(r, adv) for r, (_, adv, _) in
+                                     zip(report.rows, rows, strict=True)])
+    (plain, plain_rows), (control, control_rows) = rows_of["none"], rows_of["shuffle"]
+    assert sorted(control.advantages) == pytest.approx(sorted(plain.advantages))
+    assert list(control.advantages) != pytest.approx(list(plain.advantages))
+    for report, rows in ((plain, plain_rows), (control, control_rows)):
+        penalty = [adv for row, adv in rows if row.kind == "penalty"]
+        assert penalty == [-1.0, -1.0]  # r0's and r1's cut replies, whatever the shuffle
+        by_rollout = dict(zip((o.rollout for o in report.outcomes), report.advantages,
+                              strict=True))
+        assert all(adv == by_rollout[row.rollout] for row, adv in rows if row.kind == "rollout")
+
+
 def test_train_keeps_every_reply():
     turns = agent_turns("r", rejected=True, truncated=True)
     rows = _mask_by_turn(turns, RowSettings(rejected_turns="train", truncated_turns="train"))
