@@ -112,7 +112,7 @@ def rl(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str,
         log.write(f"$ {' '.join(command)}\n")
         log.flush()
         def keep() -> None:
-            state.progress(name, run_dir / "metrics.jsonl", args.record)
+            state.progress(name, run_dir / "metrics.jsonl")
 
         code = run_child(command, log, every=keep)
         keep()  # the steps since the last minute's copy, if the run ended short

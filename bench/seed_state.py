@@ -20,10 +20,13 @@ WAITED: list[float] = []
 
 
 class State:
-    """STATE/units/<unit>.json per finished unit; STATE/failed/<unit>.json per failed try."""
+    """STATE/units/<unit>.json per finished unit; STATE/failed/<unit>.json per failed try.
+    `mirror` (`--record`): a folder in the repository the records are copied to whenever
+    one is written, so a machine lost mid-run loses no figure measured before it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, mirror: Path | None = None) -> None:
         self.root = root
+        self.mirror = mirror if mirror and mirror.resolve() != root.resolve() else None
         for sub in ("units", "failed", "progress", "logs", "work", "models", "tasks"):
             (root / sub).mkdir(parents=True, exist_ok=True)
 
@@ -40,9 +43,21 @@ class State:
         tmp.write_text(json.dumps(result, indent=1))
         tmp.rename(path)  # whole or absent: a kill never leaves half a result
         self._file("failed", unit).unlink(missing_ok=True)
+        self.mirrored()
 
     def fail(self, unit: str, error: str) -> None:
         self._file("failed", unit).write_text(json.dumps({"unit": unit, "error": error}))
+        self.mirrored()
+
+    def mirrored(self) -> None:
+        """The records copied to `mirror`; a copy that fails (a full disk, say) is said and
+        the work goes on: the state keeps every record, and the next copy takes them all."""
+        if self.mirror is None:
+            return
+        try:
+            self.record(self.mirror)
+        except OSError as error:
+            print(f"[seed_table] records not copied to {self.mirror}: {error}", flush=True)
 
     def all(self, kind: str = "units") -> dict[str, dict[str, Any]]:
         found = {}
@@ -56,15 +71,14 @@ class State:
     def work(self, unit: str) -> Path:
         return self.root / "work" / unit.replace("/", "__")
 
-    def progress(self, unit: str, metrics: Path, dest: Path | None) -> None:
+    def progress(self, unit: str, metrics: Path) -> None:
         """A running unit's metrics.jsonl so far (a training run's step and eval lines) kept
-        as STATE/progress/<unit>.metrics.jsonl, and the records copied to `dest`: a run takes
-        hours, and a machine lost mid-run must not lose the steps it measured."""
+        as STATE/progress/<unit>.metrics.jsonl and mirrored: a run takes hours, and a
+        machine lost mid-run must not lose the steps it measured."""
         if not metrics.is_file():
             return
         shutil.copyfile(metrics, self.root / "progress" / (unit.replace("/", "__") + PROGRESS))
-        if dest is not None and dest.resolve() != self.root.resolve():
-            self.record(dest)
+        self.mirrored()
 
     def replace_runs(self, prefix: str, why: str) -> Path:
         """Set aside the unfinished runs whose unit starts with `prefix` (a recipe changed

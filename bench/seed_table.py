@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> None:
     # `kill PID` unwinds like Ctrl-C: the running unit is not saved (redone on the next run),
     # subprocess.run kills its child, and vLLM servers die with their parent (PDEATHSIG).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    state = State(args.state)
+    state = State(args.state, args.record)
     if args.phase != "report":
         check_budget(state, args)
         with (state.root / "commands.txt").open("a") as commands:
@@ -451,8 +451,7 @@ def main(argv: list[str] | None = None) -> None:
 def report(args: argparse.Namespace, state: State) -> None:
     """The .md and .png as measured so far, and (--record) a copy of the records."""
     seed_report.write(args, state.root)
-    if args.record and args.record.resolve() != state.root.resolve():
-        state.record(args.record)
+    state.mirrored()
 
 
 if __name__ == "__main__":

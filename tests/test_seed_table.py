@@ -228,7 +228,7 @@ def test_the_rl_recipe_may_change_until_an_rl_arm_finishes_and_its_runs_are_set_
     (run / "checkpoints" / "checkpoint-10").mkdir(parents=True)
     step = {"step": 1, "trl": {"grad_norm": 0.5}, "harnesses": {"pi": {"pass_rate": 0.5}}}
     (run / "metrics.jsonl").write_text(json.dumps(step) + "\n")
-    state.progress("train/rl-one/s0", run / "metrics.jsonl", None)
+    state.progress("train/rl-one/s0", run / "metrics.jsonl")
     with pytest.raises(SystemExit, match="max_tokens"):  # the rest stays fixed
         seed_budget.check_budget(state, seed_table.parse([*common, "--max-tokens", "64"]))
     assert run.is_dir()
@@ -400,13 +400,37 @@ def test_report_writes_the_experiment_sections_from_synthetic_records(tmp_path: 
     assert (tmp_path / "r_curves.png").is_file()
 
 
+def test_every_unit_and_failure_is_mirrored_as_it_is_written(tmp_path: Path, capsys) -> None:
+    """An arm's eval is a unit per chunk, and one `run` command holds hours of them: each
+    reaches `--record` when it is saved, not when the command ends, and a copy that fails
+    is said while the unit stays saved in the state."""
+    record = tmp_path / "record"
+    state = State(tmp_path / "state", record)
+    state.save("eval/rl-one/s0/mini-swe-agent/c0of5", {"passed": 3})
+    assert json.loads((record / "units" / "eval__rl-one__s0__mini-swe-agent__c0of5.json")
+                      .read_text()) == {"passed": 3}
+    state.fail("eval/rl-one/s0/pi/c0of5", "engine down")
+    assert (record / "failed" / "eval__rl-one__s0__pi__c0of5.json").is_file()
+    state.save("eval/rl-one/s0/pi/c0of5", {"passed": 1})  # retried: the failure goes
+    assert not (record / "failed" / "eval__rl-one__s0__pi__c0of5.json").exists()
+
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the folder should be")
+    stuck = State(tmp_path / "state", blocked)
+    stuck.save("eval/control/s0/pi/c0of5", {"passed": 2})
+    assert stuck.done("eval/control/s0/pi/c0of5") == {"passed": 2}
+    assert "records not copied" in capsys.readouterr().out
+    assert State(tmp_path / "state", tmp_path / "state").mirror is None  # never onto itself
+
+
 def test_a_training_run_s_metrics_are_recorded_and_reported_while_it_runs(tmp_path):
     """A training unit runs for hours: its metrics.jsonl so far is kept in the state and
     copied to `--record` while the child runs, and the report shows the unfinished run's
     steps and evals (a line cut mid-write is skipped), not only once it finishes."""
     from seed_state import run_child
 
-    state, record = State(tmp_path / "state"), tmp_path / "record"
+    record = tmp_path / "record"
+    state = State(tmp_path / "state", record)
     metrics = tmp_path / "run" / "metrics.jsonl"
     metrics.parent.mkdir()
     step = {"step": 1, "reward": 0.9, "trl": {"loss": 0.1, "grad_norm": 0.4},
@@ -420,7 +444,7 @@ def test_a_training_run_s_metrics_are_recorded_and_reported_while_it_runs(tmp_pa
     seen: list[str] = []
 
     def every() -> None:
-        state.progress("train/rl-one/s0", metrics, record)
+        state.progress("train/rl-one/s0", metrics)
         seen.append(kept.read_text() if kept.is_file() else "")
 
     with (tmp_path / "log").open("w") as log:
