@@ -225,7 +225,8 @@ def plot_curves(units: Units, arms: list[str], harness: str, path: Path,
     right.set(xlabel="optimizer step", ylabel=f"held-out pass rate in {harness}", ylim=(0, 1))
     left.legend(fontsize=7)
     fig.suptitle("per arm: each seed thin, mean over seeds thick, runs not finished dashed "
-                 "(issue 46)\n* per row in runs recorded before 2026-12-05", fontsize=9)
+                 "(issue 46)\n* per row (TRL's mean) where a run's record holds no "
+                 "per-rollout reward", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -436,8 +436,11 @@ def experiment(args: argparse.Namespace, root: Path, units: dict[str, Any],
         lines += [f"## The tool-call bonus on the calls the harness ran, at temperature "
                   f"{temperature:g}", "", *seed_pooled.bonus(units, kind, harnesses, arms), ""]
     curves = args.out.with_name(args.out.stem + "_curves.png")
-    if seed_pooled.plot_curves(units, arms, run.get("train_harness") or harnesses[0], curves,
-                               runs(root / "progress", units)):
+    # every training run's lines as kept, read again (a unit's own may predate a reading)
+    kept = runs(root / "progress")
+    trained = {k: {**u, **kept[k]} if k in kept else u for k, u in units.items()}
+    if seed_pooled.plot_curves(trained, arms, run.get("train_harness") or harnesses[0], curves,
+                               {k: v for k, v in kept.items() if k not in units}):
         lines += [f"![training reward and eval curves per arm]({curves.name})", ""]
     return [*lines, "## Diagnosis per RL arm (issue 45's step diagnostics)", "",
             *seed_pooled.diagnosis(units, arms), ""]
