@@ -30,8 +30,8 @@ arm x harness eval) writes its result to STATE/units/*.json and is skipped when 
 so a rerun after a kill goes on; an RL arm killed mid-training goes on from its newest
 whole checkpoint (`harnessrl train --resume`). Heavy units take /tmp/harnessrl-heavy.lock
 (flock) for their own duration only. `--record DIR` copies the small records (no weights)
-to a folder in the repository whenever the report is written, so the figures outlive the
-machine.
+to a folder in the repository whenever a unit or a failure is written, a training run's
+lines each minute and the report at the end, so the figures outlive the machine.
 docs/seed-table.md gives the commands of each experiment.
 """
 
@@ -336,7 +336,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=Path("bench/seed_table.md"))
     p.add_argument("--plot", type=Path, default=Path("bench/seed_table.png"))
     p.add_argument("--record", type=Path, default=None, help="copy the state's small records "
-                   "(units, budgets, commands, notes) here with each report, to commit")
+                   "(units, budgets, commands, notes) here as each is written, to commit")
     p.add_argument("--lock", default="/tmp/harnessrl-heavy.lock", help="'' for none")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--harnesses", default="mini-swe-agent,aider,pi",
