@@ -16,7 +16,7 @@ Units = Mapping[str, Mapping[str, Any]]
 TIER_ORDER = ("lookup", "count", "filter", "sum", "groupmax", "join")
 
 
-def _pct(value: float | None) -> str:
+def pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
@@ -43,9 +43,9 @@ def calibration(units: Units, band: list[float], group: int, samples: int) -> li
             passed, n = (sum(r[i] for r in mine.values()) for i in (0, 1))
             lines.append(
                 f"| {label} | {split} | {harness} | {tier} | {len(mine)} | "
-                f"{_pct(passed / n if n else None)} ({passed}/{n}) | {len(inside)} | "
-                f"{_pct(st.expected_spread([scored[t] for t in inside], group))} / "
-                f"{_pct(st.expected_spread(scored.values(), group))} |")
+                f"{pct(passed / n if n else None)} ({passed}/{n}) | {len(inside)} | "
+                f"{pct(st.expected_spread([scored[t] for t in inside], group))} / "
+                f"{pct(st.expected_spread(scored.values(), group))} |")
         held = [a / n for t, (a, n) in found.items() if n and t in st.select(found, band)]
         if split == "heldout" and held:
             power.append(_power_line(label, harness, held, samples))

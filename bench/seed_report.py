@@ -14,6 +14,7 @@ from typing import Any
 
 import seed_pooled
 from arms import step_lines
+from seed_pooled import pct
 from seed_state import PROGRESS, merged
 from seed_stats import rates, sign_test
 
@@ -252,11 +253,11 @@ def per_step(steps: list[dict[str, Any]], harnesses: list[str], evals: list[dict
     """A run's steps as a table (training pass rate per harness, the share of groups with
     reward spread, of replies cut at max_tokens, of sampled tokens trained, the gradient
     norm before clipping), then its evals while training."""
-    columns = [(f"{h} pass rate", lambda s, h=h: _share(s.get("harnesses", {}).get(h, {})
+    columns = [(f"{h} pass rate", lambda s, h=h: pct(s.get("harnesses", {}).get(h, {})
                                                          .get("pass_rate"))) for h in harnesses]
-    columns += [("groups with spread", lambda s: _share(s.get("groups_with_spread"))),
-                ("cut", lambda s: _share(s.get("truncated_share"))),
-                ("trained", lambda s: _share(s.get("tokens_trained_share"))),
+    columns += [("groups with spread", lambda s: pct(s.get("groups_with_spread"))),
+                ("cut", lambda s: pct(s.get("truncated_share"))),
+                ("trained", lambda s: pct(s.get("tokens_trained_share"))),
                 ("grad norm", lambda s: _num(s.get("grad_norm")))]
     lines = ["", "  | step | " + " | ".join(name for name, _ in columns) + " |",
              "  |---|" + "---|" * len(columns),
@@ -264,10 +265,6 @@ def per_step(steps: list[dict[str, Any]], harnesses: list[str], evals: list[dict
                for s in steps], ""] if steps else []
     return lines + [f"  - eval while training, step {e['step']}: " + ", ".join(
         f"{h} {v['passed']}/{v['rollouts']}" for h, v in e["eval"].items()) for e in evals]
-
-
-def _share(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
 
 
 def runs(folder: Path, measured: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
