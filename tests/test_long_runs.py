@@ -295,6 +295,39 @@ def test_an_eval_pass_line_and_report_to_keys_and_plot(tmp_path):
     assert png is not None and png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_an_eval_pass_due_while_one_runs_is_queued_and_the_last_step_gets_one(tmp_path,
+                                                                                capsys):
+    """Steps 2, 4 and 6 are due while step 2's pass runs: 6 replaces 4 in the queue and runs
+    when 2's ends; the last step (7, no multiple of 2) gets a pass too."""
+    import threading
+
+    from harnessrl.train.runs.eval_during import EvalDuringTraining, EvalPass
+
+    release = threading.Event()
+    ran: list[int] = []
+
+    class Stand(EvalDuringTraining):
+        def _run(self, step: int) -> None:  # a pass: no rollouts, only its order
+            release.wait(5)
+            ran.append(step)
+            with self._lock:
+                self._done.append(EvalPass(step, [], 0.0, []))
+
+    evaluation = Stand(every_steps=2, tasks=[], harnesses=[], samples=1, settings=None,  # type: ignore[arg-type]
+                       sampling=None, shaping=None, run_dir=tmp_path,  # type: ignore[arg-type]
+                       rollouts=object())  # type: ignore[arg-type]
+    assert evaluation.maybe_start(2, last=7)
+    assert not evaluation.maybe_start(3, last=7)  # not due
+    assert not evaluation.maybe_start(4, last=7) and not evaluation.maybe_start(6, last=7)
+    assert "eval at step 4 skipped: step 6's pass replaces it" in capsys.readouterr().err
+    release.set()
+    evaluation.wait(5)
+    assert ran == [2, 6] and [p.step for p in evaluation.finished()] == [2, 6]
+    assert evaluation.maybe_start(7, last=7)  # idle again: the last step starts at once
+    evaluation.wait(5)
+    assert ran == [2, 6, 7] and not evaluation.due(7) and evaluation.due(7, last=7)
+
+
 # ------------------------------------------------------------------ the async trainer's parts
 class StandInAsyncTrainer:
     """Takes what TRL's `AsyncGRPOTrainer` takes and, given no transfer, builds its own as

@@ -82,23 +82,33 @@ class EvalDuringTraining:
     rollouts: HarnessRollouts | None = None  # once the worker has opened it
     on_line: Callable[[dict[str, Any]], None] = lambda _line: None
     _thread: threading.Thread | None = field(default=None, init=False)
+    _running: bool = field(default=False, init=False)  # under _lock, with _pending
+    _pending: int | None = field(default=None, init=False)
     _done: list[EvalPass] = field(default_factory=list, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     errors: list[str] = field(default_factory=list, init=False)
 
-    def due(self, step: int) -> bool:
-        return self.every_steps > 0 and step > 0 and step % self.every_steps == 0
+    def due(self, step: int, last: int | None = None) -> bool:
+        """After every `every_steps`-th step, and after the last (`last`, when known)."""
+        return self.every_steps > 0 and step > 0 and (step % self.every_steps == 0
+                                                      or step == last)
 
-    def maybe_start(self, step: int) -> bool:
-        """Starts the pass of `step` if one is due and none is running (a pass still
-        running is not doubled up: this step's is skipped and said so)."""
-        if not self.due(step) or self.rollouts is None:
+    def maybe_start(self, step: int, last: int | None = None) -> bool:
+        """Starts the pass of `step` if one is due; whether it started now. A pass due while
+        another runs is queued and starts when that one ends; only the newest queued step
+        is kept, so passes slower than `every_steps` never pile up (the one replaced is
+        said on stderr)."""
+        if not self.due(step, last) or self.rollouts is None:
             return False
-        if self._thread is not None and self._thread.is_alive():
-            print(f"harnessrl: eval at step {step} skipped: the last pass is still running",
-                  file=sys.stderr)
-            return False
-        self._thread = threading.Thread(target=self._run, args=(step,), daemon=True,
+        with self._lock:
+            if self._running:
+                if self._pending is not None:
+                    print(f"harnessrl: eval at step {self._pending} skipped: step {step}'s "
+                          "pass replaces it in the queue", file=sys.stderr)
+                self._pending = step
+                return False
+            self._running = True
+        self._thread = threading.Thread(target=self._passes, args=(step,), daemon=True,
                                          name=f"harnessrl-eval-{step}")
         self._thread.start()
         return True
@@ -109,8 +119,17 @@ class EvalDuringTraining:
         return done
 
     def wait(self, timeout: float | None = None) -> None:
+        """Waits for the running pass and the one queued behind it."""
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def _passes(self, step: int) -> None:
+        next_step: int | None = step
+        while next_step is not None:
+            self._run(next_step)
+            with self._lock:  # read and cleared with _running under one lock: none is lost
+                next_step, self._pending = self._pending, None
+                self._running = next_step is not None
 
     # ---------------------------------------------------------------- one pass
     def opened(self) -> HarnessRollouts:

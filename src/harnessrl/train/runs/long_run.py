@@ -154,7 +154,7 @@ class LongRun:
             def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
                 run.report_evals()
                 if run.evaluation is not None:
-                    run.evaluation.maybe_start(int(state.global_step))
+                    run.evaluation.maybe_start(int(state.global_step), int(state.max_steps))
 
             def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
                 if run.evaluation is not None:
