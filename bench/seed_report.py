@@ -13,6 +13,7 @@ from statistics import fmean
 from typing import Any
 
 import seed_pooled
+import seed_visits
 from arms import step_lines
 from seed_pooled import pct
 from seed_state import PROGRESS, merged
@@ -42,7 +43,7 @@ def _load(root: Path, kind: str) -> dict[str, dict[str, Any]]:
             for p in sorted(folder.glob("*.json"))}
 
 
-def _json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
@@ -352,7 +353,7 @@ def start_note(budget: dict[str, Any]) -> str:
 def write(args: argparse.Namespace, root: Path) -> str:
     measured, failed = _load(root, "units"), _load(root, "failed")
     units, partial = merged(measured)
-    budgets = {phase: _json(root / f"budget-{phase}.json")
+    budgets = {phase: read_json(root / f"budget-{phase}.json")
                for phase in ("calibrate", "sft", "run")}
     # each phase's own harnesses (calibration may try more than the run keeps)
     harnesses = list(budgets["run"].get("harnesses") or args.harnesses)
@@ -440,7 +441,9 @@ def experiment(args: argparse.Namespace, root: Path, units: dict[str, Any],
                                {k: v for k, v in kept.items() if k not in units}):
         lines += [f"![training reward and eval curves per arm]({curves.name})", ""]
     return [*lines, "## Diagnosis per RL arm (issue 45's step diagnostics)", "",
-            *seed_pooled.diagnosis(units, arms), ""]
+            *seed_pooled.diagnosis(units, arms), "",
+            "## The training tasks, visit by visit: did an arm learn what it trained on?", "",
+            *seed_visits.section(root), ""]
 
 
 def plot(stats: dict[str, dict[str, Any] | None], arms: list[str], harnesses: list[str],

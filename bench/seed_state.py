@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 PROGRESS = ".metrics.jsonl"  # STATE/progress/<unit>.metrics.jsonl: a running unit's lines
+VISITS = ".visits.json"  # STATE/progress/<unit>.visits.json: its tasks' visits (seed_visits)
 # Seconds spent waiting for the lock, so a unit's own time can be told from its wait.
 WAITED: list[float] = []
 
@@ -102,7 +103,8 @@ class State:
         """Copy the state's small records (units, failures, progress, budgets, commands,
         events, notes; no models, runs or logs) to `dest`, a folder to commit: a lost machine
         then loses no figure, and `report --state DEST` writes the same tables again."""
-        kinds = (("units", "*.json"), ("failed", "*.json"), ("progress", "*" + PROGRESS))
+        kinds = (("units", "*.json"), ("failed", "*.json"), ("progress", "*" + PROGRESS),
+                 ("progress", "*" + VISITS))
         for kind, pattern in kinds:
             (dest / kind).mkdir(parents=True, exist_ok=True)
             kept = {path.name for path in (self.root / kind).glob(pattern)}

@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a pack
 import arms
 import seed_report
 import seed_stats
+import seed_visits
 from seed_budget import ARMS, check_budget
 from seed_state import WAITED, State, event, heavy, run_child, unit
 
@@ -450,6 +451,10 @@ def main(argv: list[str] | None = None) -> None:
 
 def report(args: argparse.Namespace, state: State) -> None:
     """The .md and .png as measured so far, and (--record) a copy of the records."""
+    trained = [name for name in {**state.all(), **seed_report.runs(state.root / "progress")}
+               if name.startswith("train/")]
+    run = seed_report.read_json(state.root / "budget-run.json")
+    seed_visits.keep(state.root, trained, run.get("group") or args.group)
     seed_report.write(args, state.root)
     state.mirrored()
 
