@@ -48,6 +48,24 @@ def train_arm(args: argparse.Namespace, state: State, train: Path, seed: int, ar
     return Path(result["model"]) if result else None
 
 
+def probe(args: argparse.Namespace, state: State, train: Path, seed: int, start: Path,
+          recipe: dict[str, Any]) -> dict[str, Any] | None:
+    """The run's recipe on one training task alone (`--probe-task`), with no eval: can it
+    teach a task it samples every step? Each step's pass rate is the task's curve. A unit
+    of its own per seed, task and lr (`probe/s<seed>/<task>/lr<lr>`), its recipe beside."""
+    task = args.probe_task
+    one = state.root / "tasks" / f"probe-s{seed}-{task}"
+    if not (one / task).is_dir():
+        if not (train / task).is_dir():
+            raise SystemExit(f"--probe-task {task} is not one of seed {seed}'s training tasks"
+                             f" ({train})")
+        shutil.copytree(train / task, one / task)
+    alone = argparse.Namespace(**{**vars(args), "eval_every": 0})
+    name = f"probe/s{seed}/{task}/lr{args.lr:g}"
+    return unit(state, name, lambda: {
+        **rl(alone, state, one, seed, "rl-one", start, name), "recipe": recipe})
+
+
 # ------------------------------------------------------------------ RL
 # The control arm (issue 46): rl-one's sampling, steps and optimizer with each group's
 # advantages shuffled among its rollouts, so an update that follows no reward measures

@@ -220,7 +220,7 @@ def _paired_cell(seeds: dict[str, list[int]], tiers: dict[str, list[int]], is_st
 def training(units: dict[str, Any]) -> list[str]:
     lines = []
     for key, u in units.items():
-        if key.startswith("train/"):
+        if key.startswith(("train/", "probe/")):
             lines += rl_lines(key, u)
         elif key.startswith("teacher/"):
             lines.append(f"- `{key}`: {u['solved']}/{u['rollouts']} teacher rollouts solved "
@@ -242,11 +242,28 @@ def rl_lines(key: str, unit: dict[str, Any]) -> list[str]:
     steps = step_lines(metrics) if metrics.is_file() else unit.get("steps", [])
     moved = sum((s.get("grad_norm") or 0) > 0 for s in steps)
     resumed = " (resumed from a checkpoint)" if unit.get("resumed") else ""
+    recipe = unit.get("recipe")
     lines = [f"- `{key}` ({', '.join(unit.get('harnesses', []))}): {len(steps)} steps in "
              f"{unit['seconds'] / 60:.0f} min{resumed}; {moved} of them with a gradient (a "
              f"step whose groups each scored alike has no advantage; before issue 45 AdamW's "
-             f"moments still moved the weights on it, now the optimizer skips it)."]
+             f"moments still moved the weights on it, now the optimizer skips it)"
+             f"{thirds(steps, unit.get('harnesses', []))}."
+             + (f" Recipe: `{json.dumps(recipe)}`." if recipe else "")]
     return lines + per_step(steps, unit.get("harnesses", []), unit.get("evals", []))
+
+
+def thirds(steps: list[dict[str, Any]], harnesses: list[str]) -> str:
+    """The training pass rate over a run's first third of steps against its last, per
+    harness (the mean of the steps' rates): did training move what it sampled?"""
+    n = len(steps) // 3
+    if n == 0:
+        return ""
+    def rate(part: list[dict[str, Any]], h: str) -> str:
+        values = [r for s in part if (r := s["harnesses"].get(h, {}).get("pass_rate"))
+                  is not None]
+        return pct(fmean(values)) if values else "-"
+    return "; training pass rate, first third of the steps against the last: " + ", ".join(
+        f"{h} {rate(steps[:n], h)} -> {rate(steps[-n:], h)}" for h in harnesses)
 
 
 def per_step(steps: list[dict[str, Any]], harnesses: list[str], evals: list[dict[str, Any]]

@@ -53,7 +53,7 @@ import arms
 import seed_report
 import seed_stats
 import seed_visits
-from seed_budget import ARMS, check_budget
+from seed_budget import ARMS, RL_RECIPE, check_budget
 from seed_state import WAITED, State, event, heavy, run_child, unit
 
 HARNESSRL = str(Path(sys.executable).with_name("harnessrl"))
@@ -290,6 +290,18 @@ def run(args: argparse.Namespace, state: State) -> None:
             report(args, state)
 
 
+def probe(args: argparse.Namespace, state: State) -> None:
+    """`probe`: each seed's start trained on --probe-task alone (arms.probe)."""
+    if not args.probe_task:
+        raise SystemExit("probe: name the training task to train on alone (--probe-task)")
+    tasks = generated(state, args, args.tiers, (args.train_tasks, args.heldout))
+    base = base_model(args)
+    for seed in args.seeds:
+        train, _ = seed_tasks(args, state, tasks, seed)
+        start = arms.start_model(args, state, split_dir(tasks, "train"), seed, base)
+        arms.probe(args, state, train, seed, start, {k: getattr(args, k) for k in RL_RECIPE})
+
+
 def eval_chunks(state: State, heldout: Path) -> list[tuple[str, Path]]:
     """The held-out tasks in chunks of CHUNK, each a unit of its own (`c<n>of<N>`; the
     report merges a cell's chunks once all are in): an arm's eval is ~25 minutes per
@@ -332,7 +344,7 @@ def seed_tasks(args: argparse.Namespace, state: State, tasks: Path, seed: int
 # ------------------------------------------------------------------ the command line
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("phase", choices=["calibrate", "sft", "run", "report"])
+    p.add_argument("phase", choices=["calibrate", "sft", "run", "probe", "report"])
     p.add_argument("--state", type=Path, default=Path("runs/seed_table"))
     p.add_argument("--out", type=Path, default=Path("bench/seed_table.md"))
     p.add_argument("--plot", type=Path, default=Path("bench/seed_table.png"))
@@ -372,6 +384,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--group", type=int, default=8, help="rollouts per GRPO group")
     p.add_argument("--tasks-per-step", type=int, default=4)
     p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--probe-task", default="", help="probe: the training task (of the "
+                   "seed's, --select's) trained on alone with the run's recipe")
     p.add_argument("--truncated-turns", choices=["mask", "penalty", "train"], default="mask",
                    help="grpo.truncated_turns: a reply cut by --max-tokens is left out of the "
                    "loss, pushed down on its own (-format_penalty) or trained as the rest")
@@ -436,7 +450,8 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     state = State(args.state, args.record)
     if args.phase != "report":
-        check_budget(state, args)
+        if args.phase != "probe":  # a probe's recipe is in its unit: it may try others
+            check_budget(state, args)
         with (state.root / "commands.txt").open("a") as commands:
             commands.write(time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + " ".join(
                 ["python bench/seed_table.py", *(argv or sys.argv[1:])]) + "\n")
@@ -446,13 +461,15 @@ def main(argv: list[str] | None = None) -> None:
         sft_only(args, state)
     elif args.phase == "run":
         run(args, state)
+    elif args.phase == "probe":
+        probe(args, state)
     report(args, state)
 
 
 def report(args: argparse.Namespace, state: State) -> None:
     """The .md and .png as measured so far, and (--record) a copy of the records."""
     trained = [name for name in {**state.all(), **seed_report.runs(state.root / "progress")}
-               if name.startswith("train/")]
+               if name.startswith(("train/", "probe/"))]
     run = seed_report.read_json(state.root / "budget-run.json")
     seed_visits.keep(state.root, trained, run.get("group") or args.group)
     seed_report.write(args, state.root)

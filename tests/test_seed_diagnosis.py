@@ -1,6 +1,8 @@
-"""The seed table's visit-by-visit diagnosis (issue 46): from a real trace store written by
-hand, each training task's groups in order, eval and unscored rollouts left out, kept
-beside the run's progress lines and mirrored with the records. No model runs."""
+"""The seed table's diagnosis of whether RL taught what it trained on (issue 46): each
+training task's visits in order (from a real trace store written by hand, eval and
+unscored rollouts left out, kept beside the run's progress lines and mirrored with the
+records), the first third of a run's steps against its last, and the probe that trains on
+one task alone. No model runs."""
 
 from __future__ import annotations
 
@@ -12,6 +14,10 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 
+import arms  # noqa: E402
+import pytest  # noqa: E402
+import seed_report  # noqa: E402
+import seed_table  # noqa: E402
 import seed_visits  # noqa: E402
 from seed_state import State  # noqa: E402
 
@@ -63,3 +69,36 @@ def test_each_tasks_groups_are_its_visits_without_eval_or_unscored_rollouts(tmp_
 
 def test_no_store_kept_says_so(tmp_path):
     assert seed_visits.section(State(tmp_path).root) == ["No training run's store kept yet."]
+
+
+def test_a_runs_first_third_of_steps_is_set_against_its_last():
+    steps = [{"harnesses": {"h": {"pass_rate": rate}}} for rate in
+             (0.25, 0.5, 0.5, 0.5, 1.0, 0.75, 1.0)]
+    assert seed_report.thirds(steps, ["h", "g"]) == (
+        "; training pass rate, first third of the steps against the last: h 38% -> 88%, g - -> -")
+    assert seed_report.thirds(steps[:2], ["h"]) == ""  # too few steps to split
+
+
+def test_the_probe_trains_the_seeds_start_on_one_of_its_training_tasks_alone(tmp_path,
+                                                                              monkeypatch):
+    state = State(tmp_path / "state")
+    train = tmp_path / "train"
+    (train / "lookup-a").mkdir(parents=True)
+    (train / "lookup-a" / "task.toml").write_text("id = 'lookup-a'")
+    calls = []
+
+    def rl(args, state, tasks, seed, arm, start, name):
+        calls.append((args.eval_every, sorted(p.name for p in tasks.iterdir()), arm, name))
+        return {"model": "m", "steps": []}
+
+    monkeypatch.setattr(arms, "rl", rl)
+    args = seed_table.parse(["probe", "--probe-task", "lookup-a", "--lr", "3e-5",
+                             "--eval-every", "10"])
+    result = arms.probe(args, state, train, 0, tmp_path / "start", {"lr": 3e-5})
+    assert calls == [(0, ["lookup-a"], "rl-one", "probe/s0/lookup-a/lr3e-05")]
+    assert result is not None and result["recipe"] == {"lr": 3e-5} and result["model"] == "m"
+    assert state.done("probe/s0/lookup-a/lr3e-05") == result
+    assert args.eval_every == 10  # the caller's settings are left as they were
+    args.probe_task = "lookup-z"
+    with pytest.raises(SystemExit, match="lookup-z is not one of seed 0's training tasks"):
+        arms.probe(args, state, train, 0, tmp_path / "start", {})
