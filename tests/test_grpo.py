@@ -133,6 +133,28 @@ def test_a_dropped_reply_is_found_and_a_rerendered_one_is_not():
     assert 3 not in dropped_replies(link(dropped))
 
 
+def test_a_reply_dropped_where_another_message_takes_its_place_is_found():
+    """Every real prompt ends with the template's assistant header; a harness that drops a
+    reply and goes on with its error message (mini-swe-agent's "No tool calls found")
+    diverges inside that header, where the next role's header is, not inside the reply."""
+    assistant, user = (7, 8), (9, 8)
+    p0 = (*SYSTEM, 50, *assistant)
+    r0, r1, r2 = reply(1), reply(2), reply(3)
+    p1 = (*p0, *r0, 60, 61, *assistant)
+    dropped = (*p1[:-2], *user, 70, 71, *assistant)  # r1 gone, the error message instead
+    assert dropped_replies(link([turn("r", 0, p0, r0), turn("r", 1, p1, r1),
+                                 turn("r", 2, dropped, r2)])) == {1}
+    # kept: the next prompt goes on from the reply, one chain and nothing dropped
+    kept = (*p1, *r1, *user, 70, 71, *assistant)
+    assert dropped_replies(link([turn("r", 0, p0, r0), turn("r", 1, p1, r1),
+                                 turn("r", 2, kept, r2)])) == set()
+    # a side call on the same history, then the main chain goes on from the reply: the
+    # side call left the reply out, the harness did not
+    side = (*p1[:-2], *user, 99, *assistant)
+    assert dropped_replies(link([turn("r", 0, p0, r0), turn("r", 1, p1, r1),
+                                 turn("r", 2, side, reply(5)), turn("r", 3, kept, r2)])) == set()
+
+
 def _mask_by_turn(turns: list[Turn], settings: RowSettings) -> list[tuple[Any, ...]]:
     from harnessrl.train.async_grpo.groups import score_group
 

@@ -221,6 +221,10 @@ def _locate(chain: list[Turn], position: int) -> tuple[int, Literal["prompt", "c
 # The end of a reply looked for in the prompt that left it (its final id, the end of turn,
 # may be rendered differently in history and is left out).
 REPLY_TAIL = 16
+# The most ids a chat template's generation header takes at a prompt's end (ChatML's
+# `<|im_start|>assistant\n` is 3, Llama 3's 4; a template that opens an empty think
+# block after it takes more).
+GENERATION_HEADER = 12
 
 
 def dropped_replies(linked: Linked) -> set[int]:
@@ -228,15 +232,25 @@ def dropped_replies(linked: Linked) -> set[int]:
     the turn's prompt, then went on without the reply (a retry, or a reply it could not
     parse and threw away). A history that re-renders the reply (reasoning removed,
     re-tokenized) still holds the reply's end after the divergence; a dropped one does
-    not. A rollout's last reply, which no later prompt could hold, is not dropped."""
+    not. A prompt that goes on with another message where the reply was diverges inside
+    the turn's generation header (`<|im_start|>assistant` becomes `<|im_start|>user`), so
+    a divergence in the last GENERATION_HEADER ids of its prompt counts too, when no later
+    turn went on from the reply. A rollout's last reply, which no later prompt could
+    hold, is not dropped."""
     by_index = {t.index: t for c in linked.chains for t in c.turns}
+    continued = {t.index for c in linked.chains for t in c.turns[:-1]}
     dropped: set[int] = set()
     for chain in linked.chains:
         start = chain.start
-        if (start.within != "completion" or start.within_turn != start.against
-                or start.against is None or start.diverged_at is None):
+        if (start.against is None or start.diverged_at is None
+                or start.within_turn != start.against or start.against in continued):
             continue
-        reply = tokens(by_index[start.against]).completion_ids or ()
+        against = tokens(by_index[start.against])
+        in_header = (start.within == "prompt" and start.diverged_at
+                     >= len(against.prompt_ids or ()) - GENERATION_HEADER)
+        if start.within != "completion" and not in_header:
+            continue
+        reply = against.completion_ids or ()
         later = tokens(by_index[start.turn]).prompt_ids or ()
         tail = reply[-REPLY_TAIL - 1:-1] or reply
         if tail and not _holds(later[start.diverged_at:], tail):
