@@ -15,13 +15,14 @@ from seed_state import State
 ARMS = ("base", "rl-one", "control", "rl-all", "rl-one-bonus", "sft")
 RL_ARMS = ("rl-one", "control", "rl-all", "rl-one-bonus")
 # Budget keys added after states were made, with the value those states ran with.
-ADDED = {"truncated_turns": "mask", "format_penalty": 1.0}
+ADDED = {"truncated_turns": "mask", "format_penalty": 1.0, "rejected_turns": "mask"}
 # The RL arms' recipe: what only their training (and so their evals) depends on. It may
-# change while no RL arm has finished training in the state: a recipe found wanting
-# mid-run is replaced, never mixed (the unfinished runs' lines move to STATE/replaced/).
+# change while no RL arm has finished training in the state, or after, by
+# --replace-recipe WHY: a recipe found wanting is replaced, never mixed (the runs' lines,
+# and a finished arm's units with its evals, move to STATE/replaced/).
 RL_RECIPE = ("steps", "group", "tasks_per_step", "lr", "max_staleness", "bonus",
              "bonus_budget", "eval_every", "curve_harnesses", "truncated_turns",
-             "format_penalty")
+             "format_penalty", "rejected_turns")
 # Settings that change what a phase's units measure: a state dir keeps one value of each.
 SHARED = ("model", "task_seed", "train_tasks", "heldout", "max_tokens",
           "max_model_calls", "agent_timeout", "eval_temperature", "mode")
@@ -51,18 +52,35 @@ def check_budget(state: State, args: argparse.Namespace) -> None:
     also checks the start's budget (budget-sft.json), which the sft phase writes."""
     phases = {"calibrate": ["calibrate"], "sft": ["sft"],
               "run": ["run", *(["sft"] if args.start == "sft" else [])]}[args.phase]
-    trained = [n for n in state.all() if n.startswith("train/") and n.split("/")[1] in RL_ARMS]
-    recipe = () if trained else RL_RECIPE
+    units = state.all()
+    trained = [n for n in units if n.startswith("train/") and n.split("/")[1] in RL_ARMS]
+    replacing = getattr(args, "replace_recipe", "")
+    recipe = RL_RECIPE if replacing or not trained else ()
     checked = {state.root / f"budget-{phase}.json": _check(
         state.root / f"budget-{phase}.json", budget_of(phase, args),
         recipe if phase == "run" else ()) for phase in phases}
     path = state.root / "budget-run.json"
-    if path in checked and path.is_file() and (changed := _changed(
-            {**ADDED, **json.loads(path.read_text())}, checked[path], recipe)):
-        why = f"the RL recipe changed before any RL arm finished: {'; '.join(changed)}"
-        print(f"[seed_table] {why}; set aside in {state.replace_runs('train/', why)}")
+    changed = _changed({**ADDED, **json.loads(path.read_text())}, checked[path], recipe) if (
+        path in checked and path.is_file()) else []
+    if changed:
+        why = (f"the RL recipe changed after {', '.join(trained)} finished (--replace-recipe: "
+               f"{replacing})" if trained else "the RL recipe changed before any RL arm "
+               "finished") + f": {'; '.join(changed)}"
+        finished = [n for n in units for t in trained
+                    if n == t or _evaluates(n, t.split("/", 1)[1])]
+        print(f"[seed_table] {why}; set aside in "
+              f"{state.replace_runs(('train/', 'probe/'), why, finished)}")
+    elif replacing:
+        raise SystemExit("seed_table: --replace-recipe, but the RL recipe is the state's; "
+                         "nothing to replace")
     for path, budget in checked.items():  # written once every phase's budget agrees
         path.write_text(json.dumps(budget, indent=1))
+
+
+def _evaluates(unit: str, arm_seed: str) -> bool:
+    """Whether `unit` is an eval chunk of `arm_seed` (`rl-one/s0`) at any temperature."""
+    kind, _, rest = unit.partition("/")
+    return kind.split("@")[0] == "eval" and rest.startswith(arm_seed + "/")
 
 
 def _changed(saved: dict[str, Any], now: dict[str, Any], keys: tuple[str, ...] | None = None

@@ -10,7 +10,7 @@ import re
 import shutil
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,19 +81,28 @@ class State:
         shutil.copyfile(metrics, self.root / "progress" / (unit.replace("/", "__") + PROGRESS))
         self.mirrored()
 
-    def replace_runs(self, prefix: str, why: str) -> Path:
-        """Set aside the unfinished runs whose unit starts with `prefix` (a recipe changed
-        before any of them finished): their progress lines and budget-run.json move to
+    def replace_runs(self, prefixes: tuple[str, ...], why: str,
+                     finished: Sequence[str] = ()) -> Path:
+        """Set aside the runs of a replaced recipe: the unfinished runs whose unit starts
+        with one of `prefixes` (their progress lines, visits and budget-run.json move to
         STATE/replaced/<time>/ beside a note of `why`, as measured history, and their work
-        dirs (checkpoints of the old recipe, which must not be resumed) are deleted."""
+        dirs, checkpoints that must not be resumed, are deleted) and the `finished` units
+        (a finished arm's training and its evals: moved to STATE/replaced/<time>/units/;
+        their work dirs kept as work/<time>__<unit>, out of the records)."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         dest = self.root / "replaced" / stamp
-        (dest / "progress").mkdir(parents=True, exist_ok=True)
-        key = prefix.replace("/", "__")
-        for path in (self.root / "progress").glob(key + "*" + PROGRESS):
-            path.rename(dest / "progress" / path.name)
-        for path in (self.root / "work").glob(key + "*"):
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        for sub in ("progress", "units"):
+            (dest / sub).mkdir(parents=True, exist_ok=True)
+        for name in finished:
+            key = name.replace("/", "__")
+            self._file("units", name).rename(dest / "units" / (key + ".json"))
+            if (work := self.work(name)).exists():
+                work.rename(work.with_name(f"{stamp}__{key}"))
+        for key in (p.replace("/", "__") for p in prefixes):
+            for path in (self.root / "progress").glob(key + "*"):
+                path.rename(dest / "progress" / path.name)
+            for path in (self.root / "work").glob(key + "*"):
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
         if (self.root / "budget-run.json").is_file():
             shutil.copy2(self.root / "budget-run.json", dest / "budget-run.json")
         (dest / "why.txt").write_text(why + "\n")

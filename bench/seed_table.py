@@ -51,6 +51,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ is not a package
 import arms
 import seed_report
+import seed_runs
 import seed_stats
 import seed_visits
 from seed_budget import ARMS, RL_RECIPE, check_budget
@@ -389,7 +390,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--truncated-turns", choices=["mask", "penalty", "train"], default="mask",
                    help="grpo.truncated_turns: a reply cut by --max-tokens is left out of the "
                    "loss, pushed down on its own (-format_penalty) or trained as the rest")
+    p.add_argument("--rejected-turns", choices=["mask", "penalty", "train"], default="mask",
+                   help="grpo.rejected_turns: the same for a reply the harness dropped from its "
+                   "history (one it could not parse)")
     p.add_argument("--format-penalty", type=float, default=1.0, help="grpo.format_penalty")
+    p.add_argument("--replace-recipe", default="", metavar="WHY", help="run: change the RL "
+                   "recipe after an RL arm finished; its units and evals are set aside "
+                   "(STATE/replaced/) with WHY, and every RL arm trains again")
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--inflight", type=int, default=4)
     p.add_argument("--queue-maxsize", type=int, default=0, help="grpo.trl.queue_maxsize: "
@@ -468,7 +475,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def report(args: argparse.Namespace, state: State) -> None:
     """The .md and .png as measured so far, and (--record) a copy of the records."""
-    trained = [name for name in {**state.all(), **seed_report.runs(state.root / "progress")}
+    trained = [name for name in {**state.all(), **seed_runs.runs(state.root / "progress")}
                if name.startswith(("train/", "probe/"))]
     run = seed_report.read_json(state.root / "budget-run.json")
     seed_visits.keep(state.root, trained, run.get("group") or args.group)

@@ -16,7 +16,7 @@ sys.path.insert(0, str(BENCH))
 
 import arms  # noqa: E402
 import pytest  # noqa: E402
-import seed_report  # noqa: E402
+import seed_runs  # noqa: E402
 import seed_table  # noqa: E402
 import seed_visits  # noqa: E402
 from seed_state import State  # noqa: E402
@@ -74,9 +74,9 @@ def test_no_store_kept_says_so(tmp_path):
 def test_a_runs_first_third_of_steps_is_set_against_its_last():
     steps = [{"harnesses": {"h": {"pass_rate": rate}}} for rate in
              (0.25, 0.5, 0.5, 0.5, 1.0, 0.75, 1.0)]
-    assert seed_report.thirds(steps, ["h", "g"]) == (
+    assert seed_runs.thirds(steps, ["h", "g"]) == (
         "; training pass rate, first third of the steps against the last: h 38% -> 88%, g - -> -")
-    assert seed_report.thirds(steps[:2], ["h"]) == ""  # too few steps to split
+    assert seed_runs.thirds(steps[:2], ["h"]) == ""  # too few steps to split
 
 
 def test_the_probe_trains_the_seeds_start_on_one_of_its_training_tasks_alone(tmp_path,

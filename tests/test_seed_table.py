@@ -20,6 +20,7 @@ sys.path.insert(0, str(BENCH))
 import arms  # noqa: E402
 import seed_budget  # noqa: E402
 import seed_pooled  # noqa: E402
+import seed_runs  # noqa: E402
 import seed_stats as st  # noqa: E402
 import seed_table  # noqa: E402
 from seed_state import State, merged  # noqa: E402
@@ -242,7 +243,7 @@ def test_the_rl_recipe_may_change_until_an_rl_arm_finishes_and_its_runs_are_set_
     assert "format_penalty" not in why  # added since, with the value the state ran with
     assert json.loads((aside / "budget-run.json").read_text())["lr"] == 5e-5
     assert json.loads((state.root / "budget-run.json").read_text())["lr"] == 2e-5
-    lines = seed_table.seed_report.replaced(state.root)
+    lines = seed_runs.replaced(state.root)
     assert "- `train/rl-one/s0`: 1 steps so far, 1 with a gradient." in lines
     state.record(tmp_path / "record")  # the history is committed with the records
     assert (tmp_path / "record" / "replaced" / aside.name / "why.txt").is_file()
@@ -250,6 +251,49 @@ def test_the_rl_recipe_may_change_until_an_rl_arm_finishes_and_its_runs_are_set_
     state.save("train/control/s0", {"steps": []})
     with pytest.raises(SystemExit, match="lr"):
         seed_budget.check_budget(state, seed_table.parse([*common, "--lr", "1e-5"]))
+
+
+def test_a_finished_arms_recipe_is_replaced_only_by_name_with_its_evals_set_aside(
+        tmp_path: Path) -> None:
+    """After an RL arm finished, --replace-recipe WHY changes the recipe (issue 46: the
+    harness's rejected replies had been trained as kept): the arm's unit and its eval
+    chunks at every temperature move to STATE/replaced/<time>/units/ (the report lists
+    them), its run dir is kept out of the records, other arms' units stay."""
+    state = State(tmp_path / "state")
+    common = ["run", "--tiers", "lookup", "--truncated-turns", "penalty"]
+    seed_budget.check_budget(state, seed_table.parse(common))
+    step = {"step": 1, "grad_norm": 0.5, "harnesses": {"msa": {"pass_rate": 0.5}}}
+    state.save("train/rl-one/s0", {"model": str(tmp_path / "gone"), "seconds": 60,
+                                   "harnesses": ["msa"], "steps": [step]})
+    state.work("train/rl-one/s0").mkdir()
+    chunk = {"per_task": {"a#0": {"status": "done", "passed": True},
+                          "a#1": {"status": "done", "passed": False}}, "eval": {"capped": 1},
+             "seconds": 1, "started": "t0", "finished": "t1"}
+    for unit in ("eval/rl-one/s0/msa/c0of1", "eval@1/rl-one/s0/msa/c0of2",
+                 "eval/sft/s0/msa/c0of1"):
+        state.save(unit, chunk)
+    penalty = [*common, "--rejected-turns", "penalty"]
+    with pytest.raises(SystemExit, match="rejected_turns"):  # not without saying why
+        seed_budget.check_budget(state, seed_table.parse(penalty))
+    with pytest.raises(SystemExit, match="nothing to replace"):
+        seed_budget.check_budget(state, seed_table.parse([*common, "--replace-recipe", "x"]))
+
+    seed_budget.check_budget(state, seed_table.parse(
+        [*penalty, "--replace-recipe", "dropped replies were trained"]))
+    assert set(state.all()) == {"eval/sft/s0/msa/c0of1"}
+    (aside,) = (state.root / "replaced").iterdir()
+    assert sorted(p.name for p in (aside / "units").iterdir()) == [
+        "eval@1__rl-one__s0__msa__c0of2.json", "eval__rl-one__s0__msa__c0of1.json",
+        "train__rl-one__s0.json"]
+    why = (aside / "why.txt").read_text()
+    assert why.startswith("the RL recipe changed after train/rl-one/s0 finished "
+                          "(--replace-recipe: dropped replies were trained): rejected_turns")
+    assert [p.name for p in (state.root / "work").iterdir()] == [
+        f"{aside.name}__train__rl-one__s0"]  # kept, under a name no resume finds
+    text = "\n".join(seed_runs.replaced(state.root))
+    assert "- `eval/rl-one/s0/msa`: 1/2 passed, 1 stopped at the step cap" in text
+    assert "- `eval@1/rl-one/s0/msa`: 1 of 2 chunks measured" in text
+    assert "- `train/rl-one/s0` (msa): 1 steps in 1 min" in text
 
 
 # ------------------------------------------------------------------ the control arm
@@ -450,7 +494,7 @@ def test_a_training_run_s_metrics_are_recorded_and_reported_while_it_runs(tmp_pa
     with (tmp_path / "log").open("w") as log:
         assert run_child(child, log, every=every, every_s=0.5) == 0
     assert "\n".join(lines) in seen  # recorded before the child ended
-    report = seed_table.seed_report.in_progress(record, {})
+    report = seed_runs.in_progress(record, {})
     assert report == ["- `train/rl-one/s0`: 1 steps so far, 1 with a gradient.", "",
                       "  | step | mini-swe-agent pass rate | groups with spread | cut | trained "
                       "| grad norm |", "  |---|---|---|---|---|---|",
@@ -464,14 +508,14 @@ def test_a_training_run_s_metrics_are_recorded_and_reported_while_it_runs(tmp_pa
         assert run_child([sys.executable, "-c", "import time; time.sleep(0.8)"], log,
                          every=broken, every_s=0.2) == 0
     # its curves are drawn while it runs (dashed), and not once it is measured
-    running = seed_table.seed_report.runs(record / "progress", {})
+    running = seed_runs.runs(record / "progress", {})
     (kept_step,) = running["train/rl-one/s0"]["steps"]
     assert kept_step["reward"] == 0.9 and seed_pooled.rollout_reward(kept_step) == 0.75
     png = tmp_path / "curves.png"
     assert seed_pooled.plot_curves({}, ["rl-one"], "mini-swe-agent", png, running)
     assert png.stat().st_size > 0
     assert not seed_pooled.plot_curves({}, ["rl-one"], "mini-swe-agent", tmp_path / "no.png",
-                                       seed_table.seed_report.runs(
+                                       seed_runs.runs(
                                            record / "progress", {"train/rl-one/s0": {}}))
     # once the unit is measured, it is no longer in progress
-    assert seed_table.seed_report.in_progress(record, {"train/rl-one/s0": {}}) == []
+    assert seed_runs.in_progress(record, {"train/rl-one/s0": {}}) == []
