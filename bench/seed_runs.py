@@ -95,10 +95,12 @@ def replaced(root: Path) -> list[str]:
         units, partial = merged({p.stem.replace("__", "/"): json.loads(p.read_text())
                                  for p in sorted((folder / "units").glob("*.json"))})
         lines += [f"### {folder.name}", "", why, ""]
-        for name, run in runs(folder / "progress", units).items():
-            lines += _run_lines(name, run)
+        kept = runs(folder / "progress")  # a finished run's lines as kept: the fuller reading
+        for name, run in kept.items():
+            lines += [] if name in units else _run_lines(name, run)
         for key, unit in units.items():
-            lines += rl_lines(key, unit) if "steps" in unit else [_cell_line(key, unit)]
+            lines += (rl_lines(key, {**unit, **kept.get(key, {})}) if "steps" in unit
+                      else [_cell_line(key, unit)])
         lines += [f"- `{cell}`: {n} of {total} chunks measured" for cell, (n, total)
                   in sorted(partial.items())]
         lines.append("")

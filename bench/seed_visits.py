@@ -49,14 +49,17 @@ def keep(root: Path, units: list[str], group: int) -> None:
 
 
 def section(root: Path) -> list[str]:
-    """Per training run kept: the pass rate at each task's first and last visit (tasks
-    visited at least twice), the mean change per task with tasks up / down and the exact
-    sign test, and each task's visits."""
+    """Per training run kept (and per run set aside with a replaced recipe): the pass
+    rate at each task's first and last visit (tasks visited at least twice), the mean
+    change per task with tasks up / down and the exact sign test, and each task's visits."""
     lines = ["| run | tasks | first visit | last visit | change per task (points) | tasks up "
              "/ down (sign p) |", "|---|---|---|---|---|---|"]
     detail = []
-    for path in sorted((root / "progress").glob("*" + VISITS)):
-        name = path.name.removesuffix(VISITS).replace("__", "/")
+    folders = [(root / "progress", ""), *((f / "progress", f" (set aside: {f.name})")
+                                          for f in sorted((root / "replaced").glob("*")))]
+    for path, aside in ((p, aside) for folder, aside in folders
+                        for p in sorted(folder.glob("*" + VISITS))):
+        name = path.name.removesuffix(VISITS).replace("__", "/") + aside
         tasks = {t: v for t, v in json.loads(path.read_text()).items() if len(v) >= 2}
         if not tasks:
             continue

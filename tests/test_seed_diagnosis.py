@@ -65,6 +65,12 @@ def test_each_tasks_groups_are_its_visits_without_eval_or_unscored_rollouts(tmp_
     # a: 50% -> 100% (+50), b: 100% -> 0% (-100): mean first 75%, last 50%, change -25
     assert "| `train/rl-one/s0` | 2 | 75% | 50% | -25.0 | 1 / 1 (1.00) |" in text
     assert "- `train/rl-one/s0`: a 1/2 1/1; b 2/2 0/2" in text and " c " not in text
+    # a recipe replaced: the run's visits move with its lines, and stay in the section
+    aside = tmp_path / "record" / "replaced" / "T1" / "progress"
+    aside.mkdir(parents=True)
+    (tmp_path / "record" / kept).rename(aside / Path(kept).name)
+    assert "| `train/rl-one/s0 (set aside: T1)` | 2 | 75% | 50% |" in "\n".join(
+        seed_visits.section(tmp_path / "record"))
 
 
 def test_no_store_kept_says_so(tmp_path):
