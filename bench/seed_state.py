@@ -83,12 +83,14 @@ class State:
 
     def replace_runs(self, prefixes: tuple[str, ...], why: str,
                      finished: Sequence[str] = ()) -> Path:
-        """Set aside the runs of a replaced recipe: the unfinished runs whose unit starts
-        with one of `prefixes` (their progress lines, visits and budget-run.json move to
-        STATE/replaced/<time>/ beside a note of `why`, as measured history, and their work
-        dirs, checkpoints that must not be resumed, are deleted) and the `finished` units
-        (a finished arm's training and its evals: moved to STATE/replaced/<time>/units/;
-        their work dirs kept as work/<time>__<unit>, out of the records)."""
+        """Set aside the runs of a replaced recipe, as measured history, in
+        STATE/replaced/<time>/ beside a note of `why` and the old budget-run.json:
+        - the `finished` units (a finished arm's training and its evals) move to units/
+          there; their work dirs stay as work/<time>__<unit>, out of the records;
+        - every unfinished run whose unit starts with one of `prefixes` moves its progress
+          lines and visits to progress/ there, and its work dir (checkpoints that must not
+          be resumed) is deleted. A finished unit not in `finished` stays (a probe's holds
+          its own recipe)."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         dest = self.root / "replaced" / stamp
         for sub in ("progress", "units"):
@@ -98,11 +100,14 @@ class State:
             self._file("units", name).rename(dest / "units" / (key + ".json"))
             if (work := self.work(name)).exists():
                 work.rename(work.with_name(f"{stamp}__{key}"))
+        kept = {n.replace("/", "__") for n in self.all()}  # finished and not replaced
         for key in (p.replace("/", "__") for p in prefixes):
             for path in (self.root / "progress").glob(key + "*"):
-                path.rename(dest / "progress" / path.name)
+                if path.name.removesuffix(PROGRESS).removesuffix(VISITS) not in kept:
+                    path.rename(dest / "progress" / path.name)
             for path in (self.root / "work").glob(key + "*"):
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
+                if path.name not in kept:
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
         if (self.root / "budget-run.json").is_file():
             shutil.copy2(self.root / "budget-run.json", dest / "budget-run.json")
         (dest / "why.txt").write_text(why + "\n")

@@ -272,6 +272,8 @@ def test_a_finished_arms_recipe_is_replaced_only_by_name_with_its_evals_set_asid
     for unit in ("eval/rl-one/s0/msa/c0of1", "eval@1/rl-one/s0/msa/c0of2",
                  "eval/sft/s0/msa/c0of1"):
         state.save(unit, chunk)
+    state.save("probe/s0/a/lr1e-05", {"steps": [], "recipe": {}})  # its own recipe: stays
+    state.work("probe/s0/a/lr1e-05").mkdir()
     penalty = [*common, "--rejected-turns", "penalty"]
     with pytest.raises(SystemExit, match="rejected_turns"):  # not without saying why
         seed_budget.check_budget(state, seed_table.parse(penalty))
@@ -280,7 +282,7 @@ def test_a_finished_arms_recipe_is_replaced_only_by_name_with_its_evals_set_asid
 
     seed_budget.check_budget(state, seed_table.parse(
         [*penalty, "--replace-recipe", "dropped replies were trained"]))
-    assert set(state.all()) == {"eval/sft/s0/msa/c0of1"}
+    assert set(state.all()) == {"eval/sft/s0/msa/c0of1", "probe/s0/a/lr1e-05"}
     (aside,) = (state.root / "replaced").iterdir()
     assert sorted(p.name for p in (aside / "units").iterdir()) == [
         "eval@1__rl-one__s0__msa__c0of2.json", "eval__rl-one__s0__msa__c0of1.json",
@@ -288,8 +290,9 @@ def test_a_finished_arms_recipe_is_replaced_only_by_name_with_its_evals_set_asid
     why = (aside / "why.txt").read_text()
     assert why.startswith("the RL recipe changed after train/rl-one/s0 finished "
                           "(--replace-recipe: dropped replies were trained): rejected_turns")
-    assert [p.name for p in (state.root / "work").iterdir()] == [
-        f"{aside.name}__train__rl-one__s0"]  # kept, under a name no resume finds
+    assert sorted(p.name for p in (state.root / "work").iterdir()) == [
+        f"{aside.name}__train__rl-one__s0",  # kept, under a name no resume finds
+        "probe__s0__a__lr1e-05"]
     text = "\n".join(seed_runs.replaced(state.root))
     assert "- `eval/rl-one/s0/msa`: 1/2 passed, 1 stopped at the step cap" in text
     assert "- `eval@1/rl-one/s0/msa`: 1 of 2 chunks measured" in text
