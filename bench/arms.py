@@ -155,8 +155,8 @@ DIAGNOSED = ("groups_with_spread", "groups_uniform", "no_gradient", "kl", "clip_
 def step_lines(metrics: Path) -> list[dict[str, Any]]:
     """Per optimizer step: reward (the mean of the step's rows, as TRL logs it), loss,
     gradient norm (0: no group had mixed rewards, so nothing moved), issue 45's diagnostics
-    where logged, and per harness the pass rate, reward and tool calls of the step's
-    rollouts (per rollout, whatever rows each made)."""
+    where logged, and per harness the pass rate, reward, tool calls and model calls
+    (turns) of the step's rollouts (per rollout, whatever rows each made)."""
     lines = []
     for text in metrics.read_text().splitlines():
         try:
@@ -170,7 +170,8 @@ def step_lines(metrics: Path) -> list[dict[str, Any]]:
                       **{k: line[k] for k in DIAGNOSED if line.get(k) is not None},
                       "harnesses": {h: {"pass_rate": g.get("pass_rate"),
                                         "reward": g.get("reward"),
-                                        "tool_calls": g.get("tool_calls")}
+                                        "tool_calls": g.get("tool_calls"),
+                                        "turns": g.get("turns")}
                                     for h, g in line.get("harnesses", {}).items()}})
     return lines
 

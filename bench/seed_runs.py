@@ -47,13 +47,19 @@ def thirds(steps: list[dict[str, Any]], harnesses: list[str]) -> str:
 
 def per_step(steps: list[dict[str, Any]], harnesses: list[str], evals: list[dict[str, Any]]
              ) -> list[str]:
-    """A run's steps as a table (training pass rate per harness, the share of groups with
-    reward spread, of replies cut at max_tokens, of sampled tokens trained, the gradient
-    norm before clipping), then its evals while training."""
-    columns = [(f"{h} pass rate", lambda s, h=h: pct(s.get("harnesses", {}).get(h, {})
-                                                         .get("pass_rate"))) for h in harnesses]
+    """A run's steps as a table (training pass rate and model calls per rollout per
+    harness, the share of groups with reward spread, of replies cut at max_tokens, of
+    replies the harness dropped, of sampled tokens trained, the gradient norm before
+    clipping), then its evals while training."""
+    def of(s: dict[str, Any], h: str, key: str) -> Any:
+        return s.get("harnesses", {}).get(h, {}).get(key)
+
+    columns = [(f"{h} {name}", lambda s, h=h, key=key, show=show: show(of(s, h, key)))
+               for h in harnesses for name, key, show in (
+                   ("pass rate", "pass_rate", pct), ("model calls", "turns", _one))]
     columns += [("groups with spread", lambda s: pct(s.get("groups_with_spread"))),
                 ("cut", lambda s: pct(s.get("truncated_share"))),
+                ("rejected", lambda s: pct(s.get("rejected_share"))),
                 ("trained", lambda s: pct(s.get("tokens_trained_share"))),
                 ("grad norm", lambda s: num(s.get("grad_norm")))]
     lines = ["", "  | step | " + " | ".join(name for name, _ in columns) + " |",
@@ -124,3 +130,7 @@ def _run_lines(name: str, run: dict[str, Any]) -> list[str]:
 
 def num(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def _one(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"

@@ -481,7 +481,8 @@ def test_a_training_run_s_metrics_are_recorded_and_reported_while_it_runs(tmp_pa
     metrics = tmp_path / "run" / "metrics.jsonl"
     metrics.parent.mkdir()
     step = {"step": 1, "reward": 0.9, "trl": {"loss": 0.1, "grad_norm": 0.4},
-            "harnesses": {"mini-swe-agent": {"pass_rate": 0.75, "reward": 0.75}}}
+            "rejected_share": 0.5,
+            "harnesses": {"mini-swe-agent": {"pass_rate": 0.75, "reward": 0.75, "turns": 4.25}}}
     evaluated = {"step": 1, "eval": {"mini-swe-agent": {"passed": 3, "rollouts": 4}}}
     lines = [json.dumps(step), json.dumps(evaluated), '{"step": 2, "rew']  # the last is cut
     # the child writes the lines, then runs on; the record must hold them by then
@@ -499,9 +500,10 @@ def test_a_training_run_s_metrics_are_recorded_and_reported_while_it_runs(tmp_pa
     assert "\n".join(lines) in seen  # recorded before the child ended
     report = seed_runs.in_progress(record, {})
     assert report == ["- `train/rl-one/s0`: 1 steps so far, 1 with a gradient.", "",
-                      "  | step | mini-swe-agent pass rate | groups with spread | cut | trained "
-                      "| grad norm |", "  |---|---|---|---|---|---|",
-                      "  | 1 | 75% | - | - | - | 0.40 |", "",
+                      "  | step | mini-swe-agent pass rate | mini-swe-agent model calls | "
+                      "groups with spread | cut | rejected | trained | grad norm |",
+                      "  |---|---|---|---|---|---|---|---|",
+                      "  | 1 | 75% | 4.2 | - | - | 50% | - | 0.40 |", "",
                       "  - eval while training, step 1: mini-swe-agent 3/4"]
     # a copy that fails (a full disk, say) is said, and the run goes on to its end
     def broken() -> None:
