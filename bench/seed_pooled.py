@@ -171,6 +171,25 @@ def bonus(units: Units, kind: str, harnesses: list[str], arms: list[str]) -> lis
             *shares]
 
 
+def behaviour(units: Units, kind: str, harnesses: list[str], arms: list[str]) -> list[str]:
+    """Per arm and harness, pooled over the seeds: model calls per rollout (the calls the
+    proxy refused at the step cap included) and the rollouts stopped at the cap: how an
+    arm's agent ends its work, beside whether the work passed."""
+    lines = ["| arm | " + " | ".join(harnesses) + " |", "|---|" + "---|" * len(harnesses)]
+    for arm in arms:
+        row = []
+        for h in harnesses:
+            cells = [c for k, c in units.items() if k.startswith(f"{kind}/{arm}/")
+                     and k.endswith("/" + h)]
+            turns = [r["turns"] for c in cells for r in c["per_task"].values()
+                     if r["status"] == "done" and "turns" in r]
+            capped = sum(c.get("eval", {}).get("capped", 0) for c in cells)
+            row.append(f"{fmean(turns):.1f} calls, {capped}/{len(turns)} capped"
+                       if turns else "-")
+        lines.append(f"| {arm} | " + " | ".join(row) + " |")
+    return lines
+
+
 # ------------------------------------------------------------------ training
 def diagnosis(units: Units, arms: list[str]) -> list[str]:
     """Per RL arm, issue 45's step diagnostics averaged over its steps and seeds."""

@@ -352,7 +352,10 @@ def experiment(args: argparse.Namespace, root: Path, units: dict[str, Any],
                       "mean with a 95% bootstrap interval over those units; tasks better / "
                       "worse with the exact sign test; each seed's mean in brackets.", ""]
         lines += [f"## The tool-call bonus on the calls the harness ran, at temperature "
-                  f"{temperature:g}", "", *seed_pooled.bonus(units, kind, harnesses, arms), ""]
+                  f"{temperature:g}", "", *seed_pooled.bonus(units, kind, harnesses, arms), "",
+                  f"Model calls per rollout and rollouts stopped at the step cap, at "
+                  f"temperature {temperature:g}:", "",
+                  *seed_pooled.behaviour(units, kind, harnesses, arms), ""]
     curves = args.out.with_name(args.out.stem + "_curves.png")
     # every training run's lines as kept, read again (a unit's own may predate a reading)
     kept = runs(root / "progress")

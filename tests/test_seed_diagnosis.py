@@ -108,3 +108,17 @@ def test_the_probe_trains_the_seeds_start_on_one_of_its_training_tasks_alone(tmp
     args.probe_task = "lookup-z"
     with pytest.raises(SystemExit, match="lookup-z is not one of seed 0's training tasks"):
         arms.probe(args, state, train, 0, tmp_path / "start", {})
+
+
+def test_model_calls_and_capped_rollouts_per_arm_pool_the_seeds():
+    import seed_pooled
+
+    def cell(turns: list[int], capped: int) -> dict:
+        return {"per_task": {f"t#{n}": {"status": "done", "passed": True, "turns": t}
+                             for n, t in enumerate(turns)}, "eval": {"capped": capped}}
+
+    units = {"eval/sft/s0/msa": cell([2, 4], 0), "eval/rl-one/s0/msa": cell([6, 8], 1),
+             "eval/rl-one/s1/msa": cell([4, 6], 1), "eval@1/rl-one/s0/msa": cell([9], 1)}
+    assert seed_pooled.behaviour(units, "eval", ["msa"], ["sft", "rl-one", "control"]) == [
+        "| arm | msa |", "|---|---|", "| sft | 3.0 calls, 0/2 capped |",
+        "| rl-one | 6.0 calls, 2/4 capped |", "| control | - |"]
