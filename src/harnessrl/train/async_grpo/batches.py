@@ -178,66 +178,85 @@ def torch_exp_max(log_rho: Any) -> Any:
     return torch.exp(log_rho).max() if log_rho.numel() else torch.zeros((), device=log_rho.device)
 
 
+class GroupReading:
+    """What `group_trainer` adds to TRL's trainer (a mixin before it in the MRO): batches
+    of whole groups, an optimizer that skips a step with no live token, and log-probs
+    corrected against the engine's when `_importance` is set. Its settings are class
+    attributes, set by `group_trainer`."""
+
+    _groups_per_step: int
+    _scale: Scale
+    _importance: Importance | None
+    _live_tokens = 0.0
+
+    def get_train_dataloader(self) -> Any:
+        from torch.utils.data import DataLoader
+
+        from harnessrl.train import trl_compat as compat
+
+        trainer: Any = self
+        if not trainer.accelerator.is_main_process:
+            return super().get_train_dataloader()  # type: ignore[misc]
+        n = trainer.accelerator.num_processes
+        sink = compat.metrics_sink(trainer)
+        groups = GroupQueue(trainer.rollout_queue, lambda: trainer.model_version,
+                            trainer.rollout_worker.check_health,
+                            trainer.args.heartbeat_stale_after_s, sink,
+                            trainer.args.max_staleness)
+        compat.set_rollout_dataset(trainer, groups)  # TRL's step metrics read its wait
+        batches = GroupBatcher(groups, n, self._groups_per_step, self._scale, sink,
+                               compat.tree_row)
+        collate = compat.rollout_collator(trainer, n, sink)
+        return trainer.accelerator.prepare(DataLoader(batches, batch_size=1,
+                                                      collate_fn=collate, num_workers=0))
+
+    def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
+        import torch
+
+        loss = super().compute_loss  # type: ignore[misc]
+        if self._importance is not None:
+            corrected = _Corrected(model, self, inputs, self._importance)
+            return loss(corrected, inputs, return_outputs, num_items_in_batch)
+        accelerator: Any = self.accelerator  # type: ignore[attr-defined]
+        live = ((inputs["advantages"] != 0) & (inputs["token_index"] >= 0)).sum()
+        self._live_tokens += float(accelerator.reduce(live.to(torch.float32), reduction="sum"))
+        return loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def _record_correction(self, sums: Any, ratio_max: Any) -> None:
+        from harnessrl.train import trl_compat as compat
+
+        accelerator: Any = self.accelerator  # type: ignore[attr-defined]
+        sums = accelerator.reduce(sums.float(), reduction="sum").tolist()
+        ratio_max = float(accelerator.gather(ratio_max.reshape(1).float()).max())
+        named = dict(zip(STATS, sums, strict=True))
+        self._live_tokens += named["live"]
+        sink = compat.metrics_sink(self)
+        for key, value in metrics(named, ratio_max).items():
+            sink[key].append(value)
+
+    def create_optimizer(self, model: Any = None) -> Any:
+        from harnessrl.train.common import guard_optimizer
+
+        optimizer = super().create_optimizer(model)  # type: ignore[misc]
+        guard_optimizer(optimizer, self._take_gradient, self._skipped)
+        return optimizer
+
+    def _take_gradient(self) -> bool:
+        live, self._live_tokens = self._live_tokens, 0.0
+        return live > 0
+
+    def _skipped(self) -> None:
+        from harnessrl.train import trl_compat as compat
+
+        compat.metrics_sink(self)[NO_GRADIENT].append(1.0)
+
+
 def group_trainer(base: type, *, groups_per_step: int, scale: Scale,
                   importance: Importance | None = None) -> type:
     """`base` (TRL's `AsyncGRPOTrainer`) reading whole groups, its optimizer guarded,
     its log-probs corrected against the engine's when `importance` is given."""
-    from harnessrl.train import trl_compat as compat
-    from harnessrl.train.common import guard_optimizer
-
-    class GroupGRPOTrainer(base):  # type: ignore[valid-type, misc]
-        _live_tokens = 0.0
-
-        def get_train_dataloader(self) -> Any:
-            if not self.accelerator.is_main_process:
-                return super().get_train_dataloader()
-            from torch.utils.data import DataLoader
-
-            n = self.accelerator.num_processes
-            sink = compat.metrics_sink(self)
-            groups = GroupQueue(self.rollout_queue, lambda: self.model_version,
-                                self.rollout_worker.check_health,
-                                self.args.heartbeat_stale_after_s, sink,
-                                self.args.max_staleness)
-            compat.set_rollout_dataset(self, groups)  # TRL's step metrics read its wait
-            batches = GroupBatcher(groups, n, groups_per_step, scale, sink, compat.tree_row)
-            collate = compat.rollout_collator(self, n, sink)
-            return self.accelerator.prepare(DataLoader(batches, batch_size=1,
-                                                       collate_fn=collate, num_workers=0))
-
-        def compute_loss(self, model: Any, inputs: Any, return_outputs: bool = False,
-                         num_items_in_batch: Any = None) -> Any:
-            import torch
-
-            if importance is not None:
-                corrected = _Corrected(model, self, inputs, importance)
-                return super().compute_loss(corrected, inputs, return_outputs,
-                                            num_items_in_batch)
-            live = ((inputs["advantages"] != 0) & (inputs["token_index"] >= 0)).sum()
-            live = self.accelerator.reduce(live.to(torch.float32), reduction="sum")
-            self._live_tokens += float(live)
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-
-        def _record_correction(self, sums: Any, ratio_max: Any) -> None:
-            sums = self.accelerator.reduce(sums.float(), reduction="sum").tolist()
-            ratio_max = float(self.accelerator.gather(ratio_max.reshape(1).float()).max())
-            named = dict(zip(STATS, sums, strict=True))
-            self._live_tokens += named["live"]
-            sink = compat.metrics_sink(self)
-            for key, value in metrics(named, ratio_max).items():
-                sink[key].append(value)
-
-        def create_optimizer(self, model: Any = None) -> Any:
-            optimizer = super().create_optimizer(model)
-            guard_optimizer(optimizer, self._take_gradient, self._skipped)
-            return optimizer
-
-        def _take_gradient(self) -> bool:
-            live, self._live_tokens = self._live_tokens, 0.0
-            return live > 0
-
-        def _skipped(self) -> None:
-            compat.metrics_sink(self)[NO_GRADIENT].append(1.0)
-
-    return GroupGRPOTrainer
+    return type("GroupGRPOTrainer", (GroupReading, base),
+                {"_groups_per_step": groups_per_step, "_scale": scale,
+                 "_importance": importance})
 
