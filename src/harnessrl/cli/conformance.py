@@ -7,9 +7,15 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harnessrl.cli.common import harnesses
 from harnessrl.settings import add_flags
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from harnessrl.rollout.conformance import Result
 
 HELP = "every harness writes a file through the proxy; print the matrix"
 
@@ -33,7 +39,6 @@ def run_conformance(args: argparse.Namespace) -> int:
     import tempfile
 
     from rich.console import Console
-    from rich.markdown import Markdown
 
     from harnessrl.harnesses import all_variants
     from harnessrl.rollout.conformance import (
@@ -41,7 +46,6 @@ def run_conformance(args: argparse.Namespace) -> int:
         check,
         drift_markdown,
         install_timed,
-        matrix_markdown,
         policy_tokenizer,
     )
 
@@ -71,6 +75,16 @@ def run_conformance(args: argparse.Namespace) -> int:
             console.print(f"{h.name} {h.version} ({mode} mode): {mark}")
             if not result.passed:
                 console.print(result.output[-2000:], markup=False, highlight=False)
+    _report(args, results, console)
+    return 0 if all(r.passed for r in results) else 1
+
+
+def _report(args: argparse.Namespace, results: list[Result], console: Console) -> None:
+    """The matrix (and the drift table, with --drift) on the console and in their files."""
+    from rich.markdown import Markdown
+
+    from harnessrl.rollout.conformance import drift_markdown, matrix_markdown
+
     matrix = matrix_markdown(results)
     console.print(Markdown(matrix))
     if args.markdown:
@@ -80,4 +94,3 @@ def run_conformance(args: argparse.Namespace) -> int:
         console.print(Markdown(drift))
         if isinstance(args.drift, Path):
             args.drift.write_text(drift)
-    return 0 if all(r.passed for r in results) else 1

@@ -291,6 +291,18 @@ def train_async(config: TrainSettings, tasks: list[Task], harnesses: list[Harnes
                            versioned(cls, transfer, version)), schedule))
     # after TRL's own callbacks: its step end (the weight sync) comes first
     trainer.add_callback(schedule_callback(schedule))
+    _run(config, trainer, worker, long, status, console)
+    if steps:
+        console.print(schedule_summary(steps[-1]["schedule"]))
+    model = long.finish(trainer)
+    console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'} · "
+                  f"model: {model}")
+    return steps
+
+
+def _run(config: TrainSettings, trainer: Any, worker: HarnessRolloutWorker, long: LongRun,
+         status: Any, console: Console) -> None:
+    """Train to the end (from a checkpoint when resuming); the worker stops either way."""
     if config.lora is not None:  # what trains, and that the sync sends merged weights
         from harnessrl.train.lora import attach_metrics, describe
 
@@ -301,12 +313,6 @@ def train_async(config: TrainSettings, tasks: list[Task], harnesses: list[Harnes
             trainer.train(resume_from_checkpoint=long.resume_from)
     finally:
         worker.stop()
-    if steps:
-        console.print(schedule_summary(steps[-1]["schedule"]))
-    model = long.finish(trainer)
-    console.print(f"metrics: {run_dir / METRICS_FILE} · store: {run_dir / 'trace.db'} · "
-                  f"model: {model}")
-    return steps
 
 
 def _transfer(config: TrainSettings, sync: VLLMWeightSync, model_dir: Path,
