@@ -54,7 +54,7 @@ def check_budget(state: State, args: argparse.Namespace) -> None:
               "run": ["run", *(["sft"] if args.start == "sft" else [])]}[args.phase]
     units = state.all()
     trained = [n for n in units if n.startswith("train/") and n.split("/")[1] in RL_ARMS]
-    replacing = getattr(args, "replace_recipe", "")
+    replacing = args.replace_recipe
     recipe = RL_RECIPE if replacing or not trained else ()
     checked = {state.root / f"budget-{phase}.json": _check(
         state.root / f"budget-{phase}.json", budget_of(phase, args),

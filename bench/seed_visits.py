@@ -37,12 +37,15 @@ def measure(run_dir: Path, group: int) -> dict[str, list[list[int]]]:
 
 
 def keep(root: Path, units: list[str], group: int) -> None:
-    """The visits of every training unit in `units` whose run dir still has its store."""
+    """The visits of every training unit in `units` whose run dir still has its store
+    (read again only when the store changed since)."""
     for unit in units:
         run_dir = root / "work" / unit.replace("/", "__")
-        if (run_dir / "trace.db").is_file():
+        path = root / "progress" / (unit.replace("/", "__") + VISITS)
+        stores = [p for p in run_dir.glob("trace.db*") if p.is_file()]
+        if stores and not (path.is_file() and path.stat().st_mtime
+                           >= max(p.stat().st_mtime for p in stores)):
             found = measure(run_dir, group)
-            path = root / "progress" / (unit.replace("/", "__") + VISITS)
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(found, indent=1))
             tmp.rename(path)
