@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from seed_state import State, heavy, run_child, unit
+from seed_state import PROGRESS, State, heavy, run_child, unit
 
 HARNESSRL = str(Path(sys.executable).with_name("harnessrl"))
 
@@ -33,6 +33,11 @@ def start_model(args: argparse.Namespace, state: State, train: Path, seed: int, 
     if model is None:
         raise SystemExit(f"--start sft: no SFT model for seed {seed} (see "
                          f"{state.root / 'failed'})")
+    if (state.done(f"sft/s{seed}") or {}).get("same_as_first_build") is False:
+        raise SystemExit(f"--start sft: seed {seed}'s SFT model, built again on this machine, "
+                         "is not its first build (units/sft__s{seed}.json against "
+                         "rebuilt/): the seed's calibration and start evals were measured "
+                         "on the first; set them aside before going on")
     return model
 
 
@@ -125,6 +130,10 @@ def rl(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str,
     config.write_text(yaml.safe_dump(rl_config(args, train, seed, arm, start, run_dir)))
     resume = bool(complete(run_dir / "checkpoints"))
     if not resume:  # nothing whole to go on from: the arm starts again
+        if (state.root / "progress" / (name.replace("/", "__") + PROGRESS)).is_file():
+            state.replace_runs((name,), f"{name}: the steps of a run whose checkpoints are "
+                               "gone (a replaced machine, or a kill before the first "
+                               "checkpoint); the run started again from its first step")
         shutil.rmtree(run_dir, ignore_errors=True)
     command = [HARNESSRL, "train", "--config", str(config), *(["--resume"] if resume else [])]
     with heavy(args.lock, name), state.log(name).open("a") as log:
@@ -258,10 +267,18 @@ def teacher(args: argparse.Namespace, state: State, train: Path, seed: int, harn
 
 def sft_model(args: argparse.Namespace, state: State, train: Path, seed: int, base: Path
               ) -> Path | None:
+    """The seed's SFT model, built once; built again, teacher runs first, where its record
+    names a model this machine does not have (a replaced machine): the record's figures
+    were measured on that model, so the new build is checked against the first
+    (`same_as_first_build`)."""
+    name = f"sft/s{seed}"
+    if (found := state.done(name)) is not None and not Path(found["model"]).is_dir():
+        print(f"[seed_table] {name}: {found['model']} is not on this machine: built again",
+              flush=True)
+        state.rebuild([name, *(f"teacher/{h}/s{seed}" for h in args.teacher_harnesses)])
     runs = {h: teacher(args, state, train, seed, h) for h in args.teacher_harnesses}
     if any(r is None for r in runs.values()):
         return None
-    name = f"sft/s{seed}"
     result = unit(state, name, lambda: sft(args, state, runs, seed, base, name))
     return Path(result["model"]) if result else None
 
@@ -333,9 +350,27 @@ def sft(args: argparse.Namespace, state: State, runs: dict[str, Any], seed: int,
     shutil.rmtree(out, ignore_errors=True)
     partial.rename(out)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    return {"model": str(out), "rows": len(rows), "rows_per_harness": per_harness,
+    return {**compared(state.first_build(name), losses, rows),
+            "model": str(out), "rows": len(rows), "rows_per_harness": per_harness,
             "retokenized": True, "steps": steps, "rows_per_step": per_step, "lr": args.sft_lr,
             "resumed_from": checkpoints[-1].name if checkpoints else None,
             "losses": losses, "loss_first": losses[0] if losses else None,
             "loss_last": losses[-1] if losses else None,
             "trained_tokens": sum(sum(r["assistant_masks"]) for r in rows)}
+
+
+def compared(first: dict[str, Any] | None, losses: list[float], rows: list[dict[str, Any]]
+             ) -> dict[str, Any]:
+    """A rebuilt SFT model against its first build: the same rows and the same losses step
+    by step (to 1e-4) say it is the model the seed's figures were measured on."""
+    if first is None:
+        return {}
+    tokens = sum(sum(r["assistant_masks"]) for r in rows)
+    diff = max((abs(a - b) for a, b in zip(first["losses"], losses, strict=False)),
+               default=None)
+    same = (first["rows"] == len(rows) and first["trained_tokens"] == tokens
+            and len(first["losses"]) == len(losses) and diff is not None and diff <= 1e-4)
+    return {"first_build": {"finished": first.get("finished"), "rows": first["rows"],
+                            "trained_tokens": first["trained_tokens"],
+                            "max_loss_difference": diff},
+            "same_as_first_build": same}

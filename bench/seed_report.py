@@ -317,7 +317,8 @@ def write(args: argparse.Namespace, root: Path) -> str:
             "## Training and SFT", "", *training(units), "",
             *(["## Training runs not finished (as last kept)", "", *running, ""]
               if (running := in_progress(root, measured)) else []),
-            *(["## Runs set aside when the RL recipe changed", "", *gone]
+            *(["## Runs set aside (a recipe replaced, or a run lost and started again)", "",
+               *gone]
               if (gone := replaced(root)) else []), *notes(root),
             "## Not done / failed", "",
             *([f"- `{k}`: {v['error'].splitlines()[0]}" for k, v in failed.items()]

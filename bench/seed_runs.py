@@ -1,6 +1,6 @@
 """bench/seed_table.py's report, its training runs: a run's steps as a table, the first
 third of its steps against the last, the runs not finished (from their progress lines as
-last kept) and the runs set aside when the RL recipe was replaced."""
+last kept) and the runs set aside (a recipe replaced, or a run lost and started again)."""
 
 from __future__ import annotations
 
@@ -92,9 +92,9 @@ def in_progress(root: Path, measured: dict[str, Any]) -> list[str]:
 
 
 def replaced(root: Path) -> list[str]:
-    """The runs set aside when the RL recipe was replaced (STATE/replaced/<time>/): why,
-    the steps of the runs not finished as they were measured, and the finished arms'
-    training and eval cells (pass counts: the figures the replaced recipe gave)."""
+    """The runs set aside (STATE/replaced/<time>/: a recipe replaced, or a run's
+    checkpoints lost): why, the steps of the runs not finished as they were measured, and
+    the finished arms' training and eval cells (pass counts: the figures they gave)."""
     lines = []
     for folder in sorted((root / "replaced").glob("*")):
         why = (folder / "why.txt").read_text().strip() if (folder / "why.txt").is_file() else ""

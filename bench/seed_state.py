@@ -16,6 +16,9 @@ from typing import Any
 
 PROGRESS = ".metrics.jsonl"  # STATE/progress/<unit>.metrics.jsonl: a running unit's lines
 VISITS = ".visits.json"  # STATE/progress/<unit>.visits.json: its tasks' visits (seed_visits)
+# The state's small files beside its units, copied to and from the record.
+SMALL = ("budget-calibrate.json", "budget-sft.json", "budget-run.json", "commands.txt",
+         "events.jsonl", "notes.md")
 # Seconds spent waiting for the lock, so a unit's own time can be told from its wait.
 WAITED: list[float] = []
 
@@ -28,8 +31,48 @@ class State:
     def __init__(self, root: Path, mirror: Path | None = None) -> None:
         self.root = root
         self.mirror = mirror if mirror and mirror.resolve() != root.resolve() else None
+        new = not any((root / "units").glob("*.json"))
         for sub in ("units", "failed", "progress", "logs", "work", "models", "tasks"):
             (root / sub).mkdir(parents=True, exist_ok=True)
+        if new and self.mirror and any((self.mirror / "units").glob("*.json")):
+            self.restore(self.mirror)
+
+    def restore(self, record: Path) -> None:
+        """A new state whose record holds units (a replaced machine, a fresh clone) starts
+        from that record: every figure measured stays measured, and the first copy back to
+        the record does not wipe it. Failures are not restored (they are tried again); the
+        models and runs the units name are not in a record, so a unit whose model is gone
+        is built again where something still needs it (`rebuild`)."""
+        print(f"[seed_table] a new state: its records restored from {record}", flush=True)
+        for kind, pattern in (("units", "*.json"), ("rebuilt", "*.json"),
+                              ("progress", "*" + PROGRESS), ("progress", "*" + VISITS)):
+            (self.root / kind).mkdir(parents=True, exist_ok=True)
+            for path in (record / kind).glob(pattern):
+                shutil.copy2(path, self.root / kind / path.name)
+        for name in SMALL:
+            if (record / name).is_file():
+                shutil.copy2(record / name, self.root / name)
+        if (record / "replaced").is_dir():
+            shutil.copytree(record / "replaced", self.root / "replaced", dirs_exist_ok=True)
+
+    def rebuild(self, units: Sequence[str]) -> None:
+        """Forget these units so they are computed again (their model or run is gone from
+        this machine); each first build's record is kept as STATE/rebuilt/<unit>.json, to
+        compare the new build with."""
+        (self.root / "rebuilt").mkdir(exist_ok=True)
+        for name in units:
+            path = self._file("units", name)
+            if not path.is_file():
+                continue
+            first = self.root / "rebuilt" / path.name
+            if first.is_file():  # built a third time: the first build stays the reference
+                path.unlink()
+            else:
+                path.rename(first)
+
+    def first_build(self, unit: str) -> dict[str, Any] | None:
+        path = self._file("rebuilt", unit)
+        return json.loads(path.read_text()) if path.is_file() else None
 
     def _file(self, kind: str, unit: str) -> Path:
         return self.root / kind / (unit.replace("/", "__") + ".json")
@@ -115,8 +158,9 @@ class State:
 
     def record(self, dest: Path) -> None:
         """Copy the state's small records (units, failures, progress, budgets, commands,
-        events, notes; no models, runs or logs) to `dest`, a folder to commit: a lost machine
-        then loses no figure, and `report --state DEST` writes the same tables again."""
+        events, notes, the runs set aside, first builds; no models, runs or logs) to `dest`,
+        a folder to commit: a lost machine then loses no figure, and `report --state DEST`
+        writes the same tables again."""
         kinds = (("units", "*.json"), ("failed", "*.json"), ("progress", "*" + PROGRESS),
                  ("progress", "*" + VISITS))
         for kind, pattern in kinds:
@@ -127,12 +171,12 @@ class State:
                     path.unlink()
             for name in kept:
                 shutil.copy2(self.root / kind / name, dest / kind / name)
-        for name in ("budget-calibrate.json", "budget-sft.json", "budget-run.json", "commands.txt",
-                     "events.jsonl", "notes.md"):
+        for name in SMALL:
             if (self.root / name).is_file():
                 shutil.copy2(self.root / name, dest / name)
-        if (self.root / "replaced").is_dir():  # history: copied, never mirrored away
-            shutil.copytree(self.root / "replaced", dest / "replaced", dirs_exist_ok=True)
+        for history in ("replaced", "rebuilt"):  # copied, never mirrored away
+            if (self.root / history).is_dir():
+                shutil.copytree(self.root / history, dest / history, dirs_exist_ok=True)
 
 
 @contextlib.contextmanager

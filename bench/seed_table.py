@@ -275,20 +275,46 @@ def run(args: argparse.Namespace, state: State) -> None:
     base = base_model(args)
     for seed in args.seeds:
         train, args.heldout_dir = seed_tasks(args, state, tasks, seed)
+        cells = {arm: arm_cells(args, state, arm, seed) for arm in args.arms}
+        todo = [arm for arm in args.arms if arm_pending(state, arm, seed, cells[arm])]
+        if not todo:
+            continue  # all measured: its start is not needed (nor built again)
         start = arms.start_model(args, state, split_dir(tasks, "train"), seed, base)
-        for arm in args.arms:
+        for arm in todo:
             model = base if arm == "base" else arms.train_arm(
                 args, state, train, seed, arm, start, base, split_dir(tasks, "train"))
             if model is None:
                 continue  # its training failed: recorded in STATE/failed, retried next run
-            for n, temperature in enumerate(args.eval_temperatures):
-                kind = "eval" if n == 0 else f"eval@{temperature:g}"
-                cells = [(f"{kind}/{arm}/s{seed}/{h}/{chunk}", h, where)
-                         for h in args.harnesses
-                         for chunk, where in eval_chunks(state, args.heldout_dir)]
-                served_evals(args, state, model, f"{arm}-s{seed}", cells,
+            for temperature, temperature_cells in cells[arm]:
+                served_evals(args, state, model, f"{arm}-s{seed}", temperature_cells,
                              samples=args.eval_samples, temperature=temperature)
             report(args, state)
+
+
+def arm_cells(args: argparse.Namespace, state: State, arm: str, seed: int
+              ) -> list[tuple[float, list[tuple[str, str, Path]]]]:
+    """The arm's eval cells per temperature: (unit, harness, chunk's task dir)."""
+    kinds = [("eval" if n == 0 else f"eval@{t:g}", t)
+             for n, t in enumerate(args.eval_temperatures)]
+    return [(t, [(f"{kind}/{arm}/s{seed}/{h}/{chunk}", h, where) for h in args.harnesses
+                 for chunk, where in eval_chunks(state, args.heldout_dir)])
+            for kind, t in kinds]
+
+
+def arm_pending(state: State, arm: str, seed: int,
+                cells: list[tuple[float, list[tuple[str, str, Path]]]]) -> bool:
+    """Whether the arm has training or eval left. An RL arm whose model is not on this
+    machine (a replaced one) while its eval is not whole is trained again: its measured
+    chunks are set aside with its record, since an eval cell is one model's."""
+    name = f"train/{arm}/s{seed}"
+    pending = [c for _, group in cells for c in group if state.done(c[0]) is None]
+    trained = None if arm in ("base", "sft") else state.done(name)
+    if trained is not None and pending and not Path(trained["model"]).is_dir():
+        measured = [c[0] for _, group in cells for c in group if state.done(c[0])]
+        state.replace_runs((name,), f"{name}: its model was lost with its machine before "
+                           "its eval was whole; trained again", finished=[name, *measured])
+        return True
+    return bool(pending) or (arm not in ("base", "sft") and trained is None)
 
 
 def probe(args: argparse.Namespace, state: State) -> None:
