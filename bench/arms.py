@@ -9,6 +9,7 @@ import asyncio
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -26,19 +27,35 @@ def rows_per_step(args: argparse.Namespace) -> int:
 
 def start_model(args: argparse.Namespace, state: State, train: Path, seed: int, base: Path
                 ) -> Path:
-    """The weights every arm starts from: the base model, or (--start sft) the SFT one."""
+    """The weights every arm starts from: the base model, or (--start sft) the SFT one. A
+    start built again that is not its first build has what was measured on the first set
+    aside (the units from it finished before the new build started), to measure again."""
     if args.start == "base":
         return base
     model = sft_model(args, state, train, seed, base)
     if model is None:
         raise SystemExit(f"--start sft: no SFT model for seed {seed} (see "
                          f"{state.root / 'failed'})")
-    if (state.done(f"sft/s{seed}") or {}).get("same_as_first_build") is False:
-        raise SystemExit(f"--start sft: seed {seed}'s SFT model, built again on this machine, "
-                         "is not its first build (units/sft__s{seed}.json against "
-                         "rebuilt/): the seed's calibration and start evals were measured "
-                         "on the first; set them aside before going on")
+    built = state.done(f"sft/s{seed}") or {}
+    if built.get("same_as_first_build") is False:
+        stale = [n for n, u in state.all().items() if from_start(n, seed)
+                 and u.get("finished", "") < built["started"]]
+        if stale:
+            state.replace_runs((), f"seed {seed}'s SFT start, built again on another machine, "
+                               "is not its first build (its per-step losses differ; "
+                               "rebuilt/ has the first build's record): what was measured "
+                               "on the first build is set aside and measured again. The "
+                               "calibration stays: it chose the tasks, and any choice made "
+                               "before training serves the paired comparison.",
+                               finished=stale)
     return model
+
+
+def from_start(unit: str, seed: int) -> bool:
+    """Whether a unit was measured on seed `seed`'s start or on a model trained from it:
+    its evals, an arm's training and evals, a probe (not its teachers or calibration)."""
+    return re.match(rf"^(?:(?:train|eval[^/]*)/[^/]+/s{seed}(?:/|$)|probe/s{seed}/)",
+                    unit) is not None
 
 
 def train_arm(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str,
@@ -270,7 +287,7 @@ def sft_model(args: argparse.Namespace, state: State, train: Path, seed: int, ba
     """The seed's SFT model, built once; built again, teacher runs first, where its record
     names a model this machine does not have (a replaced machine): the record's figures
     were measured on that model, so the new build is checked against the first
-    (`same_as_first_build`)."""
+    (`same_as_first_build`; `start_model` acts on it)."""
     name = f"sft/s{seed}"
     if (found := state.done(name)) is not None and not Path(found["model"]).is_dir():
         print(f"[seed_table] {name}: {found['model']} is not on this machine: built again",

@@ -30,7 +30,10 @@ def lost_machine(tmp: Path) -> Path:
         old.save(f"teacher/{harness}/s0", {"run_dir": str(tmp / "old/work/t"), "solved": 16})
     old.save("sft/s0", {"model": str(tmp / "old/models/sft-s0"), "rows": 2,
                         "trained_tokens": 7, "losses": LOSSES})
-    old.save("eval/sft/s0/pi/c0of5", {"per_task": {"a": {"passed": True}}})
+    old.save("eval/sft/s0/pi/c0of5", {"per_task": {"a": {"passed": True}},
+                                      "finished": "2026-12-05T09:37:05Z"})
+    old.save("calib/sft-s0-t1/train/lookup/c0/pi", {"per_task": {},
+                                                    "finished": "2026-12-05T05:21:25Z"})
     old.fail("eval/sft/s0/pi/c1of5", "engine down")
     metrics = tmp / "metrics.jsonl"
     metrics.write_text(json.dumps({"step": 1, "reward": 0.5}) + "\n")
@@ -43,14 +46,14 @@ def lost_machine(tmp: Path) -> Path:
 def test_a_new_state_starts_from_its_record_and_never_wipes_it(tmp_path: Path) -> None:
     record = lost_machine(tmp_path)
     new = State(tmp_path / "new", record)
-    assert new.done("eval/sft/s0/pi/c0of5") == {"per_task": {"a": {"passed": True}}}
+    assert new.done("eval/sft/s0/pi/c0of5")["per_task"] == {"a": {"passed": True}}
     assert set(new.all()) == set(State(tmp_path / "old").all())
     assert (new.root / "progress" / "train__rl-one__s0.metrics.jsonl").is_file()
     assert (new.root / "notes.md").read_text() == "- a note\n"
     assert new.all("failed") == {}  # a failure is tried again, not carried over
     new.save("eval/sft/s0/pi/c1of5", {"per_task": {}})
     # the first copy back keeps every unit the lost machine measured
-    assert len(list((record / "units").glob("*.json"))) == 5
+    assert len(list((record / "units").glob("*.json"))) == 6
     assert not list((record / "failed").glob("*.json"))
     # a state that has units of its own is not overwritten from the record
     (record / "units" / "eval__rl-one__s0__pi__c0of5.json").write_text("{}")
@@ -87,12 +90,8 @@ def test_an_sft_start_whose_model_is_gone_is_built_again_and_checked_against_the
     calls: list[str] = []
     stand_ins(monkeypatch, losses, calls)
     model = state.root / "models" / "sft-s0"
-    if same:
-        assert arms.start_model(args, state, tmp_path, 0, tmp_path / "base") == model
-        assert model.is_dir()
-    else:
-        with pytest.raises(SystemExit, match="is not its first build"):
-            arms.start_model(args, state, tmp_path, 0, tmp_path / "base")
+    assert arms.start_model(args, state, tmp_path, 0, tmp_path / "base") == model
+    assert model.is_dir()
     assert calls == ["mini-swe-agent", "pi"]  # the teachers ran again: their runs were gone
     rebuilt = state.done("sft/s0")
     assert rebuilt is not None and rebuilt["same_as_first_build"] is same
@@ -100,10 +99,27 @@ def test_an_sft_start_whose_model_is_gone_is_built_again_and_checked_against_the
         0.0 if same else 0.1)
     assert state.first_build("sft/s0")["model"] == str(tmp_path / "old/models/sft-s0")
     assert (tmp_path / "record" / "rebuilt" / "sft__s0.json").is_file()
-    if same:  # built: asked again, nothing runs again
-        calls.clear()
-        assert arms.start_model(args, state, tmp_path, 0, tmp_path / "base") == model
-        assert calls == [] and len(state.all("rebuilt")) == 3
+    # the calibration only chose tasks: it stays whichever build this is
+    assert state.done("calib/sft-s0-t1/train/lookup/c0/pi") is not None
+    # the start's eval was measured on the first build: kept if this is the same model,
+    # set aside to be measured again if not
+    assert (state.done("eval/sft/s0/pi/c0of5") is not None) is same
+    aside = list((state.root / "replaced").glob("*/units/eval__sft__s0__pi__c0of5.json"))
+    assert len(aside) == (0 if same else 1)
+    # built: asked again, nothing runs again and nothing measured since is set aside
+    calls.clear()
+    state.save("eval/sft/s0/pi/c0of5", {"per_task": {}, "finished": "9999"})
+    assert arms.start_model(args, state, tmp_path, 0, tmp_path / "base") == model
+    assert calls == [] and len(state.all("rebuilt")) == 3
+    assert state.done("eval/sft/s0/pi/c0of5") is not None
+
+
+def test_the_units_measured_on_a_seeds_start_are_told_from_the_rest() -> None:
+    derived = ["eval/sft/s0/pi/c0of5", "eval@1/rl-one/s0/pi/c1of5", "train/control/s0",
+               "probe/s0/lookup-1/lr3e-05"]
+    others = ["calib/sft-s0-t1/train/lookup/c0/pi", "sft/s0", "teacher/pi/s0",
+              "eval/sft/s1/pi/c0of5", "train/control/s10", "probe/s1/lookup-1/lr3e-05"]
+    assert [arms.from_start(u, 0) for u in derived + others] == [True] * 4 + [False] * 6
 
 
 def test_an_rl_arm_whose_model_is_gone_is_trained_again_only_if_its_eval_is_not_whole(
