@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import json
 import math
 import os
@@ -13,6 +14,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -284,15 +286,17 @@ def teacher(args: argparse.Namespace, state: State, train: Path, seed: int, harn
 
 def sft_model(args: argparse.Namespace, state: State, train: Path, seed: int, base: Path
               ) -> Path | None:
-    """The seed's SFT model, built once; built again, teacher runs first, where its record
-    names a model this machine does not have (a replaced machine): the record's figures
-    were measured on that model, so the new build is checked against the first
-    (`same_as_first_build`; `start_model` acts on it)."""
+    """The seed's SFT model, built once; built again where its record names a model this
+    machine does not have (a replaced machine), from its recorded rows (`sft_data`), or
+    teacher runs first where none were recorded. The record's figures were measured on the
+    first build, so the new one is checked against it (`same_as_first_build`;
+    `start_model` acts on it)."""
     name = f"sft/s{seed}"
     if (found := state.done(name)) is not None and not Path(found["model"]).is_dir():
         print(f"[seed_table] {name}: {found['model']} is not on this machine: built again",
               flush=True)
-        state.rebuild([name, *(f"teacher/{h}/s{seed}" for h in args.teacher_harnesses)])
+        teachers = [f"teacher/{h}/s{seed}" for h in args.teacher_harnesses]
+        state.rebuild([name, *([] if rows_file(state, seed).is_file() else teachers)])
     runs = {h: teacher(args, state, train, seed, h) for h in args.teacher_harnesses}
     if any(r is None for r in runs.values()):
         return None
@@ -324,6 +328,28 @@ def sft_rows(runs: dict[str, Any], tokenizer: Any, work: Path) -> tuple[list[dic
     return rows, per_harness
 
 
+def rows_file(state: State, seed: int) -> Path:
+    return state.root / "rows" / f"sft-s{seed}.json.gz"
+
+
+def sft_data(state: State, seed: int,
+             make: Callable[[], tuple[list[dict[str, Any]], dict[str, int]]]
+             ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The SFT start's token rows, made once and kept in the records (STATE/rows/, ~100 KB
+    gzipped): the teacher's rollouts carry a sandbox's random path and the day's date into
+    the prompts, so a start built again from new teacher runs is not the same model; from
+    the same rows it is."""
+    path = rows_file(state, seed)
+    if not path.is_file():
+        rows, per_harness = make()
+        path.parent.mkdir(exist_ok=True)
+        data = {"rows": rows, "rows_per_harness": per_harness}
+        path.write_bytes(gzip.compress(json.dumps(data).encode(), mtime=0))
+        state.mirrored()
+    data = json.loads(gzip.decompress(path.read_bytes()))
+    return data["rows"], data["rows_per_harness"]
+
+
 def sft_budget(args: argparse.Namespace) -> tuple[int, int]:
     """The SFT model's optimizer steps and rows per step: the RL arms' budget unless
     --sft-steps / --sft-rows-per-step set the start's own (a start that must first learn
@@ -340,7 +366,7 @@ def sft(args: argparse.Namespace, state: State, runs: dict[str, Any], seed: int,
 
     work = state.work(name)
     tokenizer = AutoTokenizer.from_pretrained(base)
-    rows, per_harness = sft_rows(runs, tokenizer, work)
+    rows, per_harness = sft_data(state, seed, lambda: sft_rows(runs, tokenizer, work))
     if not rows:
         raise RuntimeError("the teacher solved no task: nothing to learn from")
     out = state.root / "models" / f"sft-s{seed}"

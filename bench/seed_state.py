@@ -44,7 +44,7 @@ class State:
         models and runs the units name are not in a record, so a unit whose model is gone
         is built again where something still needs it (`rebuild`)."""
         print(f"[seed_table] a new state: its records restored from {record}", flush=True)
-        for kind, pattern in (("units", "*.json"), ("rebuilt", "*.json"),
+        for kind, pattern in (("units", "*.json"), ("rebuilt", "*.json"), ("rows", "*.gz"),
                               ("progress", "*" + PROGRESS), ("progress", "*" + VISITS)):
             (self.root / kind).mkdir(parents=True, exist_ok=True)
             for path in (record / kind).glob(pattern):
@@ -158,11 +158,11 @@ class State:
 
     def record(self, dest: Path) -> None:
         """Copy the state's small records (units, failures, progress, budgets, commands,
-        events, notes, the runs set aside, first builds; no models, runs or logs) to `dest`,
-        a folder to commit: a lost machine then loses no figure, and `report --state DEST`
-        writes the same tables again."""
-        kinds = (("units", "*.json"), ("failed", "*.json"), ("progress", "*" + PROGRESS),
-                 ("progress", "*" + VISITS))
+        events, notes, the SFT starts' rows, the runs set aside, first builds; no models,
+        runs or logs) to `dest`, a folder to commit: a lost machine then loses no figure,
+        and `report --state DEST` writes the same tables again."""
+        kinds = (("units", "*.json"), ("failed", "*.json"), ("rows", "*.gz"),
+                 ("progress", "*" + PROGRESS), ("progress", "*" + VISITS))
         for kind, pattern in kinds:
             (dest / kind).mkdir(parents=True, exist_ok=True)
             kept = {path.name for path in (self.root / kind).glob(pattern)}

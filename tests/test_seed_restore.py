@@ -22,14 +22,21 @@ from seed_state import State, unit  # noqa: E402
 LOSSES = [2.47, 1.1, 0.03]
 
 
-def lost_machine(tmp: Path) -> Path:
+ROWS = [{"input_ids": [1, 2, 3], "assistant_masks": [0, 1, 1]},
+        {"input_ids": [4, 5, 6, 7, 8], "assistant_masks": [0, 1, 1, 1, 1]}]
+
+
+def lost_machine(tmp: Path, rows: bool = False) -> Path:
     """A record as a lost machine left it: seed 0's teachers, its SFT start (the model at
-    a path that is gone), an eval chunk, a failure and a running unit's progress lines."""
+    a path that is gone; with `rows`, the rows it trained on), an eval chunk, a
+    calibration chunk, a failure and a running unit's progress lines."""
     old = State(tmp / "old", tmp / "record")
+    if rows:
+        arms.sft_data(old, 0, lambda: (ROWS, {"pi": 2}))
     for harness in ("mini-swe-agent", "pi"):
         old.save(f"teacher/{harness}/s0", {"run_dir": str(tmp / "old/work/t"), "solved": 16})
     old.save("sft/s0", {"model": str(tmp / "old/models/sft-s0"), "rows": 2,
-                        "trained_tokens": 7, "losses": LOSSES})
+                        "trained_tokens": 6, "losses": LOSSES})
     old.save("eval/sft/s0/pi/c0of5", {"per_task": {"a": {"passed": True}},
                                       "finished": "2026-12-05T09:37:05Z"})
     old.save("calib/sft-s0-t1/train/lookup/c0/pi", {"per_task": {},
@@ -70,11 +77,11 @@ def stand_ins(monkeypatch: pytest.MonkeyPatch, losses: list[float], calls: list[
         return unit(state, f"teacher/{harness}/s{seed}", work)
 
     def sft(args, state, runs, seed, base, name):
+        rows, _ = arms.sft_data(state, seed, lambda: (ROWS, {"pi": 2}))
         model = state.root / "models" / f"sft-s{seed}"
         model.mkdir(parents=True)
-        rows = [{"assistant_masks": [1, 1, 1]}, {"assistant_masks": [0, 1, 1, 1, 1]}]
         return {**arms.compared(state.first_build(name), losses, rows), "model": str(model),
-                "rows": len(rows), "trained_tokens": 7, "losses": losses}
+                "rows": len(rows), "trained_tokens": 6, "losses": losses}
 
     monkeypatch.setattr(arms, "teacher", teacher)
     monkeypatch.setattr(arms, "sft", sft)
@@ -84,6 +91,7 @@ def stand_ins(monkeypatch: pytest.MonkeyPatch, losses: list[float], calls: list[
 def test_an_sft_start_whose_model_is_gone_is_built_again_and_checked_against_the_first(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, losses: list[float], same: bool
         ) -> None:
+    """Its rows not recorded (seed 0 of the experiment): the teachers run again."""
     state = State(tmp_path / "new", lost_machine(tmp_path))
     args = seed_table.parse(["run", "--state", str(state.root), "--teacher-harnesses",
                              "mini-swe-agent,pi", "--start", "sft"])
@@ -112,6 +120,24 @@ def test_an_sft_start_whose_model_is_gone_is_built_again_and_checked_against_the
     assert arms.start_model(args, state, tmp_path, 0, tmp_path / "base") == model
     assert calls == [] and len(state.all("rebuilt")) == 3
     assert state.done("eval/sft/s0/pi/c0of5") is not None
+
+
+def test_a_start_is_built_again_from_its_recorded_rows_without_its_teachers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    record = lost_machine(tmp_path, rows=True)
+    assert (record / "rows" / "sft-s0.json.gz").is_file()  # ~100 KB in the experiment
+    state = State(tmp_path / "new", record)
+    args = seed_table.parse(["run", "--state", str(state.root), "--teacher-harnesses",
+                             "mini-swe-agent,pi", "--start", "sft"])
+    calls: list[str] = []
+    stand_ins(monkeypatch, LOSSES, calls)
+    arms.start_model(args, state, tmp_path, 0, tmp_path / "base")
+    assert calls == []  # the rows were recorded: no teacher ran
+    assert state.done("sft/s0")["same_as_first_build"] is True
+    assert set(state.all("rebuilt")) == {"sft/s0"}
+    made: list[int] = []
+    assert arms.sft_data(state, 0, lambda: made.append(1) or ([], {})) == (ROWS, {"pi": 2})
+    assert made == []
 
 
 def test_the_units_measured_on_a_seeds_start_are_told_from_the_rest() -> None:
