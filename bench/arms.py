@@ -335,7 +335,7 @@ def rows_file(state: State, seed: int) -> Path:
 def sft_data(state: State, seed: int,
              make: Callable[[], tuple[list[dict[str, Any]], dict[str, int]]]
              ) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """The SFT start's token rows, made once and kept in the records (STATE/rows/, ~100 KB
+    """The SFT start's token rows, made once and kept in the records (STATE/rows/, ~10 KB
     gzipped): the teacher's rollouts carry a sandbox's random path and the day's date into
     the prompts, so a start built again from new teacher runs is not the same model; from
     the same rows it is."""
