@@ -338,7 +338,7 @@ def sft_data(state: State, seed: int,
     """The SFT start's token rows, made once and kept in the records (STATE/rows/, ~10 KB
     gzipped): the teacher's rollouts carry a sandbox's random path and the day's date into
     the prompts, so a start built again from new teacher runs is not the same model; from
-    the same rows it is."""
+    the same rows it is the same computation (`compared` checks its losses)."""
     path = rows_file(state, seed)
     if not path.is_file():
         rows, per_harness = make()
