@@ -276,11 +276,15 @@ def run(args: argparse.Namespace, state: State) -> None:
     for seed in args.seeds:
         train, args.heldout_dir = seed_tasks(args, state, tasks, seed)
         cells = {arm: arm_cells(args, state, arm, seed) for arm in args.arms}
-        todo = [arm for arm in args.arms if arm_pending(state, arm, seed, cells[arm])]
-        if not todo:
+        for arm in args.arms:
+            set_aside_lost(state, arm, seed, cells[arm])
+        if not any(arm_pending(state, arm, seed, cells[arm]) for arm in args.arms):
             continue  # all measured: its start is not needed (nor built again)
+        # a start built again that is not its first build sets aside what it measured
         start = arms.start_model(args, state, split_dir(tasks, "train"), seed, base)
-        for arm in todo:
+        for arm in args.arms:
+            if not arm_pending(state, arm, seed, cells[arm]):
+                continue
             model = base if arm == "base" else arms.train_arm(
                 args, state, train, seed, arm, start, base, split_dir(tasks, "train"))
             if model is None:
@@ -303,18 +307,25 @@ def arm_cells(args: argparse.Namespace, state: State, arm: str, seed: int
 
 def arm_pending(state: State, arm: str, seed: int,
                 cells: list[tuple[float, list[tuple[str, str, Path]]]]) -> bool:
-    """Whether the arm has training or eval left. An RL arm whose model is not on this
-    machine (a replaced one) while its eval is not whole is trained again: its measured
-    chunks are set aside with its record, since an eval cell is one model's."""
-    name = f"train/{arm}/s{seed}"
-    pending = [c for _, group in cells for c in group if state.done(c[0]) is None]
-    trained = None if arm in ("base", "sft") else state.done(name)
-    if trained is not None and pending and not Path(trained["model"]).is_dir():
-        measured = [c[0] for _, group in cells for c in group if state.done(c[0])]
-        state.replace_runs((name,), f"{name}: its model was lost with its machine before "
-                           "its eval was whole; trained again", finished=[name, *measured])
+    """Whether the arm has training or eval left."""
+    if arm not in ("base", "sft") and state.done(f"train/{arm}/s{seed}") is None:
         return True
-    return bool(pending) or (arm not in ("base", "sft") and trained is None)
+    return any(state.done(c[0]) is None for _, group in cells for c in group)
+
+
+def set_aside_lost(state: State, arm: str, seed: int,
+                   cells: list[tuple[float, list[tuple[str, str, Path]]]]) -> None:
+    """An RL arm whose model is not on this machine (a replaced one) while its eval is not
+    whole is set aside, its measured chunks with it (an eval cell is one model's), to be
+    trained and measured again; with its eval whole, its model is not needed."""
+    name = f"train/{arm}/s{seed}"
+    trained = None if arm in ("base", "sft") else state.done(name)
+    if trained is None or Path(trained["model"]).is_dir() or not arm_pending(
+            state, arm, seed, cells):
+        return
+    measured = [c[0] for _, group in cells for c in group if state.done(c[0])]
+    state.replace_runs((name,), f"{name}: its model was lost with its machine before its "
+                       "eval was whole; trained again", finished=[name, *measured])
 
 
 def probe(args: argparse.Namespace, state: State) -> None:

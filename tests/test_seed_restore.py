@@ -160,24 +160,66 @@ def test_an_rl_arm_whose_model_is_gone_is_trained_again_only_if_its_eval_is_not_
     cells = seed_table.arm_cells(args, state, "rl-one", 0)
     ((temperature, (cell,)),) = cells
     assert temperature == 0.6 and cell[0] == "eval/rl-one/s0/pi/c0of1"
+    start = seed_table.arm_cells(args, state, "sft", 0)
     assert seed_table.arm_pending(state, "rl-one", 0, cells)  # not trained yet
-    assert seed_table.arm_pending(state, "sft", 0, cells)  # the start's eval not measured
+    assert seed_table.arm_pending(state, "sft", 0, start)  # the start's eval not measured
     state.save("train/rl-one/s0", {"model": str(tmp_path / "gone")})
     state.save(cell[0], {"per_task": {}})
     state.save("eval/sft/s0/pi/c0of1", {"per_task": {}})
     # all measured: the lost model is not needed
+    seed_table.set_aside_lost(state, "rl-one", 0, cells)
     assert not seed_table.arm_pending(state, "rl-one", 0, cells)
-    assert not seed_table.arm_pending(state, "sft", 0, cells)
+    assert not seed_table.arm_pending(state, "sft", 0, start)
     assert state.done("train/rl-one/s0") is not None
 
     args.eval_temperatures = [0.6, 1.0]  # a second temperature: its eval is not whole
     cells = seed_table.arm_cells(args, state, "rl-one", 0)
+    seed_table.set_aside_lost(state, "rl-one", 0, cells)
     assert seed_table.arm_pending(state, "rl-one", 0, cells)
     assert state.done("train/rl-one/s0") is None and state.done(cell[0]) is None
     (aside,) = (state.root / "replaced").iterdir()
     assert {p.name for p in (aside / "units").iterdir()} == {
         "train__rl-one__s0.json", "eval__rl-one__s0__pi__c0of1.json"}
     assert "lost with its machine" in (aside / "why.txt").read_text()
+
+
+def test_run_measures_again_in_the_same_run_what_a_new_start_set_aside(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start's evals are all measured, so only the RL arms look pending; building the
+    start again sets its evals aside, and the same `run` measures them again."""
+    state = State(tmp_path / "state")
+    held = tmp_path / "held"
+    (held / "t1").mkdir(parents=True)
+    (tmp_path / "train").mkdir()
+    args = seed_table.parse(["run", "--state", str(state.root), "--harnesses", "pi",
+                             "--eval-temperatures", "0.6", "--arms", "sft,rl-one",
+                             "--start", "sft"])
+    state.save("eval/sft/s0/pi/c0of1", {"per_task": {}, "finished": "2026-12-05T09:00:00Z"})
+    served: list[str] = []
+
+    def start_model(args, state, train, seed, base):
+        state.replace_runs((), "a new start", finished=["eval/sft/s0/pi/c0of1"])
+        return tmp_path / "start"
+
+    def served_evals(args, state, model, label, cells, samples=1, temperature=None):
+        for name, _, _ in cells:
+            if state.done(name) is None:
+                served.append(name)
+                state.save(name, {"per_task": {}})
+
+    monkeypatch.setattr(seed_table, "generated", lambda *a: tmp_path)
+    monkeypatch.setattr(seed_table, "base_model", lambda a: tmp_path / "base")
+    monkeypatch.setattr(seed_table, "seed_tasks", lambda *a: (tmp_path / "train", held))
+    monkeypatch.setattr(seed_table, "served_evals", served_evals)
+    monkeypatch.setattr(seed_table, "report", lambda *a: None)
+    monkeypatch.setattr(arms, "start_model", start_model)
+    monkeypatch.setattr(arms, "train_arm", lambda *a: tmp_path / "rl-one")
+    seed_table.run(args, state)
+    assert served == ["eval/sft/s0/pi/c0of1", "eval/rl-one/s0/pi/c0of1"]
+    # all measured (training stands in as done): the start is not asked for again
+    state.save("train/rl-one/s0", {"model": str(tmp_path / "rl-one")})
+    monkeypatch.setattr(arms, "start_model", lambda *a: pytest.fail("start built"))
+    seed_table.run(args, state)
 
 
 def test_a_run_whose_checkpoints_are_gone_keeps_its_steps_aside_and_starts_again(
