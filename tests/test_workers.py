@@ -133,7 +133,8 @@ def talk(base: str, key: str, http: httpx2.Client) -> list[str]:
 def stored_texts(run_dir: Path, key: str) -> tuple[list[int], list[str]]:
     with TraceReader(run_dir) as reader:
         turns = reader.turns(key)
-    assert all(t.status == "ok" for t in turns), [t.error for t in turns]
+    assert all(t.status == "ok" for t in turns), [
+        (t.index, t.dialect, t.status, t.error, t.raw_response[-80:]) for t in turns]
     return [t.index for t in turns], ["".join(p.text for p in t.completion.parts
                                               if isinstance(p, Text)) if t.completion else ""
                                       for t in turns]
