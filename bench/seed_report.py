@@ -230,8 +230,22 @@ def training(units: dict[str, Any]) -> list[str]:
                 f"student's template (the teacher sampled no student ids), loss on the "
                 f"assistant turns only ({u['trained_tokens']} tokens); {u['steps']} steps x "
                 f"{u['rows_per_step']} rows{_lr(u)}; loss {num(u['loss_first'])} -> "
-                f"{num(u['loss_last'])}; {u['seconds'] / 60:.1f} min.")
+                f"{num(u['loss_last'])}; {u['seconds'] / 60:.1f} min." + _rebuilt(u))
     return lines or ["Nothing trained yet."]
+
+
+def _rebuilt(unit: dict[str, Any]) -> str:
+    """An SFT start built again on another machine, against its first build."""
+    if (first := unit.get("first_build")) is None:
+        return ""
+    same, diff = unit.get("same_as_first_build"), first["max_loss_difference"]
+    return (f" Built again on another machine ({unit['finished']}) against its first build "
+            f"({first['finished']}: {first['rows']} rows, {first['trained_tokens']} trained "
+            f"tokens): per-step losses differ by up to "
+            f"{'-' if diff is None else f'{diff:.4f}'}"
+            + (", the same model." if same else
+               "; not the same model, so what was measured on the first build is set aside "
+               "and measured again."))
 
 
 def _lr(unit: dict[str, Any]) -> str:

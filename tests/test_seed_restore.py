@@ -245,3 +245,22 @@ def test_a_run_whose_checkpoints_are_gone_keeps_its_steps_aside_and_starts_again
     assert "checkpoints are" in (aside / "why.txt").read_text()
     kept = state.root / "progress" / "train__rl-one__s0.metrics.jsonl"
     assert json.loads(kept.read_text()) == {"step": 1, "reward": 1.0}  # the new run's
+
+
+def test_the_report_says_a_start_was_built_again_and_whether_it_is_the_same() -> None:
+    import seed_report
+
+    unit = {"rows": 48, "rows_per_harness": {"pi": 48}, "trained_tokens": 4345, "steps": 16,
+            "rows_per_step": 4, "lr": 3e-4, "loss_first": 2.47, "loss_last": 0.03,
+            "seconds": 60.0, "finished": "2026-12-05T23:54:03Z"}
+    first = {"finished": "2026-12-05T02:43:47Z", "rows": 48, "trained_tokens": 4345,
+             "max_loss_difference": 0.0031}
+    (plain,) = seed_report.training({"sft/s0": unit})
+    assert "Built again" not in plain
+    (differs,) = seed_report.training({"sft/s0": {**unit, "first_build": first,
+                                                  "same_as_first_build": False}})
+    assert differs.startswith(plain) and "differ by up to 0.0031; not the same model" in differs
+    (same,) = seed_report.training({"sft/s0": {**unit, "same_as_first_build": True,
+                                               "first_build": {**first,
+                                                               "max_loss_difference": 0.0}}})
+    assert same.endswith("differ by up to 0.0000, the same model.")
