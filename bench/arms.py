@@ -44,7 +44,7 @@ def start_model(args: argparse.Namespace, state: State, train: Path, seed: int, 
                  and u.get("finished", "") < built["started"]]
         if stale:
             state.replace_runs((), f"seed {seed}'s SFT start, built again on another machine, "
-                               "is not its first build (its per-step losses differ; "
+                               "is not its first build (its rows or per-step losses differ; "
                                "rebuilt/ has the first build's record): what was measured "
                                "on the first build is set aside and measured again. The "
                                "calibration stays: it chose the tasks, and any choice made "
@@ -404,8 +404,9 @@ def sft(args: argparse.Namespace, state: State, runs: dict[str, Any], seed: int,
 
 def compared(first: dict[str, Any] | None, losses: list[float], rows: list[dict[str, Any]]
              ) -> dict[str, Any]:
-    """A rebuilt SFT model against its first build: the same rows and the same losses step
-    by step (to 1e-4) say it is the model the seed's figures were measured on."""
+    """A rebuilt SFT model against its first build: as many rows and trained tokens, and
+    the same losses step by step (to 1e-4), say it is the model the seed's figures were
+    measured on (rows of the same size but other prompts show in the losses)."""
     if first is None:
         return {}
     tokens = sum(sum(r["assistant_masks"]) for r in rows)
