@@ -145,8 +145,6 @@ def rl(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str,
     from harnessrl.train.runs.checkpoint import complete
 
     run_dir = state.work(name)
-    config = run_dir.with_name(run_dir.name + ".yaml")
-    config.write_text(yaml.safe_dump(rl_config(args, train, seed, arm, start, run_dir)))
     resume = bool(complete(run_dir / "checkpoints"))
     if not resume:  # nothing whole to go on from: the arm starts again
         if (state.root / "progress" / (name.replace("/", "__") + PROGRESS)).is_file():
@@ -154,6 +152,9 @@ def rl(args: argparse.Namespace, state: State, train: Path, seed: int, arm: str,
                                "gone (a replaced machine, or a kill before the first "
                                "checkpoint); the run started again from its first step")
         shutil.rmtree(run_dir, ignore_errors=True)
+    # written after the set-aside above, which deletes the run's files in work/
+    config = run_dir.with_name(run_dir.name + ".yaml")
+    config.write_text(yaml.safe_dump(rl_config(args, train, seed, arm, start, run_dir)))
     command = [HARNESSRL, "train", "--config", str(config), *(["--resume"] if resume else [])]
     with heavy(args.lock, name), state.log(name).open("a") as log:
         log.write(f"$ {' '.join(command)}\n")

@@ -231,6 +231,7 @@ def test_a_run_whose_checkpoints_are_gone_keeps_its_steps_aside_and_starts_again
 
     def child(command, log, every=None):
         started.append(command)
+        assert Path(command[command.index("--config") + 1]).is_file()  # not set aside
         run_dir = state.work("train/rl-one/s0")
         (run_dir / "model").mkdir(parents=True)
         (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward": 1.0}) + "\n")
